@@ -1,0 +1,166 @@
+//! The command line, as clap sees it: raw flags only. `config` validates them, with the
+//! environment and the config file, into `Settings` once. The Terraform module's flags are
+//! checked against `Cli::command()`, so this is the single source of truth for flag names.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::policy::ReclaimWhen;
+
+const AFTER_HELP: &str = "\
+The owner token is read from CODER_SESSION_TOKEN, or from the file named by --token-file /
+CODER_SESSION_TOKEN_FILE. It is never accepted as a flag value and never printed.
+
+Settings: a flag wins over its environment variable, which wins over the --config TOML file,
+which wins over the default. Durations are written like 90s, 30m, 4h.
+Exit codes: 0 fine, 1 runtime failure, 2 usage or configuration error.";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "coder-gpu-reclaimer",
+    version,
+    about = "Gives idle GPUs back: stops idle Coder workspaces with Coder stop builds.",
+    long_about = "Gives idle GPUs back on Kubernetes clusters that run Coder.\n\n\
+Each pass reads every running workspace from the Coder API, merges per-pod GPU readings from \
+dcgm-exporter (or Prometheus), decides per workspace, and stops the idle ones with Coder stop \
+builds, even when the user extended or disabled autostop. Missing data never stops anything.",
+    after_help = AFTER_HELP,
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a pass every --interval and serve /metrics and the status API. Observe only unless --enforce.
+    Run(RunArgs),
+    /// Run one pass and print the decisions. Never stops anything.
+    Plan(PlanArgs),
+    /// Check the settings, the token (owner? expiry?), Coder and the GPU sources; exit 0 only if all pass.
+    Check(CheckArgs),
+    /// Play the seed experiment on built-in fakes (no Coder, no GPU needed) and print a timeline.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (write durations like 90s, 30m, 4h)"))
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct CommonArgs {
+    /// Coder's URL, e.g. https://coder.example.com [required]
+    #[arg(long, env = "CODER_URL", value_name = "URL", hide_env_values = true)]
+    pub coder_url: Option<String>,
+
+    /// File holding the owner session token (instead of CODER_SESSION_TOKEN)
+    #[arg(long, env = "CODER_SESSION_TOKEN_FILE", value_name = "PATH", hide_env_values = true)]
+    pub token_file: Option<PathBuf>,
+
+    /// A dcgm-exporter /metrics URL; repeat for several. dns+http://svc:9400/metrics scrapes every address of a headless Service
+    #[arg(long = "dcgm-exporter", env = "DCGM_EXPORTER_URLS", value_name = "URL", value_delimiter = ',', hide_env_values = true)]
+    pub dcgm_exporters: Vec<String>,
+
+    /// Read GPU history from this Prometheus instead of scraping exporters
+    #[arg(long, env = "PROMETHEUS_URL", value_name = "URL", hide_env_values = true)]
+    pub prometheus_url: Option<String>,
+
+    /// TOML file with settings and the reclaim policy
+    #[arg(long, env = "CODER_GPU_RECLAIMER_CONFIG", value_name = "PATH", hide_env_values = true)]
+    pub config: Option<PathBuf>,
+
+    /// Time between passes [default: 60s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub interval: Option<Duration>,
+
+    /// A GPU idle this long, with no connection for as long, is reclaimed [default: 30m]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub idle_after: Option<Duration>,
+
+    /// Warn for this long before stopping; activity meanwhile cancels [default: 0s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub grace: Option<Duration>,
+
+    /// Reclaim every idle GPU, or only while someone waits for one [default: always]
+    #[arg(long, value_name = "WHEN", value_enum)]
+    pub reclaim_when: Option<ReclaimWhen>,
+
+    /// Timeout of each HTTP request to Coder and the GPU sources [default: 10s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub request_timeout: Option<Duration>,
+
+    /// Log format [default: json for run, text otherwise]
+    #[arg(long, value_name = "FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Send stop builds. Without it the service only logs and reports what it would stop.
+    #[arg(long)]
+    pub enforce: bool,
+
+    /// Address for /metrics, /healthz, /readyz and /api/v1/workspaces [default: 0.0.0.0:9464]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Append one JSON line per stop or would-stop to this file
+    #[arg(long, value_name = "PATH")]
+    pub audit_log: Option<PathBuf>,
+
+    /// POST a JSON event (Slack-compatible `text`) on each warning and stop
+    #[arg(long, value_name = "URL")]
+    pub notify_webhook: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// table for people, json for the status document
+    #[arg(long, value_name = "FORMAT", value_enum, default_value = "table")]
+    pub output: OutputFormat,
+
+    /// With exporters, sample this long before deciding (one scrape is one sample) [default: 15s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub sample_for: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(long_about = "Plays the seed experiment on built-in fakes of Coder and dcgm-exporter, with a compressed \
+clock (1 real second = 1 Coder minute): one GPU; session A holds it and walks away; session B starts \
+and waits (Pending, `Insufficient nvidia.com/gpu`). The real reclaim loop runs in enforce mode, \
+stops A with a Coder stop build once its GPU has been idle long enough, B gets the GPU, and A \
+starts again and waits while B works. Prints a timeline and exits 0. Needs no network.")]
+pub struct DemoArgs {
+    /// Print every pass's decisions, not only changes
+    #[arg(long)]
+    pub verbose: bool,
+}

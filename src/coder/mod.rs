@@ -1,0 +1,328 @@
+//! The Coder REST client: every call this service makes to Coder, with the session token header,
+//! timeouts, retries of transient failures (429/502/503/504, connection errors, timeouts) and
+//! errors that carry Coder's own `message` and `detail` plus what to do about them.
+
+pub mod token;
+pub mod types;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::retry::{Attempt, RetryPolicy, retry};
+pub use token::SessionToken;
+use types::*;
+
+pub const TOKEN_HEADER: &str = "Coder-Session-Token";
+pub const BYPASS_RATELIMIT_HEADER: &str = "X-Coder-Bypass-Ratelimit";
+
+/// Called once per HTTP exchange with the route template (never a workspace id) and the status
+/// code, 0 when no response came. The metrics module counts these.
+pub type RequestObserver = Arc<dyn Fn(&'static str, u16) + Send + Sync>;
+
+/// What went wrong talking to Coder, classified so callers can decide without parsing text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ErrorKind {
+    /// 401: the token expired or was revoked.
+    Unauthorized,
+    /// 403 or 404: the token's user may not do this (or cannot see the workspace).
+    NoPermission,
+    /// 409: a build is already active, or the workspace was deleted.
+    Conflict,
+    /// 429 after the retry budget was spent.
+    RateLimited,
+    /// Any other HTTP status.
+    Status(u16),
+    /// No response: connection refused, reset, DNS, or a timeout.
+    Transport,
+    /// A 2xx whose body did not match the expected shape.
+    Decode,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoderError {
+    pub kind: ErrorKind,
+    pub endpoint: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for CoderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Coder {}: {}", self.endpoint, self.message)?;
+        match self.kind {
+            ErrorKind::Unauthorized => f.write_str(
+                " (the session token is expired or revoked: create a new one with `coder tokens create --lifetime 168h` as an owner and update CODER_SESSION_TOKEN or the token file)",
+            ),
+            ErrorKind::NoPermission => f.write_str(" (the token's user lacks permission: use an owner's token)"),
+            ErrorKind::Transport => f.write_str(" (check --coder-url and that Coder is reachable from here)"),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for CoderError {}
+
+/// The outcome of asking Coder to stop a workspace.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StopOutcome {
+    /// 201: the stop build was queued.
+    Queued(Box<WorkspaceBuild>),
+    /// 409: another build is active; decide again next pass.
+    BuildActive(String),
+}
+
+#[derive(Clone)]
+pub struct CoderClient {
+    http: reqwest::Client,
+    base: String,
+    token: SessionToken,
+    bypass_ratelimit: Arc<AtomicBool>,
+    retry: RetryPolicy,
+    observer: Option<RequestObserver>,
+}
+
+impl fmt::Debug for CoderClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CoderClient").field("base", &self.base).field("token", &self.token).finish_non_exhaustive()
+    }
+}
+
+impl CoderClient {
+    pub fn new(base_url: &str, token: SessionToken, timeout: Duration, retry: RetryPolicy) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .user_agent(concat!("coder-gpu-reclaimer/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(CoderClient {
+            http,
+            base: base_url.trim_end_matches('/').to_string(),
+            token,
+            bypass_ratelimit: Arc::new(AtomicBool::new(false)),
+            retry,
+            observer: None,
+        })
+    }
+
+    pub fn with_observer(mut self, observer: RequestObserver) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// Sends `X-Coder-Bypass-Ratelimit: true` from now on. Call only after `me()` confirmed the
+    /// owner role: Coder answers a non-owner's bypass header with a plain-text 428.
+    pub fn enable_ratelimit_bypass(&self) {
+        self.bypass_ratelimit.store(true, Ordering::Relaxed);
+    }
+
+    /// `GET /api/v2/buildinfo` (no auth needed; the token is sent anyway).
+    pub async fn buildinfo(&self) -> Result<BuildInfo, CoderError> {
+        self.call(Method::GET, "GET /api/v2/buildinfo", "/api/v2/buildinfo".into(), None::<&()>).await
+    }
+
+    /// `GET /api/v2/users/me`.
+    pub async fn me(&self) -> Result<User, CoderError> {
+        self.call(Method::GET, "GET /api/v2/users/{user}", "/api/v2/users/me".into(), None::<&()>).await
+    }
+
+    /// `GET /api/v2/users/me/keys/{keyid}`: the token's expiry.
+    pub async fn api_key(&self, key_id: &str) -> Result<ApiKey, CoderError> {
+        let path = format!("/api/v2/users/me/keys/{}", encode_path(key_id));
+        self.call(Method::GET, "GET /api/v2/users/{user}/keys/{keyid}", path, None::<&()>).await
+    }
+
+    /// `GET /api/v2/workspaces?q=status:running`: every running workspace in one request
+    /// (no `limit` means all; offset paging is unstable while states change).
+    pub async fn running_workspaces(&self) -> Result<Vec<Workspace>, CoderError> {
+        let resp: WorkspacesResponse = self
+            .call(Method::GET, "GET /api/v2/workspaces", "/api/v2/workspaces?q=status%3Arunning".into(), None::<&()>)
+            .await?;
+        Ok(resp.workspaces)
+    }
+
+    /// `POST /api/v2/workspaces/{id}/builds {"transition":"stop"}`. 201 queues the build; 409 means
+    /// a build is already active, which is a normal outcome.
+    pub async fn stop_workspace(&self, workspace_id: &str) -> Result<StopOutcome, CoderError> {
+        let path = format!("/api/v2/workspaces/{}/builds", encode_path(workspace_id));
+        let body = CreateWorkspaceBuildRequest { transition: Transition::Stop };
+        match self.call::<WorkspaceBuild>(Method::POST, "POST /api/v2/workspaces/{workspace}/builds", path, Some(&body)).await {
+            Ok(build) => Ok(StopOutcome::Queued(Box::new(build))),
+            Err(CoderError { kind: ErrorKind::Conflict, message, .. }) => Ok(StopOutcome::BuildActive(message)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `GET /api/v2/workspacebuilds/{id}`: follow a build until its job is final.
+    pub async fn workspace_build(&self, build_id: &str) -> Result<WorkspaceBuild, CoderError> {
+        let path = format!("/api/v2/workspacebuilds/{}", encode_path(build_id));
+        self.call(Method::GET, "GET /api/v2/workspacebuilds/{workspacebuild}", path, None::<&()>).await
+    }
+
+    /// `PUT /api/v2/workspaces/{id}/ttl {"ttl_ms": n}` (204). `None` disables autostop.
+    pub async fn set_ttl(&self, workspace_id: &str, ttl_ms: Option<i64>) -> Result<(), CoderError> {
+        let path = format!("/api/v2/workspaces/{}/ttl", encode_path(workspace_id));
+        let body = UpdateWorkspaceTtlRequest { ttl_ms };
+        self.call::<serde::de::IgnoredAny>(Method::PUT, "PUT /api/v2/workspaces/{workspace}/ttl", path, Some(&body)).await.map(|_| ())
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        endpoint: &'static str,
+        path_and_query: String,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, CoderError> {
+        let url = format!("{}{}", self.base, path_and_query);
+        let body = match body.map(serde_json::to_vec).transpose() {
+            Ok(b) => b,
+            Err(e) => return Err(CoderError { kind: ErrorKind::Decode, endpoint, message: format!("cannot encode the request: {e}") }),
+        };
+        retry(self.retry, || self.try_once(method.clone(), endpoint, &url, body.as_deref())).await
+    }
+
+    async fn try_once<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        endpoint: &'static str,
+        url: &str,
+        body: Option<&[u8]>,
+    ) -> Attempt<T, CoderError> {
+        let mut req = self.http.request(method, url).header(TOKEN_HEADER, self.token.expose()).header("Accept", "application/json");
+        if self.bypass_ratelimit.load(Ordering::Relaxed) {
+            req = req.header(BYPASS_RATELIMIT_HEADER, "true");
+        }
+        if let Some(body) = body {
+            req = req.header("Content-Type", "application/json").body(body.to_vec());
+        }
+        let resp = match req.send().await {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.observe(endpoint, 0);
+                let what = if e.is_timeout() { "timed out" } else { "no response" };
+                // reqwest's error text names the URL, which never holds the token (header only).
+                let error = CoderError { kind: ErrorKind::Transport, endpoint, message: format!("{what}: {}", error_chain(&e)) };
+                return Attempt::Retry { error, after: None };
+            }
+        };
+        let status = resp.status();
+        self.observe(endpoint, status.as_u16());
+        let retry_after = retry_after(resp.headers());
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                let error = CoderError { kind: ErrorKind::Transport, endpoint, message: format!("reading the body failed: {}", error_chain(&e)) };
+                return Attempt::Retry { error, after: None };
+            }
+        };
+        if status.is_success() {
+            let bytes: &[u8] = if status == StatusCode::NO_CONTENT || bytes.is_empty() { b"null" } else { &bytes };
+            return Attempt::Done(serde_json::from_slice(bytes).map_err(|e| CoderError {
+                kind: ErrorKind::Decode,
+                endpoint,
+                message: format!("unexpected response body ({e}); is --coder-url a Coder deployment of v2.x?"),
+            }));
+        }
+        let error = CoderError { kind: classify(status), endpoint, message: describe(status, &bytes) };
+        match status.as_u16() {
+            429 | 502 | 503 | 504 => Attempt::Retry { error, after: retry_after },
+            _ => Attempt::Done(Err(error)),
+        }
+    }
+
+    fn observe(&self, endpoint: &'static str, status: u16) {
+        if let Some(observer) = &self.observer {
+            observer(endpoint, status);
+        }
+    }
+}
+
+fn classify(status: StatusCode) -> ErrorKind {
+    match status.as_u16() {
+        401 => ErrorKind::Unauthorized,
+        403 | 404 => ErrorKind::NoPermission,
+        409 => ErrorKind::Conflict,
+        429 => ErrorKind::RateLimited,
+        other => ErrorKind::Status(other),
+    }
+}
+
+/// "HTTP 409: A workspace build is already active. (detail)" from a `codersdk.Response` body, or
+/// the first line of a plain-text body (the 428 from the rate-limit bypass is plain text).
+fn describe(status: StatusCode, body: &[u8]) -> String {
+    let parsed: Option<CoderResponse> = serde_json::from_slice(body).ok();
+    let text = match parsed {
+        Some(r) if !r.message.is_empty() => {
+            let mut s = r.message;
+            if !r.detail.is_empty() && r.detail != s {
+                s.push_str(": ");
+                s.push_str(&r.detail);
+            }
+            for v in r.validations {
+                s.push_str(&format!(" [{}: {}]", v.field, v.detail));
+            }
+            s
+        }
+        _ => String::from_utf8_lossy(body).lines().next().unwrap_or("").chars().take(200).collect(),
+    };
+    format!("HTTP {}: {}", status.as_u16(), if text.is_empty() { "(empty body)" } else { &text })
+}
+
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+/// Percent-encodes a path segment (ids are UUIDs, but never trust input to be one).
+fn encode_path(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describes_coder_errors_and_plain_text() {
+        let body = br#"{"message":"A workspace build is already active.","detail":"A workspace build is already active."}"#;
+        assert_eq!(describe(StatusCode::CONFLICT, body), "HTTP 409: A workspace build is already active.");
+        let body = br#"{"message":"You are signed out or your session has expired. Please sign in again to continue.","detail":"API key expired at 2026-11-20"}"#;
+        assert!(describe(StatusCode::UNAUTHORIZED, body).ends_with("continue.: API key expired at 2026-11-20"));
+        let plain = b"\"X-Coder-Bypass-Ratelimit\" provided but user is not owner\n";
+        assert_eq!(describe(StatusCode::PRECONDITION_REQUIRED, plain), "HTTP 428: \"X-Coder-Bypass-Ratelimit\" provided but user is not owner");
+    }
+
+    #[test]
+    fn encodes_path_segments() {
+        assert_eq!(encode_path("a/b c"), "a%2Fb%20c");
+        assert_eq!(encode_path("0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70"), "0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70");
+    }
+}

@@ -1,0 +1,233 @@
+//! Serde models of the Coder API (v2.34.3 `codersdk` shapes), only the fields this service uses.
+//! Enums are lenient: Coder adds statuses and build reasons over time, and an unknown value must
+//! parse as `Unknown`, never fail a whole listing. Optional fields that Coder omits (`ttl_ms`,
+//! `autostart_schedule`, agent timestamps) or sends as `null` (`deadline`) are `Option`.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+pub type Time = DateTime<Utc>;
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct WorkspacesResponse {
+    pub workspaces: Vec<Workspace>,
+    #[serde(default)]
+    pub count: i64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct Workspace {
+    pub id: String,
+    pub name: String,
+    #[serde(default)]
+    pub owner_id: String,
+    pub owner_name: String,
+    #[serde(default)]
+    pub template_name: String,
+    pub created_at: Time,
+    pub last_used_at: Time,
+    pub latest_build: WorkspaceBuild,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autostart_schedule: Option<String>,
+    #[serde(default)]
+    pub dormant_at: Option<Time>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct WorkspaceBuild {
+    pub id: String,
+    #[serde(default)]
+    pub build_number: i64,
+    #[serde(default)]
+    pub workspace_id: String,
+    pub transition: Transition,
+    pub status: WorkspaceStatus,
+    pub job: ProvisionerJob,
+    #[serde(default)]
+    pub reason: BuildReason,
+    #[serde(default)]
+    pub initiator_name: String,
+    #[serde(default)]
+    pub resources: Vec<WorkspaceResource>,
+    /// `null` means no autostop deadline (manual shutdown).
+    #[serde(default)]
+    pub deadline: Option<Time>,
+    #[serde(default)]
+    pub max_deadline: Option<Time>,
+}
+
+impl WorkspaceBuild {
+    pub fn agents(&self) -> impl Iterator<Item = &WorkspaceAgent> {
+        self.resources.iter().flat_map(|r| r.agents.iter())
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct ProvisionerJob {
+    pub id: String,
+    pub status: JobStatus,
+    #[serde(default)]
+    pub created_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+pub struct WorkspaceResource {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agents: Vec<WorkspaceAgent>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct WorkspaceAgent {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    pub status: AgentStatus,
+    #[serde(default)]
+    pub lifecycle_state: AgentLifecycle,
+    #[serde(default)]
+    pub created_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_connected_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_connected_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disconnected_at: Option<Time>,
+    #[serde(default)]
+    pub connection_timeout_seconds: i64,
+}
+
+macro_rules! lenient_enum {
+    ($(#[$m:meta])* $name:ident { $($variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize)]
+        pub enum $name {
+            $(#[serde(rename = $text)] $variant,)+
+            /// A value this version does not know (Coder added it later).
+            #[default]
+            #[serde(other, rename = "unknown")]
+            Unknown,
+        }
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $text,)+ Self::Unknown => "unknown" }
+            }
+        }
+    };
+}
+
+lenient_enum!(Transition { Start = "start", Stop = "stop", Delete = "delete" });
+lenient_enum!(
+    /// `codersdk.WorkspaceStatus`, derived by Coder from job status + transition.
+    WorkspaceStatus {
+        Pending = "pending", Starting = "starting", Running = "running", Stopping = "stopping",
+        Stopped = "stopped", Failed = "failed", Canceling = "canceling", Canceled = "canceled",
+        Deleting = "deleting", Deleted = "deleted",
+    }
+);
+lenient_enum!(JobStatus {
+    Pending = "pending", Running = "running", Succeeded = "succeeded", Canceling = "canceling",
+    Canceled = "canceled", Failed = "failed",
+});
+lenient_enum!(AgentStatus { Connecting = "connecting", Connected = "connected", Disconnected = "disconnected", Timeout = "timeout" });
+lenient_enum!(AgentLifecycle {
+    Created = "created", Starting = "starting", StartTimeout = "start_timeout", StartError = "start_error",
+    Ready = "ready", ShuttingDown = "shutting_down", ShutdownTimeout = "shutdown_timeout",
+    ShutdownError = "shutdown_error", Off = "off",
+});
+lenient_enum!(
+    /// The API returns values the swagger enum omits (`failedstop`, `autodelete`, task reasons).
+    BuildReason {
+        Initiator = "initiator", Autostart = "autostart", Autostop = "autostop", Dormancy = "dormancy",
+        Dashboard = "dashboard", Cli = "cli", SshConnection = "ssh_connection",
+        VscodeConnection = "vscode_connection", JetbrainsConnection = "jetbrains_connection",
+        FailedStop = "failedstop", AutoDelete = "autodelete",
+    }
+);
+
+impl JobStatus {
+    /// Coder's `Active()`: a build in this state blocks new builds (409).
+    pub fn is_active(self) -> bool {
+        matches!(self, JobStatus::Pending | JobStatus::Running | JobStatus::Canceling)
+    }
+    pub fn is_final(self) -> bool {
+        matches!(self, JobStatus::Succeeded | JobStatus::Failed | JobStatus::Canceled)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct User {
+    pub id: String,
+    pub username: String,
+    #[serde(default)]
+    pub roles: Vec<SlimRole>,
+    #[serde(default)]
+    pub status: String,
+}
+
+impl User {
+    pub fn is_owner(&self) -> bool {
+        self.roles.iter().any(|r| r.name == "owner")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct SlimRole {
+    pub name: String,
+    #[serde(default)]
+    pub display_name: String,
+}
+
+/// `codersdk.APIKey`: only the expiry matters here.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct ApiKey {
+    pub id: String,
+    pub expires_at: Time,
+    #[serde(default)]
+    pub token_name: String,
+    #[serde(default)]
+    pub login_type: String,
+    #[serde(default)]
+    pub lifetime_seconds: i64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct BuildInfo {
+    pub version: String,
+    #[serde(default)]
+    pub external_url: String,
+}
+
+/// `codersdk.Response`: the body of every Coder error.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+pub struct CoderResponse {
+    #[serde(default)]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validations: Vec<ValidationError>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct ValidationError {
+    pub field: String,
+    pub detail: String,
+}
+
+/// `codersdk.CreateWorkspaceBuildRequest`, as this service sends it: a stop, nothing else.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CreateWorkspaceBuildRequest {
+    pub transition: Transition,
+}
+
+/// `codersdk.UpdateWorkspaceTTLRequest`. `None` (null) disables autostop.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct UpdateWorkspaceTtlRequest {
+    pub ttl_ms: Option<i64>,
+}

@@ -1,0 +1,381 @@
+//! Settings: the config file's shape, and the one place raw flags, the environment and the file
+//! are validated into `Settings` (flag > env > file > default). Every error names the setting
+//! and the fix; they exit 2.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::cli::{CommonArgs, LogFormat};
+use crate::coder::SessionToken;
+use crate::gpu::Ownership;
+use crate::policy::{Policy, ReclaimWhen, Rule};
+
+/// A usage or configuration error (exit code 2).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+/// `serde(with)` for optional humantime durations written as strings ("30m").
+pub mod opt_duration {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let s: Option<String> = Option::deserialize(d)?;
+        s.map(|s| crate::cli::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))).transpose()
+    }
+
+    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+/// The `--config` TOML file. Every key is optional; unknown keys are errors.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub coder_url: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub dcgm_exporters: Option<Vec<String>>,
+    pub prometheus_url: Option<String>,
+    /// Only GPU series in this Kubernetes namespace count.
+    pub namespace: Option<String>,
+    /// A series label whose value is the workspace id (instead of finding it in the pod name).
+    pub workspace_id_label: Option<String>,
+    #[serde(default, with = "opt_duration")]
+    pub interval: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    pub request_timeout: Option<Duration>,
+    pub log_format: Option<LogFormat>,
+    pub listen: Option<String>,
+    pub audit_log: Option<PathBuf>,
+    pub notify_webhook: Option<String>,
+
+    #[serde(default, with = "opt_duration")]
+    pub idle_after: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    pub grace: Option<Duration>,
+    pub reclaim_when: Option<ReclaimWhen>,
+    #[serde(default, with = "opt_duration")]
+    pub connected_idle_after: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    pub max_lifetime: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    pub restore_autostop: Option<Duration>,
+    pub gpu_templates: Option<Vec<String>>,
+    pub sm_active_min: Option<f64>,
+    pub gr_engine_active_min: Option<f64>,
+    pub gpu_util_min_percent: Option<f64>,
+    pub empty_memory_mib: Option<f64>,
+    pub memory_held_mib: Option<f64>,
+    pub min_samples: Option<usize>,
+    #[serde(default, with = "opt_duration")]
+    pub max_sample_gap: Option<Duration>,
+    #[serde(default, with = "opt_duration")]
+    pub stale_after: Option<Duration>,
+    pub max_stops_per_pass: Option<usize>,
+    pub max_idle_fraction: Option<f64>,
+    #[serde(default, rename = "rule")]
+    pub rules: Vec<Rule>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("--config {}: cannot read it ({e}); fix the path or unset CODER_GPU_RECLAIMER_CONFIG", path.display())))?;
+        Self::parse(&text).map_err(|e| ConfigError(format!("--config {}: {}", path.display(), e.0)))
+    }
+
+    /// Parses the TOML text; errors name the key and the line.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            let msg = e.message().trim().to_string();
+            ConfigError(match line {
+                Some(l) => {
+                    let source = text.lines().nth(l - 1).unwrap_or("").trim();
+                    format!("line {l} ({source}): {msg}")
+                }
+                None => msg,
+            })
+        })
+    }
+}
+
+/// Where GPU readings come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GpuSourceSettings {
+    Exporters(Vec<String>),
+    Prometheus(String),
+}
+
+/// Validated settings shared by `run`, `plan` and `check`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub coder_url: String,
+    pub token: SessionToken,
+    pub gpu: GpuSourceSettings,
+    pub ownership: Ownership,
+    pub interval: Duration,
+    pub request_timeout: Duration,
+    pub log_format: Option<LogFormat>,
+    pub policy: Policy,
+    pub file: FileConfig,
+}
+
+fn check_url(setting: &str, url: &str, example: &str) -> Result<(), ConfigError> {
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")).or_else(|| url.strip_prefix("dns+http://"));
+    match rest {
+        Some(r) if !r.is_empty() && !r.starts_with('/') => Ok(()),
+        _ => err(format!("{setting} {url:?} is not an http(s) URL: pass e.g. {example}")),
+    }
+}
+
+fn ratio(setting: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        Some(x) => err(format!("{setting} = {x} is out of range: write a ratio between 0 and 1, e.g. {default}")),
+    }
+}
+
+fn non_negative(setting: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(x) if x >= 0.0 && x.is_finite() => Ok(x),
+        Some(x) => err(format!("{setting} = {x} must be a number of 0 or more, e.g. {default}")),
+    }
+}
+
+impl Settings {
+    /// Resolves everything. `token_env` is CODER_SESSION_TOKEN's value (read by the caller).
+    pub fn resolve(args: &CommonArgs, token_env: Option<String>) -> Result<Settings, ConfigError> {
+        let file = match &args.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        let coder_url = args.coder_url.clone().or_else(|| file.coder_url.clone()).filter(|s| !s.trim().is_empty());
+        let Some(coder_url) = coder_url else {
+            return err("CODER_URL is not set: pass --coder-url https://coder.example.com");
+        };
+        let coder_url = coder_url.trim().trim_end_matches('/').to_string();
+        check_url("--coder-url", &coder_url, "https://coder.example.com")?;
+
+        let token_file = args.token_file.clone().or_else(|| file.token_file.clone());
+        let token = match (token_env.filter(|t| !t.trim().is_empty()), token_file) {
+            (Some(t), _) => SessionToken::new(&t).map_err(|e| ConfigError(format!("CODER_SESSION_TOKEN: {e}: set it to an owner token")))?,
+            (None, Some(path)) => SessionToken::from_file(&path).map_err(|e| ConfigError(format!("--token-file: {e}")))?,
+            (None, None) => {
+                return err("no session token: set CODER_SESSION_TOKEN, or pass --token-file PATH (make one as an owner with `coder tokens create --lifetime 168h`)");
+            }
+        };
+
+        let exporters: Vec<String> = if args.dcgm_exporters.iter().any(|s| !s.trim().is_empty()) {
+            args.dcgm_exporters.clone()
+        } else {
+            file.dcgm_exporters.clone().unwrap_or_default()
+        }
+        .into_iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+        let prometheus = args.prometheus_url.clone().or_else(|| file.prometheus_url.clone()).filter(|s| !s.trim().is_empty());
+        let gpu = match (exporters.is_empty(), prometheus) {
+            (false, Some(_)) => return err("both --dcgm-exporter and --prometheus-url are set: choose one GPU source"),
+            (true, None) => {
+                return err("no GPU source: pass --dcgm-exporter http://dcgm-exporter.gpu-operator:9400/metrics (repeatable) or --prometheus-url http://prometheus:9090");
+            }
+            (true, Some(p)) => {
+                check_url("--prometheus-url", &p, "http://prometheus:9090")?;
+                GpuSourceSettings::Prometheus(p.trim_end_matches('/').to_string())
+            }
+            (false, None) => {
+                for u in &exporters {
+                    check_url("--dcgm-exporter", u, "http://10.0.0.7:9400/metrics")?;
+                }
+                GpuSourceSettings::Exporters(exporters)
+            }
+        };
+
+        let interval = args.interval.or(file.interval).unwrap_or(Duration::from_secs(60));
+        if interval < Duration::from_secs(1) {
+            return err("--interval must be at least 1s, e.g. --interval 60s");
+        }
+        let request_timeout = args.request_timeout.or(file.request_timeout).unwrap_or(Duration::from_secs(10));
+        if request_timeout.is_zero() {
+            return err("--request-timeout must be more than 0s, e.g. --request-timeout 10s");
+        }
+        let policy = build_policy(args, &file, interval)?;
+        Ok(Settings {
+            coder_url,
+            token,
+            gpu,
+            ownership: Ownership { namespace: file.namespace.clone(), workspace_id_label: file.workspace_id_label.clone() },
+            interval,
+            request_timeout,
+            log_format: args.log_format.or(file.log_format),
+            policy,
+            file,
+        })
+    }
+
+    /// A one-line, secret-free summary (for `check` and the start-up log).
+    pub fn summary(&self) -> String {
+        let gpu = match &self.gpu {
+            GpuSourceSettings::Exporters(e) => format!("dcgm_exporters={}", e.join(",")),
+            GpuSourceSettings::Prometheus(p) => format!("prometheus_url={p}"),
+        };
+        let t = &self.policy.thresholds;
+        let when = match self.policy.reclaim_when {
+            ReclaimWhen::Always => "always",
+            ReclaimWhen::Contended => "contended",
+        };
+        format!(
+            "coder_url={} {gpu} interval={} idle_after={} grace={} reclaim_when={when} rules={}",
+            self.coder_url,
+            humantime::format_duration(self.interval),
+            humantime::format_duration(t.idle_after),
+            humantime::format_duration(t.grace),
+            self.policy.rules.len()
+        )
+    }
+}
+
+/// The policy from defaults, the file, then flags.
+pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) -> Result<Policy, ConfigError> {
+    let mut p = Policy::defaults(interval);
+    let t = &mut p.thresholds;
+    t.idle_after = args.idle_after.or(file.idle_after).unwrap_or(t.idle_after);
+    t.grace = args.grace.or(file.grace).unwrap_or(t.grace);
+    t.connected_idle_after = file.connected_idle_after;
+    t.max_lifetime = file.max_lifetime;
+    if t.idle_after.is_zero() {
+        return err("idle_after must be more than 0s, e.g. --idle-after 30m");
+    }
+    p.reclaim_when = args.reclaim_when.or(file.reclaim_when).unwrap_or_default();
+    p.gpu_templates = file.gpu_templates.clone().unwrap_or_default();
+    p.restore_autostop = file.restore_autostop;
+    if let Some(d) = p.restore_autostop {
+        if d < Duration::from_secs(60) || d > Duration::from_secs(30 * 24 * 3600) {
+            return err("restore_autostop must be between 1m and 30d (Coder's TTL limits), e.g. restore_autostop = \"8h\"");
+        }
+    }
+    p.sm_active_min = ratio("sm_active_min", file.sm_active_min, p.sm_active_min)?;
+    p.gr_engine_active_min = ratio("gr_engine_active_min", file.gr_engine_active_min, p.gr_engine_active_min)?;
+    p.gpu_util_min = ratio("gpu_util_min_percent", file.gpu_util_min_percent.map(|x| x / 100.0), p.gpu_util_min)?;
+    p.empty_memory_mib = non_negative("empty_memory_mib", file.empty_memory_mib, p.empty_memory_mib)?;
+    p.memory_held_mib = non_negative("memory_held_mib", file.memory_held_mib, p.memory_held_mib)?;
+    p.max_idle_fraction = ratio("max_idle_fraction", file.max_idle_fraction, p.max_idle_fraction)?;
+    p.min_samples = file.min_samples.unwrap_or(p.min_samples).max(1);
+    p.max_sample_gap = file.max_sample_gap.unwrap_or(p.max_sample_gap);
+    p.stale_after = file.stale_after.unwrap_or(p.stale_after);
+    if p.max_sample_gap <= interval || p.stale_after <= interval {
+        return err("max_sample_gap and stale_after must be longer than the interval, or every pass reads as a gap; the defaults are 3x and 2x the interval");
+    }
+    p.max_stops_per_pass = file.max_stops_per_pass.unwrap_or(p.max_stops_per_pass);
+    for (i, r) in file.rules.iter().enumerate() {
+        if r.template.is_none() && r.owner.is_none() && r.workspace.is_none() {
+            return err(format!("rule {} matches everything: give it a template, owner or workspace pattern", i + 1));
+        }
+    }
+    p.rules = file.rules.clone();
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> CommonArgs {
+        CommonArgs {
+            coder_url: Some("https://coder.example.com/".into()),
+            dcgm_exporters: vec!["http://10.0.0.7:9400/metrics".into()],
+            ..CommonArgs::default()
+        }
+    }
+
+    fn token() -> Option<String> {
+        Some("abc123-secret".into())
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_is_set() {
+        let s = Settings::resolve(&args(), token()).unwrap();
+        assert_eq!(s.coder_url, "https://coder.example.com");
+        assert_eq!(s.interval, Duration::from_secs(60));
+        assert_eq!(s.policy.thresholds.idle_after, Duration::from_secs(1800));
+        assert_eq!(s.policy.max_sample_gap, Duration::from_secs(180));
+        assert_eq!(s.request_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn file_beats_default_and_flag_beats_file() {
+        let dir = std::env::temp_dir().join(format!("cgr-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("policy.toml");
+        std::fs::write(&path, "idle_after = \"45m\"\ngrace = \"5m\"\ncoder_url = \"https://file.example.com\"\n").unwrap();
+        let mut a = args();
+        a.config = Some(path.clone());
+        a.coder_url = None;
+        let s = Settings::resolve(&a, token()).unwrap();
+        assert_eq!(s.policy.thresholds.idle_after, Duration::from_secs(45 * 60));
+        assert_eq!(s.policy.thresholds.grace, Duration::from_secs(300));
+        assert_eq!(s.coder_url, "https://file.example.com");
+        a.idle_after = Some(Duration::from_secs(600));
+        a.coder_url = Some("https://flag.example.com".into());
+        let s = Settings::resolve(&a, token()).unwrap();
+        assert_eq!(s.policy.thresholds.idle_after, Duration::from_secs(600));
+        assert_eq!(s.coder_url, "https://flag.example.com");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn bad_input_names_the_setting_and_the_fix() {
+        let cases: Vec<(CommonArgs, Option<String>, &str)> = vec![
+            (CommonArgs { coder_url: None, ..args() }, token(), "CODER_URL is not set: pass --coder-url https://coder.example.com"),
+            (CommonArgs { coder_url: Some("coder.example.com".into()), ..args() }, token(), "--coder-url \"coder.example.com\" is not an http(s) URL"),
+            (args(), None, "no session token: set CODER_SESSION_TOKEN"),
+            (CommonArgs { dcgm_exporters: vec![], ..args() }, token(), "no GPU source: pass --dcgm-exporter"),
+            (CommonArgs { prometheus_url: Some("http://p:9090".into()), ..args() }, token(), "choose one GPU source"),
+            (CommonArgs { interval: Some(Duration::from_millis(10)), ..args() }, token(), "--interval must be at least 1s"),
+            (CommonArgs { idle_after: Some(Duration::ZERO), ..args() }, token(), "idle_after must be more than 0s"),
+            (args(), Some("a b".into()), "CODER_SESSION_TOKEN: the session token contains whitespace"),
+            (CommonArgs { token_file: Some("/nonexistent/token".into()), ..args() }, None, "--token-file: cannot read the token file /nonexistent/token"),
+        ];
+        for (a, tok, want) in cases {
+            let got = Settings::resolve(&a, tok).unwrap_err().0;
+            assert!(got.contains(want), "got {got:?}, want it to contain {want:?}");
+            assert!(!got.contains("secret"), "an error must not echo the token: {got}");
+        }
+    }
+
+    #[test]
+    fn file_errors_name_the_key_and_line() {
+        let e = FileConfig::parse("idle_after = \"30m\"\nidle_aftr = \"1h\"\n").unwrap_err().0;
+        assert!(e.starts_with("line 2 (idle_aftr = \"1h\"):") && e.contains("unknown field"), "{e}");
+        let e = FileConfig::parse("\n\ngrace = \"soon\"\n").unwrap_err().0;
+        assert!(e.starts_with("line 3 (grace = \"soon\"):") && e.contains("\"soon\" is not a duration"), "{e}");
+        let e = FileConfig::parse("[[rule]]\ntemplate = \"gpu-*\"\nexmpt = true\n").unwrap_err().0;
+        assert!(e.starts_with("line 3 (exmpt = true):"), "{e}");
+        let f = FileConfig::parse("max_idle_fraction = 1.5\n").unwrap();
+        let e = build_policy(&args(), &f, Duration::from_secs(60)).unwrap_err().0;
+        assert!(e.contains("max_idle_fraction = 1.5 is out of range"), "{e}");
+    }
+}

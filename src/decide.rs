@@ -1,0 +1,455 @@
+//! The decisions. `decide` judges one workspace from its Coder record, its GPU windows, the
+//! policy and `now`; `apply_fleet_rules` then applies what needs the whole fleet (contention,
+//! the stop cap, the circuit breaker). Pure: no I/O, no clock reads, no randomness, so every
+//! rule is table-tested. Missing data never leads to a stop.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+
+use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
+use crate::gpu::signals::{Signal, SignalValues};
+use crate::gpu::window::{GpuSample, GpuWindow};
+use crate::gpu::GpuKey;
+use crate::policy::{Policy, ReclaimWhen, Thresholds};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Skip,
+    Waiting,
+    Unknown,
+    Keep,
+    Warn,
+    Reclaim,
+}
+
+impl Verdict {
+    pub const ALL: [Verdict; 6] = [Verdict::Skip, Verdict::Waiting, Verdict::Unknown, Verdict::Keep, Verdict::Warn, Verdict::Reclaim];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Skip => "skip",
+            Verdict::Waiting => "waiting",
+            Verdict::Unknown => "unknown",
+            Verdict::Keep => "keep",
+            Verdict::Warn => "warn",
+            Verdict::Reclaim => "reclaim",
+        }
+    }
+}
+
+/// Stable, machine-readable reason codes (status API, metric labels, logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reason {
+    NotRunning,
+    BuildActive,
+    Excluded,
+    NoGpu,
+    WaitingForGpu,
+    NoGpuData,
+    SampleGap,
+    StaleData,
+    MetricsDisagree,
+    GpuActive,
+    Connected,
+    WarmingUp,
+    NotIdleLongEnough,
+    NoContention,
+    Idle,
+    MemoryHeldIdle,
+    PhantomUtilization,
+    ConnectedButGpuIdle,
+    MaxLifetime,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 19] = [
+        Reason::NotRunning,
+        Reason::BuildActive,
+        Reason::Excluded,
+        Reason::NoGpu,
+        Reason::WaitingForGpu,
+        Reason::NoGpuData,
+        Reason::SampleGap,
+        Reason::StaleData,
+        Reason::MetricsDisagree,
+        Reason::GpuActive,
+        Reason::Connected,
+        Reason::WarmingUp,
+        Reason::NotIdleLongEnough,
+        Reason::NoContention,
+        Reason::Idle,
+        Reason::MemoryHeldIdle,
+        Reason::PhantomUtilization,
+        Reason::ConnectedButGpuIdle,
+        Reason::MaxLifetime,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NotRunning => "not-running",
+            Reason::BuildActive => "build-active",
+            Reason::Excluded => "excluded",
+            Reason::NoGpu => "no-gpu",
+            Reason::WaitingForGpu => "waiting-for-gpu",
+            Reason::NoGpuData => "no-gpu-data",
+            Reason::SampleGap => "sample-gap",
+            Reason::StaleData => "stale-data",
+            Reason::MetricsDisagree => "metrics-disagree",
+            Reason::GpuActive => "gpu-active",
+            Reason::Connected => "connected",
+            Reason::WarmingUp => "warming-up",
+            Reason::NotIdleLongEnough => "not-idle-long-enough",
+            Reason::NoContention => "no-contention",
+            Reason::Idle => "idle",
+            Reason::MemoryHeldIdle => "memory-held-idle",
+            Reason::PhantomUtilization => "phantom-utilization",
+            Reason::ConnectedButGpuIdle => "connected-but-gpu-idle",
+            Reason::MaxLifetime => "max-lifetime",
+        }
+    }
+}
+
+/// The latest reading of one GPU, for the status document.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuSummary {
+    #[serde(flatten)]
+    pub key: GpuKey,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub samples: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_sample_at: Option<DateTime<Utc>>,
+    pub state: SampleState,
+    pub gpu_util: Option<f64>,
+    pub sm_active: Option<f64>,
+    pub gr_engine_active: Option<f64>,
+    pub fb_used_mib: Option<f64>,
+    pub power_watts: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    pub workspace_id: String,
+    pub verdict: Verdict,
+    pub reason: Reason,
+    pub message: String,
+    /// How long every GPU of the workspace has been continuously not compute-active.
+    pub gpu_idle: Option<Duration>,
+    /// now - last_used_at.
+    pub connection_idle: Duration,
+    /// While warning: when the stop is due.
+    pub stop_at: Option<DateTime<Utc>>,
+    /// `restore_autostop`: the TTL to set back, when the user's is off or longer.
+    pub restore_ttl_ms: Option<i64>,
+    pub gpus: Vec<GpuSummary>,
+}
+
+impl Decision {
+    pub fn is_stop_eligible(&self) -> bool {
+        matches!(self.verdict, Verdict::Warn | Verdict::Reclaim)
+    }
+}
+
+/// What one sample says about compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SampleState {
+    Active,
+    Idle,
+    /// Utilization claims work the SMs or the memory say is not there.
+    Phantom,
+    /// No compute signal at all in this sample.
+    NoCompute,
+}
+
+/// Classifies one sample by the best compute signal it has: SM_ACTIVE, else GR_ENGINE_ACTIVE,
+/// else utilization. Utilization above zero on an (almost) empty framebuffer is never work.
+pub fn classify(v: &SignalValues, p: &Policy) -> SampleState {
+    let util = v.get(Signal::GpuUtil);
+    let gr = v.get(Signal::GrEngineActive);
+    let compute_active = if let Some(sm) = v.get(Signal::SmActive) {
+        sm >= p.sm_active_min
+    } else if let Some(gr) = gr {
+        gr >= p.gr_engine_active_min
+    } else if let Some(u) = util {
+        u >= p.gpu_util_min
+    } else {
+        return SampleState::NoCompute;
+    };
+    let empty_memory = v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib);
+    let claims_work = util.is_some_and(|u| u >= p.gpu_util_min) || gr.is_some_and(|g| g >= p.gr_engine_active_min);
+    if compute_active && !empty_memory {
+        SampleState::Active
+    } else if claims_work || (empty_memory && util.is_some_and(|u| u > 0.0)) {
+        SampleState::Phantom
+    } else {
+        SampleState::Idle
+    }
+}
+
+fn disagrees(v: &SignalValues, p: &Policy) -> bool {
+    let util = v.get(Signal::GpuUtil);
+    let gr = v.get(Signal::GrEngineActive);
+    matches!((util, gr), (Some(u), Some(g)) if u >= p.disagree_util_min && g <= p.disagree_gr_engine_max)
+}
+
+/// Renders a duration for people: `45s`, `12m`, `2h05m`, `3d4h`.
+pub fn human(d: Duration) -> String {
+    let s = d.num_seconds().max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=3599 => format!("{}m", s / 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+fn dur(d: std::time::Duration) -> Duration {
+    Duration::from_std(d).unwrap_or(Duration::MAX)
+}
+
+struct Builder<'a> {
+    ws: &'a Workspace,
+    connection_idle: Duration,
+    gpus: Vec<GpuSummary>,
+}
+
+impl Builder<'_> {
+    fn out(self, verdict: Verdict, reason: Reason, message: String, gpu_idle: Option<Duration>) -> Decision {
+        Decision {
+            workspace_id: self.ws.id.clone(),
+            verdict,
+            reason,
+            message,
+            gpu_idle,
+            connection_idle: self.connection_idle,
+            stop_at: None,
+            restore_ttl_ms: None,
+            gpus: self.gpus,
+        }
+    }
+}
+
+fn summarize(w: &GpuWindow, p: &Policy) -> GpuSummary {
+    let latest = w.latest().map(|s| s.values).unwrap_or_default();
+    GpuSummary {
+        key: w.key.clone(),
+        model: w.model.clone(),
+        samples: w.samples.len(),
+        last_sample_at: w.last_at(),
+        state: classify(&latest, p),
+        gpu_util: latest.get(Signal::GpuUtil),
+        sm_active: latest.get(Signal::SmActive),
+        gr_engine_active: latest.get(Signal::GrEngineActive),
+        fb_used_mib: latest.get(Signal::FbUsedMib),
+        power_watts: latest.get(Signal::PowerWatts),
+    }
+}
+
+/// Build succeeded, but no agent has ever connected: the pod is Pending (no GPU for it).
+fn agent_never_connected(ws: &Workspace) -> bool {
+    let mut agents = ws.latest_build.agents().peekable();
+    agents.peek().is_some()
+        && agents.all(|a| a.first_connected_at.is_none() && matches!(a.status, AgentStatus::Connecting | AgentStatus::Timeout))
+}
+
+/// Judges one workspace. `prior_stop_at` is the stop time of a warning issued in an earlier
+/// pass (grace), which the caller remembers and clears when the verdict is no longer eligible.
+pub fn decide(
+    now: DateTime<Utc>,
+    ws: &Workspace,
+    gpus: Option<&BTreeMap<GpuKey, GpuWindow>>,
+    policy: &Policy,
+    prior_stop_at: Option<DateTime<Utc>>,
+) -> Decision {
+    let windows: Vec<&GpuWindow> = gpus.map(|g| g.values().filter(|w| !w.samples.is_empty()).collect()).unwrap_or_default();
+    let b = Builder {
+        ws,
+        connection_idle: (now - ws.last_used_at).max(Duration::zero()),
+        gpus: windows.iter().map(|w| summarize(w, policy)).collect(),
+    };
+    let build = &ws.latest_build;
+    if build.job.status.is_active() {
+        return b.out(Verdict::Skip, Reason::BuildActive, format!("a {} build is {}", build.transition.as_str(), build.job.status.as_str()), None);
+    }
+    if build.transition != Transition::Start || build.job.status != JobStatus::Succeeded {
+        let msg = format!("latest build is {} ({})", build.transition.as_str(), build.status.as_str());
+        return b.out(Verdict::Skip, Reason::NotRunning, msg, None);
+    }
+    let (th, exempt) = policy.for_workspace(ws);
+    if exempt {
+        return b.out(Verdict::Skip, Reason::Excluded, "exempt by a policy rule".into(), None);
+    }
+    if windows.is_empty() {
+        let gpu_template = policy.is_gpu_template(&ws.template_name);
+        if gpu_template && agent_never_connected(ws) {
+            return b.out(Verdict::Waiting, Reason::WaitingForGpu, "started, but its agent never connected: the pod is waiting for a GPU".into(), None);
+        }
+        if gpu_template && !policy.gpu_templates.is_empty() {
+            return b.out(Verdict::Unknown, Reason::NoGpuData, "a GPU template, but no GPU series maps to this workspace".into(), None);
+        }
+        return b.out(Verdict::Skip, Reason::NoGpu, "no GPU series maps to this workspace".into(), None);
+    }
+    let mut d = judge_gpus(now, ws, &windows, policy, &th, b);
+    if d.is_stop_eligible() && !th.grace.is_zero() {
+        let stop_at = prior_stop_at.unwrap_or(now + dur(th.grace));
+        d.stop_at = Some(stop_at);
+        if now < stop_at {
+            d.verdict = Verdict::Warn;
+            d.message = format!("{}; stops in {} unless it becomes active", d.message, human(stop_at - now));
+        }
+    }
+    if let Some(restore) = policy.restore_autostop {
+        let want = i64::try_from(restore.as_millis()).unwrap_or(i64::MAX);
+        if d.verdict != Verdict::Unknown && ws.ttl_ms.is_none_or(|ttl| ttl <= 0 || ttl > want) {
+            d.restore_ttl_ms = Some(want);
+        }
+    }
+    d
+}
+
+fn judge_gpus(now: DateTime<Utc>, ws: &Workspace, windows: &[&GpuWindow], policy: &Policy, th: &Thresholds, b: Builder<'_>) -> Decision {
+    let idle_after = dur(th.idle_after);
+    let span_start = now - idle_after;
+    if let Some(w) = windows.iter().find(|w| w.source_failed) {
+        return b.out(Verdict::Unknown, Reason::StaleData, format!("GPU source {} failed this pass", w.source), None);
+    }
+    let oldest_latest = windows.iter().filter_map(|w| w.last_at()).min().unwrap_or(now);
+    if now - oldest_latest > dur(policy.stale_after) {
+        return b.out(Verdict::Unknown, Reason::StaleData, format!("newest GPU sample is {} old", human(now - oldest_latest)), None);
+    }
+    let recent = |w: &&GpuWindow| w.since(span_start).map(|s| s.values).collect::<Vec<_>>();
+    for w in windows {
+        let values = recent(w);
+        if values.iter().any(|v| disagrees(v, policy)) {
+            return b.out(
+                Verdict::Unknown,
+                Reason::MetricsDisagree,
+                format!("GPU {}: utilization is high while GR_ENGINE_ACTIVE reads zero (profiling fields stuck?)", w.key.uuid),
+                None,
+            );
+        }
+        if values.iter().any(|v| classify(v, policy) == SampleState::NoCompute) {
+            return b.out(Verdict::Unknown, Reason::NoGpuData, format!("GPU {}: no compute signal (SM_ACTIVE, GR_ENGINE_ACTIVE or GPU_UTIL)", w.key.uuid), None);
+        }
+    }
+    if windows.iter().any(|w| w.latest().is_some_and(|s| classify(&s.values, policy) == SampleState::Active)) {
+        return b.out(Verdict::Keep, Reason::GpuActive, "GPU is computing".into(), Some(Duration::zero()));
+    }
+    let fewest = windows.iter().map(|w| w.count_since(span_start)).min().unwrap_or(0);
+    if fewest < policy.min_samples {
+        let msg = format!("only {fewest} GPU sample(s) so far, {} needed", policy.min_samples);
+        return b.out(Verdict::Unknown, Reason::NoGpuData, msg, None);
+    }
+    let max_gap = dur(policy.max_sample_gap);
+    if let Some(gap) = windows.iter().map(|w| w.longest_gap(span_start, now)).max().filter(|g| *g > max_gap) {
+        return b.out(Verdict::Unknown, Reason::SampleGap, format!("a {} gap in GPU samples within the last {}", human(gap), human(idle_after)), None);
+    }
+    let is_active = |s: &GpuSample| classify(&s.values, policy) == SampleState::Active;
+    // Every GPU is idle now; the workspace has been idle since the latest GPU went idle.
+    let idle_since = windows.iter().filter_map(|w| w.idle_since(is_active, max_gap)).max().unwrap_or(now);
+    let gpu_idle = (now - idle_since).max(Duration::zero());
+    let conn_idle = b.connection_idle;
+    let history_from = windows.iter().filter_map(|w| w.first_at()).max().unwrap_or(now);
+
+    if let Some(max_lifetime) = th.max_lifetime {
+        let started = ws.latest_build.job.completed_at.unwrap_or(ws.created_at);
+        if now - started >= dur(max_lifetime) {
+            let msg = format!("running for {} (max lifetime {}) and the GPU is not computing", human(now - started), human(dur(max_lifetime)));
+            return b.out(Verdict::Reclaim, Reason::MaxLifetime, msg, Some(gpu_idle));
+        }
+    }
+    if gpu_idle >= idle_after && conn_idle >= idle_after {
+        let idle_samples = windows.iter().flat_map(|w| w.since(idle_since));
+        let reason = idle_reason(idle_samples, windows, policy);
+        let what = match reason {
+            Reason::PhantomUtilization => "GPU shows utilization but no SM work",
+            Reason::MemoryHeldIdle => "GPU memory held, no compute",
+            _ => "GPU idle",
+        };
+        let msg = format!("{what} {}, no connection for {}", human(gpu_idle), human(conn_idle));
+        return b.out(Verdict::Reclaim, reason, msg, Some(gpu_idle));
+    }
+    if let Some(limit) = th.connected_idle_after.map(dur) {
+        if gpu_idle >= limit {
+            let msg = format!("GPU idle {} while a connection is open (last used {} ago)", human(gpu_idle), human(conn_idle));
+            return b.out(Verdict::Reclaim, Reason::ConnectedButGpuIdle, msg, Some(gpu_idle));
+        }
+    }
+    if history_from > span_start && gpu_idle < idle_after {
+        let msg = format!("watching the GPU for {} of {} before judging idleness", human(now - history_from), human(idle_after));
+        return b.out(Verdict::Keep, Reason::WarmingUp, msg, Some(gpu_idle));
+    }
+    if conn_idle < idle_after {
+        let msg = format!("GPU idle {}, but used {} ago (a connection is open or was recently)", human(gpu_idle), human(conn_idle));
+        return b.out(Verdict::Keep, Reason::Connected, msg, Some(gpu_idle));
+    }
+    let msg = format!("GPU idle {} of {}", human(gpu_idle), human(idle_after));
+    b.out(Verdict::Keep, Reason::NotIdleLongEnough, msg, Some(gpu_idle))
+}
+
+fn idle_reason<'a>(idle_samples: impl Iterator<Item = &'a GpuSample>, windows: &[&GpuWindow], policy: &Policy) -> Reason {
+    let mut phantom = false;
+    for s in idle_samples {
+        phantom |= classify(&s.values, policy) == SampleState::Phantom;
+    }
+    let holds_memory = windows.iter().any(|w| w.latest_value(Signal::FbUsedMib).is_some_and(|fb| fb >= policy.memory_held_mib));
+    if phantom {
+        Reason::PhantomUtilization
+    } else if holds_memory {
+        Reason::MemoryHeldIdle
+    } else {
+        Reason::Idle
+    }
+}
+
+/// What the fleet-level step decided beyond each verdict.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FleetOutcome {
+    /// Indices into the decisions to stop this pass, longest GPU-idle first, at most the cap.
+    pub stop_order: Vec<usize>,
+    /// Reclaims left for a later pass by `max_stops_per_pass`.
+    pub deferred: usize,
+    /// Set when the circuit breaker refuses every stop this pass, with the reason.
+    pub breaker: Option<String>,
+    pub waiting: usize,
+    pub gpu_workspaces: usize,
+}
+
+/// Applies contention, the breaker and the cap to a pass's decisions.
+pub fn apply_fleet_rules(decisions: &mut [Decision], policy: &Policy) -> FleetOutcome {
+    let waiting = decisions.iter().filter(|d| d.verdict == Verdict::Waiting).count();
+    let by_idle_desc = |ds: &[Decision], pick: &dyn Fn(&Decision) -> bool| {
+        let mut idx: Vec<usize> = (0..ds.len()).filter(|&i| pick(&ds[i])).collect();
+        idx.sort_by(|&a, &b| ds[b].gpu_idle.cmp(&ds[a].gpu_idle).then_with(|| ds[a].workspace_id.cmp(&ds[b].workspace_id)));
+        idx
+    };
+    if policy.reclaim_when == ReclaimWhen::Contended {
+        for (rank, i) in by_idle_desc(decisions, &|d| d.is_stop_eligible()).into_iter().enumerate() {
+            if rank >= waiting {
+                let d = &mut decisions[i];
+                d.message = format!("{}; kept: no workspace is waiting for a GPU", d.message);
+                d.verdict = Verdict::Keep;
+                d.reason = Reason::NoContention;
+                d.stop_at = None;
+            }
+        }
+    }
+    let gpu_workspaces = decisions.iter().filter(|d| matches!(d.verdict, Verdict::Keep | Verdict::Warn | Verdict::Reclaim | Verdict::Unknown)).count();
+    let reclaim = by_idle_desc(decisions, &|d| d.verdict == Verdict::Reclaim);
+    let mut out = FleetOutcome { waiting, gpu_workspaces, ..FleetOutcome::default() };
+    if gpu_workspaces >= 4 && reclaim.len() as f64 > policy.max_idle_fraction * gpu_workspaces as f64 {
+        out.breaker = Some(format!(
+            "{} of {} GPU workspaces are reclaimable at once (more than max_idle_fraction {}): a broken exporter reads as zeros, so no stop is sent this pass; if this is real, raise max_idle_fraction",
+            reclaim.len(),
+            gpu_workspaces,
+            policy.max_idle_fraction
+        ));
+        return out;
+    }
+    out.deferred = reclaim.len().saturating_sub(policy.max_stops_per_pass);
+    out.stop_order = reclaim.into_iter().take(policy.max_stops_per_pass).collect();
+    out
+}

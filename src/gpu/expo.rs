@@ -1,0 +1,247 @@
+//! A Prometheus text-format (0.0.4) parser, written by hand for speed and safety: no regex, no
+//! allocation for lines without escapes, never panics. Malformed lines are reported with their
+//! line number and skipped; the rest of the document still parses.
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// One sample line. Borrowed from the input; label values are owned only when they had escapes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample<'a> {
+    pub name: &'a str,
+    pub labels: Vec<(&'a str, Cow<'a, str>)>,
+    pub value: f64,
+    pub timestamp_ms: Option<i64>,
+}
+
+impl Sample<'_> {
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_ref())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub line: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}", self.line, self.message)
+    }
+}
+
+/// Parses every sample line, calling `wanted(name)` first so callers can skip series they do not
+/// use without scanning labels, then `on_sample` for each kept sample. Returns the bad lines.
+pub fn parse_filtered<'a>(
+    text: &'a str,
+    mut wanted: impl FnMut(&str) -> bool,
+    mut on_sample: impl FnMut(&Sample<'a>),
+) -> Vec<ParseError> {
+    let mut errors = Vec::new();
+    let mut sample = Sample { name: "", labels: Vec::with_capacity(16), value: 0.0, timestamp_ms: None };
+    for (index, raw) in text.split('\n').enumerate() {
+        let line = raw.trim_matches(|c| c == ' ' || c == '\t' || c == '\r');
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match parse_line(line, &mut sample, &mut wanted) {
+            Ok(true) => on_sample(&sample),
+            Ok(false) => {}
+            Err(message) => errors.push(ParseError { line: index + 1, message }),
+        }
+    }
+    errors
+}
+
+/// Parses a whole document into owned-by-input samples (convenient; the sources use `parse_filtered`).
+pub fn parse(text: &str) -> (Vec<Sample<'_>>, Vec<ParseError>) {
+    let mut out = Vec::new();
+    let errors = parse_filtered(text, |_| true, |s| out.push(s.clone()));
+    (out, errors)
+}
+
+fn is_name_start(b: u8) -> bool {
+    b.is_ascii_alphabetic() || b == b'_' || b == b':'
+}
+
+fn is_name_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b':'
+}
+
+fn skip_blanks(bytes: &[u8], mut i: usize) -> usize {
+    while i < bytes.len() && (bytes[i] == b' ' || bytes[i] == b'\t') {
+        i += 1;
+    }
+    i
+}
+
+/// Ok(true): `sample` holds the line. Ok(false): the name was not wanted.
+fn parse_line<'a>(line: &'a str, sample: &mut Sample<'a>, wanted: &mut impl FnMut(&str) -> bool) -> Result<bool, String> {
+    let bytes = line.as_bytes();
+    if !is_name_start(bytes[0]) {
+        return Err(format!("a metric name must start with a letter, '_' or ':', found {:?}", char_at(line, 0)));
+    }
+    let mut i = 1;
+    while i < bytes.len() && is_name_char(bytes[i]) {
+        i += 1;
+    }
+    let name = &line[..i];
+    if !wanted(name) {
+        return Ok(false);
+    }
+    sample.name = name;
+    sample.labels.clear();
+    i = skip_blanks(bytes, i);
+    if i < bytes.len() && bytes[i] == b'{' {
+        i = parse_labels(line, i + 1, &mut sample.labels)?;
+    }
+    let after_labels = i;
+    i = skip_blanks(bytes, i);
+    if i == after_labels && i < bytes.len() {
+        return Err(format!("expected a space before the value, found {:?}", char_at(line, i)));
+    }
+    let value_start = i;
+    while i < bytes.len() && bytes[i] != b' ' && bytes[i] != b'\t' {
+        i += 1;
+    }
+    let value_text = &line[value_start..i];
+    if value_text.is_empty() {
+        return Err(format!("{name}: missing value"));
+    }
+    sample.value = parse_value(value_text).ok_or_else(|| format!("{name}: {value_text:?} is not a number"))?;
+    i = skip_blanks(bytes, i);
+    sample.timestamp_ms = None;
+    if i < bytes.len() {
+        let ts = &line[i..];
+        sample.timestamp_ms = Some(ts.parse::<i64>().map_err(|_| format!("{name}: timestamp {ts:?} is not an integer (milliseconds)"))?);
+    }
+    Ok(true)
+}
+
+fn parse_labels<'a>(line: &'a str, mut i: usize, labels: &mut Vec<(&'a str, Cow<'a, str>)>) -> Result<usize, String> {
+    let bytes = line.as_bytes();
+    loop {
+        i = skip_blanks(bytes, i);
+        match bytes.get(i) {
+            None => return Err("unterminated label set: missing '}'".into()),
+            Some(b'}') => return Ok(i + 1),
+            Some(&b) if is_name_start(b) && b != b':' => {}
+            Some(_) => return Err(format!("expected a label name at column {}, found {:?}", i + 1, char_at(line, i))),
+        }
+        let key_start = i;
+        while i < bytes.len() && is_name_char(bytes[i]) && bytes[i] != b':' {
+            i += 1;
+        }
+        let key = &line[key_start..i];
+        i = skip_blanks(bytes, i);
+        if bytes.get(i) != Some(&b'=') {
+            return Err(format!("label {key}: expected '=' at column {}", i + 1));
+        }
+        i = skip_blanks(bytes, i + 1);
+        if bytes.get(i) != Some(&b'"') {
+            return Err(format!("label {key}: the value must be in double quotes"));
+        }
+        i += 1;
+        let value_start = i;
+        let mut escaped = false;
+        loop {
+            match bytes.get(i) {
+                None => return Err(format!("label {key}: unterminated value")),
+                Some(b'"') => break,
+                Some(b'\\') => {
+                    escaped = true;
+                    i += 2;
+                }
+                Some(_) => i += 1,
+            }
+        }
+        let raw = line.get(value_start..i).ok_or_else(|| format!("label {key}: unterminated escape"))?;
+        let value = if escaped { Cow::Owned(unescape(raw)) } else { Cow::Borrowed(raw) };
+        labels.push((key, value));
+        i = skip_blanks(bytes, i + 1);
+        match bytes.get(i) {
+            Some(b',') => i += 1,
+            Some(b'}') => return Ok(i + 1),
+            _ => return Err(format!("label {key}: expected ',' or '}}' at column {}", i + 1)),
+        }
+    }
+}
+
+fn unescape(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('\\') => out.push('\\'),
+            Some('"') => out.push('"'),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+/// Go's ParseFloat spellings used by exporters: decimals, exponents, NaN, +Inf, -Inf.
+fn parse_value(text: &str) -> Option<f64> {
+    match text {
+        "NaN" | "nan" => Some(f64::NAN),
+        "+Inf" | "Inf" | "+inf" | "inf" => Some(f64::INFINITY),
+        "-Inf" | "-inf" => Some(f64::NEG_INFINITY),
+        _ => {
+            let b = text.as_bytes();
+            // Rust also accepts "infinity" and similar words; the format does not.
+            if b.iter().any(|c| c.is_ascii_alphabetic() && *c != b'e' && *c != b'E') {
+                return None;
+            }
+            text.parse::<f64>().ok()
+        }
+    }
+}
+
+fn char_at(line: &str, i: usize) -> char {
+    line.get(i..).and_then(|s| s.chars().next()).unwrap_or(' ')
+}
+
+/// Renders samples back to text (used by the fake exporter and the round-trip property test).
+pub fn render_sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
+    out.push_str(name);
+    if !labels.is_empty() {
+        out.push('{');
+        for (n, (k, v)) in labels.iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            out.push_str(k);
+            out.push_str("=\"");
+            for c in v.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '"' => out.push_str("\\\""),
+                    '\n' => out.push_str("\\n"),
+                    c => out.push(c),
+                }
+            }
+            out.push('"');
+        }
+        out.push('}');
+    }
+    out.push(' ');
+    if value.is_nan() {
+        out.push_str("NaN");
+    } else if value.is_infinite() {
+        out.push_str(if value > 0.0 { "+Inf" } else { "-Inf" });
+    } else {
+        out.push_str(&value.to_string());
+    }
+    out.push('\n');
+}

@@ -1,0 +1,200 @@
+//! GPU readings: the exposition parser, the canonical signal table, the two sources
+//! (dcgm-exporter scraped directly, or Prometheus), which GPU belongs to which workspace, and
+//! the per-workspace windows of samples the decisions read.
+
+pub mod exporter;
+pub mod expo;
+pub mod prometheus;
+pub mod signals;
+pub mod window;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use signals::SignalValues;
+
+/// One physical GPU or MIG instance, as one pod sees it. With time-slicing in virtual-GPU mode
+/// dcgm-exporter repeats a device's series once per sharing pod, hence the pod in the key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct GpuKey {
+    pub uuid: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+}
+
+/// Everything one source said about one GPU at one time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuReading {
+    pub key: GpuKey,
+    /// The workspace the series belongs to, when its labels say so.
+    pub workspace_id: Option<String>,
+    pub namespace: Option<String>,
+    pub model: Option<String>,
+    pub at: DateTime<Utc>,
+    pub values: SignalValues,
+    /// The exporter URL or Prometheus base URL that reported it.
+    pub source: Arc<str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SourceFailure {
+    pub source: String,
+    pub error: String,
+}
+
+/// What one collection round returned.
+#[derive(Debug, Default)]
+pub struct Collection {
+    pub readings: Vec<GpuReading>,
+    pub failures: Vec<SourceFailure>,
+    /// HTTP requests made (the benchmark checks this does not grow with the fleet).
+    pub requests: usize,
+}
+
+/// A place GPU readings come from. Both sources yield the same readings, so the windows and
+/// decisions never know which one is configured.
+pub trait GpuSource: Send + Sync {
+    fn collect(&self, now: DateTime<Utc>) -> impl Future<Output = Collection> + Send;
+    /// Human names of the configured endpoints (for `check` and logs).
+    fn endpoints(&self) -> Vec<String>;
+}
+
+/// The configured source.
+pub enum Sources {
+    Exporters(exporter::ExporterSource),
+    Prometheus(prometheus::PrometheusSource),
+}
+
+impl GpuSource for Sources {
+    async fn collect(&self, now: DateTime<Utc>) -> Collection {
+        match self {
+            Sources::Exporters(s) => s.collect(now).await,
+            Sources::Prometheus(s) => s.collect(now).await,
+        }
+    }
+    fn endpoints(&self) -> Vec<String> {
+        match self {
+            Sources::Exporters(s) => s.endpoints(),
+            Sources::Prometheus(s) => s.endpoints(),
+        }
+    }
+}
+
+/// How series are tied to workspaces.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Ownership {
+    /// Only series whose namespace label equals this count.
+    pub namespace: Option<String>,
+    /// A label whose value is the workspace id (e.g. a pod label exported by
+    /// `--kubernetes-enable-pod-labels`); otherwise the id is found in the pod name.
+    pub workspace_id_label: Option<String>,
+}
+
+impl Ownership {
+    /// The workspace id a series belongs to, or `None` (no pod, empty pod, other namespace).
+    /// The workload's labels are `exported_pod`/`exported_namespace` when Prometheus renamed
+    /// them (its own target labels carried `pod`); those win when present.
+    pub fn owner(&self, label: impl Fn(&str) -> Option<String>) -> (Option<String>, Option<String>, Option<String>) {
+        let pick = |renamed: &str, plain: &str| label(renamed).filter(|v| !v.is_empty()).or_else(|| label(plain).filter(|v| !v.is_empty()));
+        let pod = pick("exported_pod", "pod");
+        let namespace = pick("exported_namespace", "namespace");
+        if let Some(want) = &self.namespace {
+            if namespace.as_deref() != Some(want.as_str()) {
+                return (None, pod, namespace);
+            }
+        }
+        let id = match &self.workspace_id_label {
+            Some(name) => label(name).filter(|v| !v.is_empty()).map(|v| v.to_ascii_lowercase()),
+            None => None,
+        }
+        .or_else(|| pod.as_deref().and_then(find_uuid));
+        (id, pod, namespace)
+    }
+}
+
+/// The first UUID inside a pod name. The official Kubernetes template names the Deployment
+/// `coder-<workspace id>`, so its pods are `coder-<workspace id>-<replicaset>-<pod>`.
+pub fn find_uuid(text: &str) -> Option<String> {
+    const DASHES: [usize; 4] = [8, 13, 18, 23];
+    let b = text.as_bytes();
+    if b.len() < 36 {
+        return None;
+    }
+    (0..=b.len() - 36).find_map(|start| {
+        let w = &b[start..start + 36];
+        let ok = w.iter().enumerate().all(|(i, c)| if DASHES.contains(&i) { *c == b'-' } else { c.is_ascii_hexdigit() });
+        let bounded = start == 0 || !b[start - 1].is_ascii_hexdigit();
+        (ok && bounded).then(|| String::from_utf8_lossy(w).to_ascii_lowercase())
+    })
+}
+
+/// Groups parsed exposition samples into one reading per GPU.
+pub(crate) fn readings_from_exposition(
+    text: &str,
+    at: DateTime<Utc>,
+    source: &Arc<str>,
+    ownership: &Ownership,
+) -> (Vec<GpuReading>, Vec<expo::ParseError>) {
+    let mut by_gpu: HashMap<GpuKey, GpuReading> = HashMap::new();
+    let errors = expo::parse_filtered(
+        text,
+        |name| signals::lookup(name).is_some(),
+        |sample| {
+            let Some(mapping) = signals::lookup(sample.name) else { return };
+            let Some(uuid) = sample.label("UUID").or_else(|| sample.label("uuid")) else { return };
+            let (workspace_id, pod, namespace) = ownership.owner(|k| sample.label(k).map(str::to_string));
+            let key = GpuKey { uuid: uuid.to_string(), gpu_instance: sample.label("GPU_I_ID").map(str::to_string), pod };
+            let reading = by_gpu.entry(key.clone()).or_insert_with(|| GpuReading {
+                key,
+                workspace_id,
+                namespace,
+                model: sample.label("modelName").map(str::to_string),
+                at,
+                values: SignalValues::default(),
+                source: source.clone(),
+            });
+            if sample.value.is_finite() {
+                reading.values.set(mapping.signal, sample.value * mapping.scale);
+            }
+        },
+    );
+    (by_gpu.into_values().collect(), errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_workspace_id_in_official_pod_names() {
+        let id = "0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70";
+        assert_eq!(find_uuid(&format!("coder-{id}-7d9f8b6c5d-x2x9k")).as_deref(), Some(id));
+        assert_eq!(find_uuid(&format!("coder-{}-abc", id.to_uppercase())).as_deref(), Some(id));
+        assert_eq!(find_uuid("coder-alice-main-7d9f8b6c5d-x2x9k"), None);
+        assert_eq!(find_uuid(""), None);
+        assert_eq!(find_uuid("tensorflow-0"), None);
+    }
+
+    #[test]
+    fn exported_pod_wins_and_empty_pod_means_nobody() {
+        let id = "0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70";
+        let exported = format!("coder-{id}-7d9f8b6c5d-x2x9k");
+        let labels = |pairs: Vec<(&'static str, String)>| move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+        let own = Ownership::default();
+        let (ws, pod, _) = own.owner(labels(vec![("pod", "dcgm-exporter-abcde".into()), ("exported_pod", exported.clone())]));
+        assert_eq!((ws.as_deref(), pod.as_deref()), (Some(id), Some(exported.as_str())));
+        assert_eq!(own.owner(labels(vec![("pod", String::new())])).0, None);
+        assert_eq!(own.owner(labels(vec![])).0, None);
+        let ns = Ownership { namespace: Some("coder".into()), workspace_id_label: None };
+        assert_eq!(ns.owner(labels(vec![("pod", exported.clone()), ("namespace", "other".into())])).0, None);
+        assert_eq!(ns.owner(labels(vec![("pod", exported.clone()), ("namespace", "coder".into())])).0.as_deref(), Some(id));
+        let by_label = Ownership { namespace: None, workspace_id_label: Some("label_com_coder_workspace_id".into()) };
+        assert_eq!(by_label.owner(labels(vec![("pod", "x".into()), ("label_com_coder_workspace_id", id.into())])).0.as_deref(), Some(id));
+    }
+}

@@ -1,0 +1,140 @@
+//! Reads GPU history from Prometheus instead of scraping exporters (for large fleets): one
+//! `query_range` per canonical signal over the decision window, step = the pass interval, so a
+//! pass costs a constant number of queries whatever the fleet size. Any failure (HTTP error,
+//! `status: "error"`, a timeout) makes the data unknown, never zero.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use tokio::task::JoinSet;
+
+use super::signals::{Signal, SignalValues, lookup};
+use super::{Collection, GpuKey, GpuReading, GpuSource, Ownership, SourceFailure};
+
+pub struct PrometheusSource {
+    http: reqwest::Client,
+    base: String,
+    ownership: Ownership,
+    /// How far back each query reaches (the longest rule's look-back).
+    range: Duration,
+    step: Duration,
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    status: String,
+    #[serde(default)]
+    data: Option<MatrixData>,
+    #[serde(default, rename = "errorType")]
+    error_type: String,
+    #[serde(default)]
+    error: String,
+}
+
+#[derive(Deserialize)]
+struct MatrixData {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: Vec<Series>,
+}
+
+#[derive(Deserialize)]
+struct Series {
+    metric: HashMap<String, String>,
+    #[serde(default)]
+    values: Vec<(f64, String)>,
+}
+
+impl PrometheusSource {
+    pub fn new(base: &str, ownership: Ownership, range: Duration, step: Duration, timeout: Duration) -> Result<Self, String> {
+        let http = reqwest::Client::builder().timeout(timeout).build().map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(PrometheusSource { http, base: base.trim_end_matches('/').to_string(), ownership, range, step: step.max(Duration::from_secs(1)) })
+    }
+
+    /// `{__name__=~"LEGACY|RENAMED"}`: every name that carries the signal, in one query.
+    pub fn query_for(signal: Signal) -> String {
+        let names: Vec<&str> = signal.metric_names().collect();
+        format!("{{__name__=~\"{}\"}}", names.join("|"))
+    }
+}
+
+async fn query_range(http: reqwest::Client, base: String, query: String, start: f64, end: f64, step: f64) -> Result<Vec<Series>, String> {
+    let url = format!("{base}/api/v1/query_range");
+    let params = [("query", query), ("start", format!("{start:.3}")), ("end", format!("{end:.3}")), ("step", format!("{step}s"))];
+    let resp = http.get(&url).query(&params).send().await.map_err(|e| if e.is_timeout() { "timed out".to_string() } else { format!("no response: {e}") })?;
+    let status = resp.status();
+    let body = resp.text().await.map_err(|e| format!("reading the body failed: {e}"))?;
+    let envelope: Envelope = serde_json::from_str(&body).map_err(|_| format!("HTTP {}: not a Prometheus API response", status.as_u16()))?;
+    if envelope.status != "success" || !status.is_success() {
+        return Err(format!("HTTP {}: {} {}", status.as_u16(), envelope.error_type, envelope.error).trim_end().to_string());
+    }
+    let data = envelope.data.ok_or("success without data")?;
+    if data.result_type != "matrix" {
+        return Err(format!("expected a matrix, got {}", data.result_type));
+    }
+    Ok(data.result)
+}
+
+impl GpuSource for PrometheusSource {
+    async fn collect(&self, now: DateTime<Utc>) -> Collection {
+        let end = now.timestamp_millis() as f64 / 1000.0;
+        let start = end - self.range.as_secs_f64();
+        let mut tasks = JoinSet::new();
+        for signal in Signal::ALL {
+            let (http, base, query) = (self.http.clone(), self.base.clone(), Self::query_for(signal));
+            let step = self.step.as_secs_f64();
+            tasks.spawn(async move { (signal, query_range(http, base, query, start, end, step).await) });
+        }
+        let source: Arc<str> = Arc::from(self.base.as_str());
+        let mut failures = Vec::new();
+        let mut points: HashMap<(GpuKey, i64), GpuReading> = HashMap::new();
+        while let Some(joined) = tasks.join_next().await {
+            let Ok((signal, result)) = joined else { continue };
+            let series = match result {
+                Ok(s) => s,
+                Err(error) => {
+                    failures.push(SourceFailure { source: self.base.clone(), error: format!("{} query: {error}", signal.as_str()) });
+                    continue;
+                }
+            };
+            for s in series {
+                let scale = s.metric.get("__name__").and_then(|n| lookup(n)).map_or(1.0, |m| m.scale);
+                let Some(uuid) = s.metric.get("UUID").or_else(|| s.metric.get("uuid")) else { continue };
+                let (workspace_id, pod, namespace) = self.ownership.owner(|k| s.metric.get(k).cloned());
+                let key = GpuKey { uuid: uuid.clone(), gpu_instance: s.metric.get("GPU_I_ID").cloned(), pod };
+                for (t, v) in &s.values {
+                    let Ok(value) = v.parse::<f64>() else { continue };
+                    let millis = (t * 1000.0).round() as i64;
+                    let Some(at) = DateTime::from_timestamp_millis(millis) else { continue };
+                    let reading = points.entry((key.clone(), millis)).or_insert_with(|| GpuReading {
+                        key: key.clone(),
+                        workspace_id: workspace_id.clone(),
+                        namespace: namespace.clone(),
+                        model: s.metric.get("modelName").cloned(),
+                        at,
+                        values: SignalValues::default(),
+                        source: source.clone(),
+                    });
+                    if value.is_finite() {
+                        reading.values.set(signal, value * scale);
+                    }
+                }
+            }
+        }
+        if !failures.is_empty() {
+            // A partial picture is worse than none: a missing SM_ACTIVE would fall back to
+            // utilization silently. Report every GPU from this source as unknown.
+            return Collection { readings: Vec::new(), failures, requests: Signal::ALL.len() };
+        }
+        let mut readings: Vec<GpuReading> = points.into_values().collect();
+        readings.sort_by(|a, b| a.at.cmp(&b.at));
+        Collection { readings, failures, requests: Signal::ALL.len() }
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        vec![self.base.clone()]
+    }
+}

@@ -1,0 +1,140 @@
+//! Canonical GPU signals. dcgm-exporter's metric names changed in 4.9 (DCGM 4.7 names) and some
+//! units with them (utilization percent -> ratio, framebuffer MiB -> bytes). Every known name,
+//! old and new, maps here to one signal in one unit: ratios 0..1, MiB, watts.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Signal {
+    /// `DCGM_FI_DEV_GPU_UTIL`: any kernel running; reads 100% for a one-thread kernel.
+    GpuUtil,
+    /// `DCGM_FI_PROF_SM_ACTIVE`: share of SMs busy; the honest compute signal.
+    SmActive,
+    /// `DCGM_FI_PROF_GR_ENGINE_ACTIVE`: graphics/compute engine busy; like utilization.
+    GrEngineActive,
+    TensorActive,
+    DramActive,
+    /// Framebuffer memory in use, MiB.
+    FbUsedMib,
+    /// Board power, W. Recorded, never decided on.
+    PowerWatts,
+}
+
+pub const SIGNAL_COUNT: usize = 7;
+
+impl Signal {
+    pub const ALL: [Signal; SIGNAL_COUNT] = [
+        Signal::GpuUtil,
+        Signal::SmActive,
+        Signal::GrEngineActive,
+        Signal::TensorActive,
+        Signal::DramActive,
+        Signal::FbUsedMib,
+        Signal::PowerWatts,
+    ];
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::GpuUtil => "gpu_util",
+            Signal::SmActive => "sm_active",
+            Signal::GrEngineActive => "gr_engine_active",
+            Signal::TensorActive => "tensor_active",
+            Signal::DramActive => "dram_active",
+            Signal::FbUsedMib => "fb_used_mib",
+            Signal::PowerWatts => "power_watts",
+        }
+    }
+
+    /// Every exporter metric name that carries this signal (for Prometheus queries).
+    pub fn metric_names(self) -> impl Iterator<Item = &'static str> {
+        NAMES.iter().filter(move |m| m.signal == self).map(|m| m.name)
+    }
+}
+
+/// One exporter metric name and how to turn its value into the canonical unit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mapping {
+    pub name: &'static str,
+    pub signal: Signal,
+    /// Multiply the raw value by this.
+    pub scale: f64,
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Legacy names come from dcgm-exporter's `etc/default-counters.csv` (pre-4.9). The renamed ones
+/// come from go-dcgm's `dcgm_fields.h` (DCGM 4.6.1 "Deprecated: renamed" block) and the 4.9.0
+/// release notes; `DCGM_FI_DEV_FB_USED_BYTES` follows the notes' "GPU memory from MiB to bytes"
+/// and is not verified against a real 4.9 exporter.
+pub const NAMES: &[Mapping] = &[
+    Mapping { name: "DCGM_FI_DEV_GPU_UTIL", signal: Signal::GpuUtil, scale: 0.01 },
+    Mapping { name: "DCGM_FI_DEV_GPU_UTIL_RATIO", signal: Signal::GpuUtil, scale: 1.0 },
+    Mapping { name: "DCGM_FI_PROF_SM_ACTIVE", signal: Signal::SmActive, scale: 1.0 },
+    Mapping { name: "DCGM_FI_PROF_SM_UTIL_RATIO", signal: Signal::SmActive, scale: 1.0 },
+    Mapping { name: "DCGM_FI_PROF_GR_ENGINE_ACTIVE", signal: Signal::GrEngineActive, scale: 1.0 },
+    Mapping { name: "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", signal: Signal::GrEngineActive, scale: 1.0 },
+    Mapping { name: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", signal: Signal::TensorActive, scale: 1.0 },
+    Mapping { name: "DCGM_FI_PROF_TENSOR_UTIL_RATIO", signal: Signal::TensorActive, scale: 1.0 },
+    Mapping { name: "DCGM_FI_PROF_DRAM_ACTIVE", signal: Signal::DramActive, scale: 1.0 },
+    Mapping { name: "DCGM_FI_PROF_DRAM_UTIL_RATIO", signal: Signal::DramActive, scale: 1.0 },
+    Mapping { name: "DCGM_FI_DEV_FB_USED", signal: Signal::FbUsedMib, scale: 1.0 },
+    Mapping { name: "DCGM_FI_DEV_FB_USED_BYTES", signal: Signal::FbUsedMib, scale: 1.0 / MIB },
+    Mapping { name: "DCGM_FI_DEV_POWER_USAGE", signal: Signal::PowerWatts, scale: 1.0 },
+    Mapping { name: "DCGM_FI_DEV_BOARD_POWER_WATTS", signal: Signal::PowerWatts, scale: 1.0 },
+];
+
+pub fn lookup(name: &str) -> Option<Mapping> {
+    // All names share the prefix; a cheap first check keeps non-DCGM lines fast.
+    if !name.starts_with("DCGM_FI_") {
+        return None;
+    }
+    NAMES.iter().find(|m| m.name == name).copied()
+}
+
+/// One reading of every signal of one GPU; `None` where the exporter did not report it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SignalValues(pub [Option<f64>; SIGNAL_COUNT]);
+
+impl SignalValues {
+    pub fn get(&self, s: Signal) -> Option<f64> {
+        self.0[s.index()]
+    }
+    pub fn set(&mut self, s: Signal, v: f64) {
+        self.0[s.index()] = Some(v);
+    }
+    pub fn with(mut self, s: Signal, v: f64) -> Self {
+        self.set(s, v);
+        self
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_and_renamed_names_normalise_to_one_unit() {
+        let pct = lookup("DCGM_FI_DEV_GPU_UTIL").unwrap();
+        let ratio = lookup("DCGM_FI_DEV_GPU_UTIL_RATIO").unwrap();
+        assert_eq!(pct.signal, ratio.signal);
+        assert_eq!(100.0 * pct.scale, 1.0 * ratio.scale);
+        let mib = lookup("DCGM_FI_DEV_FB_USED").unwrap();
+        let bytes = lookup("DCGM_FI_DEV_FB_USED_BYTES").unwrap();
+        assert_eq!(19376.0 * mib.scale, 19376.0 * MIB * bytes.scale);
+        assert_eq!(lookup("DCGM_FI_PROF_SM_UTIL_RATIO").unwrap().signal, Signal::SmActive);
+        assert_eq!(lookup("DCGM_FI_DEV_SM_CLOCK"), None);
+        assert_eq!(lookup("up"), None);
+    }
+
+    #[test]
+    fn every_signal_has_a_name() {
+        for s in Signal::ALL {
+            assert!(s.metric_names().count() >= 2, "{s:?} needs legacy and renamed names");
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Per-workspace, per-GPU windows of samples over time, and the figures the decisions need:
+//! latest and max per signal over a span, sample count, first and last sample, the longest gap
+//! and since when a GPU has been continuously not compute-active. Memory is bounded: samples
+//! older than the longest rule needs are dropped, and so are workspaces that are gone.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::signals::{Signal, SignalValues};
+use super::{GpuKey, GpuReading};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuSample {
+    pub at: DateTime<Utc>,
+    pub values: SignalValues,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuWindow {
+    pub key: GpuKey,
+    pub model: Option<String>,
+    pub source: Arc<str>,
+    /// The source that reported this GPU failed in the latest pass: its data is not current.
+    pub source_failed: bool,
+    pub samples: VecDeque<GpuSample>,
+}
+
+impl GpuWindow {
+    pub fn new(key: GpuKey, source: Arc<str>) -> Self {
+        GpuWindow { key, model: None, source, source_failed: false, samples: VecDeque::new() }
+    }
+
+    pub fn push(&mut self, sample: GpuSample) {
+        if self.samples.back().is_some_and(|last| sample.at <= last.at) {
+            return; // already have it (Prometheus returns overlapping ranges)
+        }
+        self.samples.push_back(sample);
+    }
+
+    pub fn first_at(&self) -> Option<DateTime<Utc>> {
+        self.samples.front().map(|s| s.at)
+    }
+    pub fn last_at(&self) -> Option<DateTime<Utc>> {
+        self.samples.back().map(|s| s.at)
+    }
+    pub fn latest(&self) -> Option<&GpuSample> {
+        self.samples.back()
+    }
+
+    pub fn since(&self, t: DateTime<Utc>) -> impl Iterator<Item = &GpuSample> {
+        self.samples.iter().filter(move |s| s.at >= t)
+    }
+
+    pub fn count_since(&self, t: DateTime<Utc>) -> usize {
+        self.since(t).count()
+    }
+
+    pub fn max_since(&self, signal: Signal, t: DateTime<Utc>) -> Option<f64> {
+        self.since(t).filter_map(|s| s.values.get(signal)).reduce(f64::max)
+    }
+
+    pub fn latest_value(&self, signal: Signal) -> Option<f64> {
+        self.samples.iter().rev().find_map(|s| s.values.get(signal))
+    }
+
+    /// The longest time between consecutive samples at or after `t`, counting from the last
+    /// sample before `t` when there is one, and up to `now`.
+    pub fn longest_gap(&self, t: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+        let mut prev: Option<DateTime<Utc>> = None;
+        let mut longest = Duration::zero();
+        for s in &self.samples {
+            if s.at >= t {
+                if let Some(p) = prev {
+                    longest = longest.max(s.at - p);
+                }
+            }
+            prev = Some(s.at);
+        }
+        if let Some(p) = prev {
+            longest = longest.max(now - p);
+        }
+        longest
+    }
+
+    /// The time of the first sample after the last active one: since then the GPU has been
+    /// continuously not active. `None` when the latest sample is active or there are none.
+    /// With no active sample at all, the first sample's time (idle for at least that long).
+    /// A hole longer than `max_gap` between two samples restarts the clock: nobody knows what
+    /// ran in it.
+    pub fn idle_since(&self, is_active: impl Fn(&GpuSample) -> bool, max_gap: Duration) -> Option<DateTime<Utc>> {
+        let mut idle_from = None;
+        let mut prev: Option<DateTime<Utc>> = None;
+        for s in &self.samples {
+            if prev.is_some_and(|p| s.at - p > max_gap) {
+                idle_from = None;
+            }
+            prev = Some(s.at);
+            if is_active(s) {
+                idle_from = None;
+            } else if idle_from.is_none() {
+                idle_from = Some(s.at);
+            }
+        }
+        idle_from
+    }
+}
+
+/// All windows, keyed by workspace id.
+#[derive(Debug, Default)]
+pub struct Windows {
+    retain: Duration,
+    by_workspace: HashMap<String, BTreeMap<GpuKey, GpuWindow>>,
+}
+
+impl Windows {
+    /// `retain`: the longest span any rule looks back (plus a margin).
+    pub fn new(retain: Duration) -> Self {
+        Windows { retain, by_workspace: HashMap::new() }
+    }
+
+    /// Adds a reading to its workspace's window. Readings with no workspace are ignored.
+    pub fn record(&mut self, reading: &GpuReading) {
+        let Some(ws) = &reading.workspace_id else { return };
+        let gpus = self.by_workspace.entry(ws.clone()).or_default();
+        let window = gpus.entry(reading.key.clone()).or_insert_with(|| GpuWindow::new(reading.key.clone(), reading.source.clone()));
+        window.source = reading.source.clone();
+        if window.model.is_none() {
+            window.model.clone_from(&reading.model);
+        }
+        window.push(GpuSample { at: reading.at, values: reading.values });
+    }
+
+    /// Flags every GPU last reported by a source that failed this pass (and clears the rest).
+    pub fn mark_failed_sources(&mut self, failed: &HashSet<&str>) {
+        for window in self.by_workspace.values_mut().flat_map(|g| g.values_mut()) {
+            window.source_failed = failed.contains(window.source.as_ref());
+        }
+    }
+
+    /// Drops samples older than the retention and workspaces that are no longer running.
+    pub fn prune(&mut self, now: DateTime<Utc>, live: &HashSet<&str>) {
+        let cutoff = now - self.retain;
+        self.by_workspace.retain(|ws, gpus| {
+            if !live.contains(ws.as_str()) {
+                return false;
+            }
+            gpus.retain(|_, w| {
+                while w.samples.front().is_some_and(|s| s.at < cutoff) {
+                    w.samples.pop_front();
+                }
+                !w.samples.is_empty()
+            });
+            !gpus.is_empty()
+        });
+    }
+
+    pub fn get(&self, workspace_id: &str) -> Option<&BTreeMap<GpuKey, GpuWindow>> {
+        self.by_workspace.get(workspace_id)
+    }
+
+    pub fn workspace_count(&self) -> usize {
+        self.by_workspace.len()
+    }
+
+    pub fn sample_count(&self) -> usize {
+        self.by_workspace.values().flat_map(|g| g.values()).map(|w| w.samples.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap()
+    }
+
+    fn util(v: f64) -> SignalValues {
+        SignalValues::default().with(Signal::GpuUtil, v)
+    }
+
+    fn window(points: &[(i64, f64)]) -> GpuWindow {
+        let mut w = GpuWindow::new(GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: None }, Arc::from("x"));
+        for (s, v) in points {
+            w.push(GpuSample { at: t(*s), values: util(*v) });
+        }
+        w
+    }
+
+    #[test]
+    fn gap_detection_includes_the_time_since_the_last_sample() {
+        let w = window(&[(0, 0.0), (60, 0.0), (300, 0.0), (360, 0.0)]);
+        assert_eq!(w.longest_gap(t(0), t(360)).num_seconds(), 240);
+        assert_eq!(w.longest_gap(t(300), t(360)).num_seconds(), 240, "the gap into the span counts");
+        assert_eq!(w.longest_gap(t(330), t(360)).num_seconds(), 60);
+        assert_eq!(w.longest_gap(t(0), t(900)).num_seconds(), 540, "silence up to now is a gap");
+    }
+
+    #[test]
+    fn continuous_idle_clock_restarts_on_activity() {
+        let active = |s: &GpuSample| s.values.get(Signal::GpuUtil).unwrap_or(0.0) >= 0.05;
+        let gap = Duration::seconds(180);
+        assert_eq!(window(&[(0, 0.0), (60, 0.0)]).idle_since(active, gap), Some(t(0)));
+        assert_eq!(window(&[(0, 0.0), (60, 0.9), (120, 0.0), (180, 0.0)]).idle_since(active, gap), Some(t(120)));
+        assert_eq!(window(&[(0, 0.0), (60, 0.9)]).idle_since(active, gap), None);
+        assert_eq!(window(&[]).idle_since(active, gap), None);
+        assert_eq!(window(&[(0, 0.0), (60, 0.0), (600, 0.0), (660, 0.0)]).idle_since(active, gap), Some(t(600)), "a hole restarts the clock");
+    }
+
+    #[test]
+    fn duplicate_and_older_samples_are_ignored() {
+        let w = window(&[(0, 0.0), (60, 0.5), (60, 0.9), (30, 0.9)]);
+        assert_eq!(w.samples.len(), 2);
+        assert_eq!(w.max_since(Signal::GpuUtil, t(0)), Some(0.5));
+    }
+
+    #[test]
+    fn memory_stays_bounded_and_gone_workspaces_are_dropped() {
+        let mut ws = Windows::new(Duration::seconds(600));
+        let key = GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: None };
+        for i in 0..10_000 {
+            for id in ["a", "b"] {
+                ws.record(&GpuReading {
+                    key: key.clone(),
+                    workspace_id: Some(id.into()),
+                    namespace: None,
+                    model: None,
+                    at: t(i * 10),
+                    values: util(0.0),
+                    source: Arc::from("x"),
+                });
+            }
+            ws.prune(t(i * 10), &HashSet::from(["a", "b"]));
+        }
+        assert_eq!(ws.sample_count(), 2 * 61, "600 s of 10 s samples per GPU, inclusive");
+        ws.prune(t(100_000), &HashSet::from(["a"]));
+        assert_eq!(ws.workspace_count(), 1);
+        assert!(ws.get("b").is_none());
+    }
+}

@@ -1,0 +1,195 @@
+//! The reclaim policy: every threshold the decisions use, `gpu_templates`, and ordered rules
+//! that match a workspace by template, owner or name (globs; first match wins) to override
+//! thresholds or exempt it. Built from the config file's keys plus flag/env overrides by
+//! `config`; read by `decide`. Defaults are the design's starting values, not advice.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::coder::types::Workspace;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ReclaimWhen {
+    /// Reclaim every idle GPU workspace.
+    #[default]
+    Always,
+    /// Reclaim only while GPU workspaces wait for a GPU, and only as many as wait.
+    Contended,
+}
+
+/// The thresholds one workspace is judged by (the policy with its matching rule applied).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Thresholds {
+    pub idle_after: Duration,
+    pub grace: Duration,
+    pub connected_idle_after: Option<Duration>,
+    pub max_lifetime: Option<Duration>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub thresholds: Thresholds,
+    pub reclaim_when: ReclaimWhen,
+    /// When not empty, only these templates (globs) are GPU templates: `waiting` and
+    /// `no-gpu-data` apply to them only, and no-GPU workspaces of other templates are skipped.
+    pub gpu_templates: Vec<String>,
+    pub restore_autostop: Option<Duration>,
+    /// A sample is compute-active when SM_ACTIVE reaches this (ratio)...
+    pub sm_active_min: f64,
+    /// ...or, without SM_ACTIVE, GR_ENGINE_ACTIVE reaches this (ratio)...
+    pub gr_engine_active_min: f64,
+    /// ...or, with neither, utilization reaches this (ratio; the file says percent).
+    pub gpu_util_min: f64,
+    /// Utilization with less framebuffer in use than this (MiB) is phantom.
+    pub empty_memory_mib: f64,
+    /// An idle GPU holding at least this much (MiB) is `memory-held-idle`.
+    pub memory_held_mib: f64,
+    /// Utilization at or above this while GR_ENGINE_ACTIVE is at or below
+    /// `disagree_gr_engine_max` means the profiling fields are stuck: unknown.
+    pub disagree_util_min: f64,
+    pub disagree_gr_engine_max: f64,
+    pub min_samples: usize,
+    pub max_sample_gap: Duration,
+    pub stale_after: Duration,
+    pub max_stops_per_pass: usize,
+    pub max_idle_fraction: f64,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Glob on the template name (`*` and `?`).
+    #[serde(default)]
+    pub template: Option<String>,
+    #[serde(default)]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub workspace: Option<String>,
+    #[serde(default)]
+    pub exempt: bool,
+    #[serde(default, with = "crate::config::opt_duration")]
+    pub idle_after: Option<Duration>,
+    #[serde(default, with = "crate::config::opt_duration")]
+    pub grace: Option<Duration>,
+    #[serde(default, with = "crate::config::opt_duration")]
+    pub connected_idle_after: Option<Duration>,
+    #[serde(default, with = "crate::config::opt_duration")]
+    pub max_lifetime: Option<Duration>,
+}
+
+impl Rule {
+    pub fn matches(&self, ws: &Workspace) -> bool {
+        let field = |pattern: &Option<String>, value: &str| pattern.as_deref().is_none_or(|p| glob_match(p, value));
+        field(&self.template, &ws.template_name) && field(&self.owner, &ws.owner_name) && field(&self.workspace, &ws.name)
+    }
+}
+
+impl Policy {
+    /// Defaults for a pass interval (gap and staleness limits scale with it).
+    pub fn defaults(interval: Duration) -> Self {
+        Policy {
+            thresholds: Thresholds {
+                idle_after: Duration::from_secs(30 * 60),
+                grace: Duration::ZERO,
+                connected_idle_after: None,
+                max_lifetime: None,
+            },
+            reclaim_when: ReclaimWhen::Always,
+            gpu_templates: Vec::new(),
+            restore_autostop: None,
+            sm_active_min: 0.05,
+            gr_engine_active_min: 0.05,
+            gpu_util_min: 0.05,
+            empty_memory_mib: 1.0,
+            memory_held_mib: 1024.0,
+            disagree_util_min: 0.5,
+            disagree_gr_engine_max: 0.01,
+            min_samples: 3,
+            max_sample_gap: interval * 3,
+            stale_after: interval * 2,
+            max_stops_per_pass: 10,
+            max_idle_fraction: 0.5,
+            rules: Vec::new(),
+        }
+    }
+
+    /// The thresholds for one workspace and whether a rule exempts it.
+    pub fn for_workspace(&self, ws: &Workspace) -> (Thresholds, bool) {
+        let mut t = self.thresholds.clone();
+        let Some(rule) = self.rules.iter().find(|r| r.matches(ws)) else { return (t, false) };
+        if let Some(d) = rule.idle_after {
+            t.idle_after = d;
+        }
+        if let Some(d) = rule.grace {
+            t.grace = d;
+        }
+        if rule.connected_idle_after.is_some() {
+            t.connected_idle_after = rule.connected_idle_after;
+        }
+        if rule.max_lifetime.is_some() {
+            t.max_lifetime = rule.max_lifetime;
+        }
+        (t, rule.exempt)
+    }
+
+    pub fn is_gpu_template(&self, template: &str) -> bool {
+        self.gpu_templates.is_empty() || self.gpu_templates.iter().any(|g| glob_match(g, template))
+    }
+
+    /// The longest span any rule looks back: how long windows must keep samples.
+    pub fn longest_lookback(&self) -> Duration {
+        let mut longest = self.thresholds.idle_after.max(self.thresholds.connected_idle_after.unwrap_or_default());
+        for r in &self.rules {
+            longest = longest.max(r.idle_after.unwrap_or_default()).max(r.connected_idle_after.unwrap_or_default());
+        }
+        longest + self.max_sample_gap
+    }
+}
+
+/// `*` matches any run of characters, `?` one character; everything else literally.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn globs() {
+        for (p, t, want) in [
+            ("gpu-*", "gpu-a100", true),
+            ("gpu-*", "cpu-small", false),
+            ("*", "", true),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("*-ml-*", "team-ml-big", true),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("**a", "bba", true),
+        ] {
+            assert_eq!(glob_match(p, t), want, "{p} vs {t}");
+        }
+    }
+}
