@@ -1,10 +1,19 @@
 //! coder-gpu-reclaimer: gives idle GPUs back on Kubernetes clusters that run Coder.
 //! See ARCHITECTURE.md for the map of modules and the invariants they keep.
 
+pub mod actuator;
+pub mod audit;
 pub mod cli;
 pub mod coder;
+pub mod commands;
 pub mod config;
 pub mod decide;
+pub mod demo;
 pub mod gpu;
+pub mod metrics;
 pub mod policy;
+pub mod reclaim;
 pub mod retry;
+pub mod serve;
+pub mod startup;
+pub mod status;

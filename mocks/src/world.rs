@@ -1,0 +1,624 @@
+//! The fake world both fakes share: users and tokens, a template, workspaces and their builds,
+//! pods and a pool of GPUs, connections and `last_used_at`, GPU loads, and an event log.
+//! Behaviour follows Coder v2.34.3 as recorded in `shared/reference/coder/NOTES.md`:
+//! builds go pending -> running -> succeeded; a start build succeeds even when its pod cannot
+//! get a GPU (the official template has `wait_for_rollout = false`), and its agent then stays
+//! `connecting`, later `timeout`; `last_used_at` is refreshed about every 60 s while a
+//! connection is open and written in 60 s batches; a build while another is active is a 409.
+//! Timestamps are real wall-clock times; Coder's own durations are divided by `scale`, so a
+//! 30-minute story plays in 30 s at scale 60.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// A GPU load from the seed's stage-2 table (A10G, DCGM 4.7.1), plus stage 1's phantom.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// Nothing running: 0%, 0 MiB, 24.3 W.
+    Idle,
+    /// A process holds memory and waits: 0%, 19,376 MiB, 89.1 W.
+    MemoryOnly,
+    /// A one-thread kernel in a loop: 100%, 302 MiB, 90.0 W, GR 1.000, SM 0.012.
+    OneThread,
+    /// A large matmul in a loop: 100%, 850 MiB, 299.2 W, GR 1.000, SM 0.984.
+    Matmul,
+    /// Stage 1's phantom: utilization 100% on an empty framebuffer.
+    Phantom,
+}
+
+/// What dcgm-exporter would report for a load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    pub util_percent: f64,
+    pub fb_used_mib: f64,
+    pub power_watts: f64,
+    pub gr_engine_active: f64,
+    pub sm_active: f64,
+}
+
+impl Load {
+    pub fn reading(self) -> Reading {
+        let r = |util_percent, fb_used_mib, power_watts, gr_engine_active, sm_active| Reading { util_percent, fb_used_mib, power_watts, gr_engine_active, sm_active };
+        match self {
+            Load::Idle => r(0.0, 0.0, 24.3, 0.0, 0.0),
+            Load::MemoryOnly => r(0.0, 19376.0, 89.1, 0.0, 0.0),
+            Load::OneThread => r(100.0, 302.0, 90.0, 1.0, 0.012),
+            Load::Matmul => r(100.0, 850.0, 299.2, 1.0, 0.984),
+            Load::Phantom => r(100.0, 0.0, 24.3, 1.0, 0.0),
+        }
+    }
+}
+
+/// Which waiting pod gets a freed GPU. The seed saw either; Kubernetes does not promise one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assignment {
+    OldestFirst,
+    Random,
+}
+
+#[derive(Debug, Clone)]
+pub struct WorldConfig {
+    pub gpus: usize,
+    /// Coder seconds per real second.
+    pub scale: f64,
+    /// Coder time a build job waits in the queue, then runs.
+    pub build_queue: Duration,
+    pub build_run: Duration,
+    /// Coder time from a pod getting its GPU to the agent connecting.
+    pub agent_connect: Duration,
+    /// `coder_agent.connection_timeout` (default 120 s).
+    pub connection_timeout_seconds: i64,
+    pub assignment: Assignment,
+    /// Requests per user and path per Coder minute before 429 (Coder's default is 512).
+    pub rate_limit_per_minute: usize,
+    pub gpu_model: String,
+    /// Lifetime of the owner's token (owner tokens last at most 7 days by default).
+    pub owner_token_lifetime: chrono::Duration,
+}
+
+impl Default for WorldConfig {
+    fn default() -> Self {
+        WorldConfig {
+            gpus: 1,
+            scale: 1.0,
+            build_queue: Duration::from_secs(2),
+            build_run: Duration::from_secs(8),
+            agent_connect: Duration::from_secs(5),
+            connection_timeout_seconds: 120,
+            assignment: Assignment::OldestFirst,
+            rate_limit_per_minute: 512,
+            gpu_model: "NVIDIA A10G".into(),
+            owner_token_lifetime: chrono::Duration::days(7),
+        }
+    }
+}
+
+/// Coder's constants (usage refresh, batch flush): about every 60 s each.
+pub const USAGE_REFRESH: Duration = Duration::from_secs(60);
+pub const USAGE_FLUSH: Duration = Duration::from_secs(60);
+/// After the last connection closes, the seed saw two more refreshes (about 80 s).
+pub const TAIL_REFRESHES: u32 = 2;
+
+#[derive(Debug, Clone)]
+pub struct User {
+    pub id: Uuid,
+    pub username: String,
+    pub owner: bool,
+    pub key_id: String,
+    pub token: String,
+    pub expires_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Agent {
+    pub id: Uuid,
+    pub created_at: DateTime<Utc>,
+    pub first_connected_at: Option<DateTime<Utc>>,
+    pub last_connected_at: Option<DateTime<Utc>>,
+    pub lifecycle: &'static str,
+    pub connection_timeout_seconds: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub id: Uuid,
+    pub status: &'static str,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub completed_at: Option<DateTime<Utc>>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Build {
+    pub id: Uuid,
+    pub number: i64,
+    pub transition: &'static str,
+    pub reason: &'static str,
+    pub initiator: usize,
+    pub created_at: DateTime<Utc>,
+    pub job: Job,
+    pub deadline: Option<DateTime<Utc>>,
+    pub agent: Option<Agent>,
+    queued_real: Instant,
+    fail: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Pod {
+    pub name: String,
+    pub gpu: Option<usize>,
+    pub created_at: DateTime<Utc>,
+    connect_at: Option<Instant>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Workspace {
+    pub id: Uuid,
+    pub name: String,
+    pub owner: usize,
+    pub created_at: DateTime<Utc>,
+    pub last_used_at: DateTime<Utc>,
+    pub ttl_ms: Option<i64>,
+    pub builds: Vec<Build>,
+    pub pod: Option<Pod>,
+    pub load: Load,
+    pub connections: u32,
+    tail_refreshes: u32,
+    pub home_files: Vec<String>,
+    pub tmp_files: Vec<String>,
+    fail_next_stop: bool,
+}
+
+impl Workspace {
+    pub fn latest(&self) -> Option<&Build> {
+        self.builds.last()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub at: DateTime<Utc>,
+    pub workspace: String,
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+/// An error as Coder answers it: status and `codersdk.Response` message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub detail: String,
+}
+
+fn api_error(status: u16, message: &str) -> ApiError {
+    ApiError { status, message: message.into(), detail: String::new() }
+}
+
+pub const NOT_FOUND: &str = "Resource not found or you do not have access to this resource";
+
+pub struct World {
+    pub config: WorldConfig,
+    pub users: Vec<User>,
+    pub template_id: Uuid,
+    pub template_version_id: Uuid,
+    pub organization_id: Uuid,
+    pub workspaces: Vec<Workspace>,
+    /// Which workspace's pod holds each GPU.
+    pub gpu_holders: Vec<Option<Uuid>>,
+    pub gpu_uuids: Vec<String>,
+    pub events: Vec<Event>,
+    rng: u64,
+    next_refresh: Instant,
+    next_flush: Instant,
+    pending_usage: HashSet<Uuid>,
+}
+
+impl World {
+    pub fn new(config: WorldConfig) -> Self {
+        let now = Utc::now();
+        let user = |name: &str, owner: bool, lifetime: chrono::Duration| {
+            let key_id: String = Uuid::new_v4().simple().to_string()[..10].to_string();
+            User {
+                id: Uuid::new_v4(),
+                username: name.into(),
+                owner,
+                token: format!("{key_id}-{}", Uuid::new_v4().simple()),
+                key_id,
+                expires_at: now + lifetime,
+                created_at: now,
+            }
+        };
+        let users = vec![
+            user("admin", true, config.owner_token_lifetime),
+            user("alice", false, chrono::Duration::days(30)),
+            user("bob", false, chrono::Duration::days(30)),
+        ];
+        let now_real = Instant::now();
+        let gpus = config.gpus;
+        let scale = config.scale.max(0.001);
+        World {
+            users,
+            template_id: Uuid::new_v4(),
+            template_version_id: Uuid::new_v4(),
+            organization_id: Uuid::new_v4(),
+            workspaces: Vec::new(),
+            gpu_holders: vec![None; gpus],
+            gpu_uuids: (0..gpus).map(|_| format!("GPU-{}", Uuid::new_v4())).collect(),
+            events: Vec::new(),
+            rng: 0x9E37_79B9_7F4A_7C15,
+            next_refresh: now_real + USAGE_REFRESH.div_f64(scale),
+            next_flush: now_real + USAGE_FLUSH.div_f64(scale).mul_f64(1.5),
+            pending_usage: HashSet::new(),
+            config,
+        }
+    }
+
+    /// Real time for a span of Coder time.
+    pub fn real(&self, coder: Duration) -> Duration {
+        coder.div_f64(self.config.scale.max(0.001))
+    }
+
+    pub fn user_by_token(&self, token: &str) -> Option<usize> {
+        self.users.iter().position(|u| u.token == token)
+    }
+
+    pub fn user_index(&self, name: &str) -> Option<usize> {
+        self.users.iter().position(|u| u.username == name)
+    }
+
+    pub fn token_of(&self, name: &str) -> Option<String> {
+        self.users.iter().find(|u| u.username == name).map(|u| u.token.clone())
+    }
+
+    pub fn ws_index(&self, id: Uuid) -> Option<usize> {
+        self.workspaces.iter().position(|w| w.id == id)
+    }
+
+    pub fn ws_by_name(&self, name: &str) -> Option<&Workspace> {
+        self.workspaces.iter().find(|w| w.name == name)
+    }
+
+    fn log(&mut self, workspace: &str, kind: &'static str, detail: String) {
+        self.events.push(Event { at: Utc::now(), workspace: workspace.into(), kind, detail });
+    }
+
+    fn random(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// Creates a workspace for `owner` and queues its first start build.
+    pub fn create_workspace(&mut self, owner: &str, name: &str, ttl_ms: Option<i64>) -> Result<Uuid, ApiError> {
+        let owner_idx = self.user_index(owner).ok_or_else(|| api_error(400, "unknown user"))?;
+        let now = Utc::now();
+        let id = Uuid::new_v4();
+        self.workspaces.push(Workspace {
+            id,
+            name: name.into(),
+            owner: owner_idx,
+            created_at: now,
+            last_used_at: now,
+            ttl_ms,
+            builds: Vec::new(),
+            pod: None,
+            load: Load::Idle,
+            connections: 0,
+            tail_refreshes: 0,
+            home_files: Vec::new(),
+            tmp_files: Vec::new(),
+            fail_next_stop: false,
+        });
+        self.create_build(id, "start", owner_idx, "initiator")?;
+        Ok(id)
+    }
+
+    /// `POST /api/v2/workspaces/{id}/builds`, as `by` (a user index).
+    pub fn create_build(&mut self, ws_id: Uuid, transition: &'static str, by: usize, reason: &'static str) -> Result<Uuid, ApiError> {
+        let wi = self.ws_index(ws_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
+        let user = &self.users[by];
+        if !user.owner && self.workspaces[wi].owner != by {
+            // A member cannot read another user's workspace: Coder says 404, not 403.
+            return Err(api_error(404, NOT_FOUND));
+        }
+        if self.workspaces[wi].latest().is_some_and(|b| matches!(b.job.status, "pending" | "running" | "canceling")) {
+            let mut e = api_error(409, "A workspace build is already active.");
+            e.detail = "A workspace build is already active.".into();
+            return Err(e);
+        }
+        let now = Utc::now();
+        let ws = &mut self.workspaces[wi];
+        let number = ws.builds.len() as i64 + 1;
+        let fail = transition == "stop" && std::mem::take(&mut ws.fail_next_stop);
+        let id = Uuid::new_v4();
+        ws.builds.push(Build {
+            id,
+            number,
+            transition,
+            reason,
+            initiator: by,
+            created_at: now,
+            job: Job { id: Uuid::new_v4(), status: "pending", created_at: now, started_at: None, completed_at: None, error: None },
+            deadline: None,
+            agent: None,
+            queued_real: Instant::now(),
+            fail,
+        });
+        let name = ws.name.clone();
+        let who = self.users[by].username.clone();
+        self.log(&name, "build_queued", format!("{transition} #{number} by {who}"));
+        Ok(id)
+    }
+
+    pub fn find_build(&self, build_id: Uuid) -> Option<(usize, usize)> {
+        self.workspaces.iter().enumerate().find_map(|(wi, w)| w.builds.iter().position(|b| b.id == build_id).map(|bi| (wi, bi)))
+    }
+
+    /// Advances jobs, pods, agents and usage to now. Called by the fakes' ticker.
+    pub fn tick(&mut self) {
+        let now_real = Instant::now();
+        let (queue, run) = (self.real(self.config.build_queue), self.real(self.config.build_run));
+        for wi in 0..self.workspaces.len() {
+            let Some(bi) = self.workspaces[wi].builds.len().checked_sub(1) else { continue };
+            let b = &self.workspaces[wi].builds[bi];
+            let age = now_real.duration_since(b.queued_real);
+            if b.job.status == "pending" && age >= queue {
+                let b = &mut self.workspaces[wi].builds[bi];
+                b.job.status = "running";
+                b.job.started_at = Some(Utc::now());
+            } else if b.job.status == "running" && age >= queue + run {
+                self.finish_build(wi, bi);
+            }
+        }
+        self.schedule_pods();
+        for wi in 0..self.workspaces.len() {
+            let ws = &mut self.workspaces[wi];
+            let Some(pod) = &mut ws.pod else { continue };
+            if pod.connect_at.is_some_and(|t| now_real >= t) {
+                pod.connect_at = None;
+                let now = Utc::now();
+                if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()) {
+                    agent.first_connected_at = Some(now);
+                    agent.last_connected_at = Some(now);
+                    agent.lifecycle = "ready";
+                }
+                let name = ws.name.clone();
+                self.log(&name, "agent_connected", "the agent connected".into());
+            }
+        }
+        // Connected agents heartbeat.
+        let now = Utc::now();
+        for ws in &mut self.workspaces {
+            if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()) {
+                if agent.first_connected_at.is_some() {
+                    agent.last_connected_at = Some(now);
+                }
+            }
+        }
+        if now_real >= self.next_refresh {
+            self.next_refresh = now_real + self.real(USAGE_REFRESH);
+            for ws in &mut self.workspaces {
+                if ws.connections > 0 {
+                    self.pending_usage.insert(ws.id);
+                } else if ws.tail_refreshes > 0 {
+                    ws.tail_refreshes -= 1;
+                    self.pending_usage.insert(ws.id);
+                }
+            }
+        }
+        if now_real >= self.next_flush {
+            self.next_flush = now_real + self.real(USAGE_FLUSH);
+            let used = std::mem::take(&mut self.pending_usage);
+            for ws in &mut self.workspaces {
+                if used.contains(&ws.id) && ws.last_used_at < now {
+                    ws.last_used_at = now;
+                }
+            }
+        }
+    }
+
+    fn finish_build(&mut self, wi: usize, bi: usize) {
+        let now = Utc::now();
+        let timeout = self.config.connection_timeout_seconds;
+        let ws = &mut self.workspaces[wi];
+        let b = &mut ws.builds[bi];
+        b.job.completed_at = Some(now);
+        if b.fail {
+            b.job.status = "failed";
+            b.job.error = Some("terraform apply: context deadline exceeded".into());
+            let name = ws.name.clone();
+            self.log(&name, "build_failed", "the stop build failed".into());
+            return;
+        }
+        b.job.status = "succeeded";
+        let transition = b.transition;
+        let name = ws.name.clone();
+        match transition {
+            "start" => {
+                b.deadline = ws.ttl_ms.filter(|t| *t > 0).map(|t| now + chrono::Duration::milliseconds(t));
+                b.agent = Some(Agent {
+                    id: Uuid::new_v4(),
+                    created_at: now,
+                    first_connected_at: None,
+                    last_connected_at: None,
+                    lifecycle: "created",
+                    connection_timeout_seconds: timeout,
+                });
+                let rs = &Uuid::new_v4().simple().to_string()[..10];
+                let suffix = &Uuid::new_v4().simple().to_string()[..5];
+                ws.pod = Some(Pod { name: format!("coder-{}-{rs}-{suffix}", ws.id), gpu: None, created_at: now, connect_at: None });
+                self.log(&name, "build_succeeded", "start: the Deployment exists (wait_for_rollout = false)".into());
+            }
+            _ => {
+                let freed = ws.pod.take().and_then(|p| p.gpu);
+                ws.tmp_files.clear();
+                ws.connections = 0;
+                ws.tail_refreshes = 0;
+                ws.load = Load::Idle;
+                if let Some(g) = freed {
+                    self.gpu_holders[g] = None;
+                    self.log(&name, "gpu_released", format!("GPU {g} is free"));
+                }
+                self.log(&name, "build_succeeded", format!("{transition}: the pod is gone; home survives, /tmp does not"));
+            }
+        }
+    }
+
+    /// Gives free GPUs to pods waiting for one: the oldest first, or at random.
+    fn schedule_pods(&mut self) {
+        loop {
+            let Some(free) = self.gpu_holders.iter().position(Option::is_none) else { return };
+            let mut waiting: Vec<usize> = (0..self.workspaces.len()).filter(|&i| self.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none())).collect();
+            if waiting.is_empty() {
+                return;
+            }
+            waiting.sort_by_key(|&i| self.workspaces[i].pod.as_ref().map(|p| p.created_at));
+            let pick = match self.config.assignment {
+                Assignment::OldestFirst => waiting[0],
+                Assignment::Random => waiting[(self.random() % waiting.len() as u64) as usize],
+            };
+            let connect = Instant::now() + self.real(self.config.agent_connect);
+            let ws = &mut self.workspaces[pick];
+            self.gpu_holders[free] = Some(ws.id);
+            if let Some(pod) = &mut ws.pod {
+                pod.gpu = Some(free);
+                pod.connect_at = Some(connect);
+            }
+            let name = ws.name.clone();
+            self.log(&name, "gpu_assigned", format!("GPU {free}"));
+        }
+    }
+
+    /// Agent status, derived the way Coder derives it (`WorkspaceAgent.Status`).
+    pub fn agent_status(&self, agent: &Agent) -> &'static str {
+        let now = Utc::now();
+        match agent.first_connected_at {
+            None => {
+                let timeout = self.real(Duration::from_secs(agent.connection_timeout_seconds.max(0) as u64));
+                let waited = (now - agent.created_at).to_std().unwrap_or_default();
+                if agent.connection_timeout_seconds > 0 && waited > timeout { "timeout" } else { "connecting" }
+            }
+            Some(_) => "connected",
+        }
+    }
+
+    pub fn open_connection(&mut self, ws_id: Uuid) {
+        if let Some(wi) = self.ws_index(ws_id) {
+            self.workspaces[wi].connections += 1;
+            let now = Utc::now();
+            let name = self.workspaces[wi].name.clone();
+            self.log(&name, "connection_opened", format!("at {now}"));
+        }
+    }
+
+    pub fn close_connection(&mut self, ws_id: Uuid) {
+        if let Some(wi) = self.ws_index(ws_id) {
+            let ws = &mut self.workspaces[wi];
+            ws.connections = ws.connections.saturating_sub(1);
+            if ws.connections == 0 {
+                ws.tail_refreshes = TAIL_REFRESHES;
+            }
+            let name = ws.name.clone();
+            self.log(&name, "connection_closed", String::new());
+        }
+    }
+
+    pub fn set_load(&mut self, ws_id: Uuid, load: Load) {
+        if let Some(wi) = self.ws_index(ws_id) {
+            self.workspaces[wi].load = load;
+            let name = self.workspaces[wi].name.clone();
+            self.log(&name, "load", format!("{load:?}"));
+        }
+    }
+
+    /// Makes the next stop build of this workspace fail (its job ends `failed`).
+    pub fn fail_next_stop(&mut self, ws_id: Uuid) {
+        if let Some(wi) = self.ws_index(ws_id) {
+            self.workspaces[wi].fail_next_stop = true;
+        }
+    }
+
+    pub fn write_file(&mut self, ws_id: Uuid, path: &str) {
+        if let Some(wi) = self.ws_index(ws_id) {
+            let ws = &mut self.workspaces[wi];
+            if path.starts_with("/tmp/") { ws.tmp_files.push(path.into()) } else { ws.home_files.push(path.into()) }
+        }
+    }
+
+    /// `PUT /api/v2/workspaces/{id}/extend` with Coder's checks (the 30-minute rule in Coder time).
+    pub fn extend(&mut self, ws_id: Uuid, deadline: DateTime<Utc>) -> Result<String, ApiError> {
+        let wi = self.ws_index(ws_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
+        let min_ahead = self.real(Duration::from_secs(29 * 60));
+        let ws = &mut self.workspaces[wi];
+        let b = ws.builds.last_mut().ok_or_else(|| api_error(409, "Workspace must be started, current status: stop"))?;
+        if b.transition != "start" {
+            return Err(api_error(409, &format!("Workspace must be started, current status: {}", b.transition)));
+        }
+        if b.job.completed_at.is_none() {
+            return Err(api_error(409, "Workspace is still building!"));
+        }
+        if b.deadline.is_none() {
+            return Err(api_error(409, "Workspace shutdown is manual."));
+        }
+        if deadline < Utc::now() + chrono::Duration::from_std(min_ahead).unwrap_or_default() {
+            return Err(api_error(400, "Cannot extend workspace: new deadline must be at least 30 minutes in the future"));
+        }
+        b.deadline = Some(deadline);
+        Ok(format!("Deadline updated to {}.", deadline.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))
+    }
+
+    /// `PUT /api/v2/workspaces/{id}/ttl`: null or 0 disables autostop; otherwise 1 min..30 days,
+    /// truncated to the minute. The current build's deadline is only cleared when disabling.
+    pub fn set_ttl(&mut self, ws_id: Uuid, ttl_ms: Option<i64>) -> Result<(), ApiError> {
+        let wi = self.ws_index(ws_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
+        let ws = &mut self.workspaces[wi];
+        match ttl_ms.filter(|t| *t != 0) {
+            None => {
+                ws.ttl_ms = None;
+                if let Some(b) = ws.builds.last_mut() {
+                    b.deadline = None; // moved to max_deadline, which is zero on AGPL
+                }
+            }
+            Some(t) => {
+                let t = t - t % 60_000;
+                let detail = if t < 60_000 {
+                    Some("time until shutdown must be at least one minute")
+                } else if t > 30 * 24 * 3_600_000 {
+                    Some("time until shutdown must be less than 30 days")
+                } else {
+                    None
+                };
+                if let Some(detail) = detail {
+                    return Err(ApiError { status: 400, message: "Error updating workspace time until shutdown.".into(), detail: format!("ttl_ms: {detail}") });
+                }
+                ws.ttl_ms = Some(t);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop builds initiated by `user` for a workspace (tests count double stops with it).
+    pub fn stop_builds_by(&self, ws_id: Uuid, user: &str) -> usize {
+        let Some(ui) = self.user_index(user) else { return 0 };
+        self.ws_index(ws_id).map_or(0, |wi| self.workspaces[wi].builds.iter().filter(|b| b.transition == "stop" && b.initiator == ui).count())
+    }
+
+    /// The workspace whose pod holds GPU `g`, with its pod name and load.
+    pub fn gpu_holder(&self, g: usize) -> Option<(&Workspace, &Pod)> {
+        let id = self.gpu_holders.get(g).copied().flatten()?;
+        let ws = self.workspaces.iter().find(|w| w.id == id)?;
+        Some((ws, ws.pod.as_ref()?))
+    }
+
+    /// True when the latest build is a succeeded start (Coder's `status:running`).
+    pub fn is_running(&self, ws: &Workspace) -> bool {
+        ws.latest().is_some_and(|b| b.transition == "start" && b.job.status == "succeeded")
+    }
+}

@@ -1,0 +1,193 @@
+//! `demo`: the seed experiment on the built-in fakes. One GPU; session A holds it and walks
+//! away (a notebook kernel keeps 19 GiB of GPU memory, nothing computes); session B starts and
+//! waits. The real pass runs in enforce mode, stops A with a Coder stop build, B gets the GPU,
+//! and A, started again, waits while B works. The fakes run Coder's clocks 60x faster, and the
+//! policy is scaled to match (idle_after 10 s = 10 Coder minutes), so it ends in about 30 s.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mocks::{ExporterConfig, FakeCoder, FakeExporter, Load, WorldConfig};
+use tokio::sync::watch;
+
+use crate::actuator::{Actuator, Outputs};
+use crate::cli::DemoArgs;
+use crate::coder::{CoderClient, SessionToken};
+use crate::commands::AppError;
+use crate::decide::{Verdict, human};
+use crate::gpu::exporter::ExporterSource;
+use crate::gpu::{Ownership, Sources};
+use crate::metrics::{Metrics, Mode};
+use crate::policy::Policy;
+use crate::reclaim::{Reclaimer, State};
+use crate::retry::RetryPolicy;
+use crate::startup::confirm_owner;
+
+const SCALE: f64 = 60.0;
+const INTERVAL: Duration = Duration::from_secs(1);
+const IDLE_AFTER: Duration = Duration::from_secs(10);
+const DEADLINE: Duration = Duration::from_secs(55);
+
+fn runtime(e: impl std::fmt::Display) -> AppError {
+    AppError::Runtime(format!("demo: {e}"))
+}
+
+struct Timeline {
+    started: Instant,
+    out: String,
+}
+
+impl Timeline {
+    fn line(&mut self, text: &str) {
+        let t = self.started.elapsed().as_secs_f64();
+        let line = format!("t={t:>5.1}s  {text}");
+        println!("{line}");
+        let _ = writeln!(self.out, "{line}");
+    }
+}
+
+/// What stage of the story we are in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    AStarting,
+    AWorking,
+    AWalkedAway,
+    BWorking,
+    ABack,
+}
+
+pub async fn run(args: DemoArgs) -> Result<(), AppError> {
+    let world = WorldConfig {
+        gpus: 1,
+        scale: SCALE,
+        build_queue: Duration::from_secs(5),
+        build_run: Duration::from_secs(60),
+        agent_connect: Duration::from_secs(30),
+        ..WorldConfig::default()
+    };
+    let coder = FakeCoder::start(world).await.map_err(runtime)?;
+    let exporter = FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.map_err(runtime)?;
+    println!("coder-gpu-reclaimer demo: the seed experiment on built-in fakes (no network, no GPU).");
+    println!("Fake Coder at {}, fake dcgm-exporter at {}; one GPU.", coder.url(), exporter.url());
+    println!("Coder's clocks run 60x faster here: 1 s below is 1 Coder minute (usage refresh, batching, builds).");
+    println!("Policy: idle_after {} (= 10 Coder minutes), a pass every {}, enforce mode.\n", human(chrono::Duration::seconds(10)), human(chrono::Duration::seconds(1)));
+
+    let token = SessionToken::new(&coder.owner_token()).map_err(runtime)?;
+    let metrics = Arc::new(Metrics::new());
+    let client = CoderClient::new(&coder.url(), token.clone(), Duration::from_secs(5), RetryPolicy::for_api_calls()).map_err(runtime)?;
+    confirm_owner(&client, &token).await.map_err(|e| runtime(format!("{e:?}")))?;
+    let source = Sources::Exporters(ExporterSource::new(vec![exporter.url()], Ownership::default(), Duration::from_secs(2)).map_err(runtime)?);
+    let mut policy = Policy::defaults(INTERVAL);
+    policy.thresholds.idle_after = IDLE_AFTER;
+    let state = Arc::new(State::new(metrics.clone(), Mode::Enforce, INTERVAL));
+    let actuator = Actuator::new(Mode::Enforce, client.clone(), metrics, Outputs::default(), INTERVAL, policy.max_stops_per_pass);
+    let mut reclaimer = Reclaimer::new(client, source, policy, actuator, state);
+    let (_stop_tx, stop_rx) = watch::channel(false);
+
+    let mut tl = Timeline { started: Instant::now(), out: String::new() };
+    let a = coder.with(|w| w.create_workspace("alice", "a-train", None)).map_err(|e| runtime(e.message))?;
+    tl.line("alice starts workspace a-train (GPU template)");
+    let mut b = None;
+    let mut stage = Stage::AStarting;
+    let mut seen_events = 0;
+    let mut last: HashMap<String, (Verdict, &'static str)> = HashMap::new();
+    let mut b_waited = false;
+    let mut a_waited_again = 0;
+    let mut stopped_a = false;
+
+    while tl.started.elapsed() < DEADLINE {
+        // The story: what people do, driven by what happened.
+        let (a_ready, b_ready) = coder.with(|w| {
+            let ready = |id| w.ws_index(id).and_then(|i| w.workspaces[i].latest().and_then(|b| b.agent.clone())).is_some_and(|ag| ag.first_connected_at.is_some());
+            (ready(a), b.is_some_and(ready))
+        });
+        match stage {
+            Stage::AStarting if a_ready => {
+                coder.with(|w| {
+                    w.open_connection(a);
+                    w.set_load(a, Load::Matmul);
+                    w.write_file(a, "/home/coder/model.ckpt");
+                    w.write_file(a, "/tmp/scratch.bin");
+                });
+                tl.line("alice connects and trains on the GPU (matmul: 100% util, SM_ACTIVE 0.984); writes ~/model.ckpt and /tmp/scratch.bin");
+                let id = coder.with(|w| w.create_workspace("bob", "b-notebook", None)).map_err(|e| runtime(e.message))?;
+                b = Some(id);
+                tl.line("bob starts workspace b-notebook: its pod is Pending (Insufficient nvidia.com/gpu)");
+                stage = Stage::AWorking;
+            }
+            Stage::AWorking if b_waited => {
+                coder.with(|w| {
+                    w.set_load(a, Load::MemoryOnly);
+                    w.close_connection(a);
+                });
+                tl.line("alice closes her laptop; her kernel keeps 19,376 MiB of GPU memory, nothing computes");
+                stage = Stage::AWalkedAway;
+            }
+            Stage::AWalkedAway if b_ready => {
+                let b = b.ok_or_else(|| runtime("b missing"))?;
+                coder.with(|w| {
+                    w.open_connection(b);
+                    w.set_load(b, Load::Matmul);
+                });
+                tl.line("bob's agent connected: bob works on the GPU (matmul)");
+                let files = coder.with(|w| w.ws_index(a).map(|i| (w.workspaces[i].home_files.clone(), w.workspaces[i].tmp_files.clone())));
+                if let Some((home, tmp)) = files {
+                    tl.line(&format!("a-train is stopped: home files kept {home:?}, /tmp files {tmp:?} (lost, as in the seed)"));
+                }
+                coder.with(|w| w.create_build(a, "start", 1, "dashboard")).map_err(|e| runtime(e.message))?;
+                tl.line("alice comes back and starts a-train again");
+                stage = Stage::BWorking;
+            }
+            _ => {}
+        }
+
+        let report = reclaimer.pass(true, &stop_rx).await.map_err(runtime)?;
+        let names: HashMap<&str, String> = report.workspaces.iter().map(|w| (w.id.as_str(), format!("{} ({})", w.name, w.owner_name))).collect();
+        let events: Vec<String> = coder.with(|w| {
+            w.events[seen_events..]
+                .iter()
+                .filter(|e| matches!(e.kind, "build_succeeded" | "gpu_assigned" | "gpu_released" | "build_failed"))
+                .map(|e| format!("  coder     {:<22} {} {}", e.workspace, e.kind, e.detail))
+                .collect::<Vec<_>>()
+        });
+        seen_events = coder.with(|w| w.events.len());
+        for e in events {
+            tl.line(&e);
+        }
+        for d in &report.decisions {
+            let key = (d.verdict, d.reason.as_str());
+            let changed = last.get(&d.workspace_id) != Some(&key);
+            if changed || args.verbose {
+                let who = names.get(d.workspace_id.as_str()).cloned().unwrap_or_default();
+                tl.line(&format!("  decision  {who:<22} {:<8} {:<20} {}", d.verdict.as_str(), d.reason.as_str(), d.message));
+                last.insert(d.workspace_id.clone(), key);
+            }
+            if Some(d.workspace_id.as_str()) == b.map(|b| b.to_string()).as_deref() && d.verdict == Verdict::Waiting {
+                b_waited = true;
+            }
+            if d.workspace_id == a.to_string() && d.verdict == Verdict::Waiting && stage == Stage::BWorking {
+                a_waited_again += 1;
+            }
+        }
+        for id in &report.acted.stops_sent {
+            stopped_a |= *id == a.to_string();
+            let who = names.get(id.as_str()).cloned().unwrap_or_default();
+            tl.line(&format!("  ACTION    stop build sent for {who} (POST /api/v2/workspaces/{{id}}/builds, 201)"));
+        }
+        if stage == Stage::BWorking && a_waited_again >= 3 {
+            stage = Stage::ABack;
+        }
+        if stage == Stage::ABack {
+            break;
+        }
+        tokio::time::sleep(INTERVAL).await;
+    }
+    if stage != Stage::ABack || !stopped_a {
+        return Err(runtime(format!("the story did not finish within {}s (stage {stage:?}); run with --verbose to see every pass", DEADLINE.as_secs())));
+    }
+    let stops_by_admin = coder.with(|w| w.stop_builds_by(a, "admin"));
+    println!("\nDone: {stops_by_admin} stop build sent for a-train; its GPU went to b-notebook; a-train, started again, now waits while bob works.");
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! Prometheus metrics, all prefixed `coder_gpu_reclaimer_`. Labels are typed and bounded:
+//! verdicts, reason codes, modes, route templates and status codes, GPU source URLs; never a
+//! workspace id or name.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::decide::{Reason, Verdict};
+
+/// Observe (report only) or enforce (send stop builds).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum Mode {
+    Observe,
+    Enforce,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Observe => "observe",
+            Mode::Enforce => "enforce",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PassLabels {
+    pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerdictLabels {
+    pub verdict: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StopLabels {
+    pub reason: &'static str,
+    pub mode: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StopFailureLabels {
+    /// `rejected` (the POST failed), `build_failed` (the stop build's job failed), `abandoned`.
+    pub kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: &'static str,
+    pub code: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub source: String,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub passes: Family<PassLabels, Counter>,
+    pub pass_duration: Histogram,
+    pub workspaces: Family<VerdictLabels, Gauge>,
+    pub stops: Family<StopLabels, Counter>,
+    pub stop_failures: Family<StopFailureLabels, Counter>,
+    pub ttl_restores: Counter,
+    pub breaker_trips: Counter,
+    pub coder_requests: Family<RequestLabels, Counter>,
+    pub scrape_errors: Family<SourceLabels, Counter>,
+    pub token_expiry: Gauge<f64, AtomicU64>,
+    pub waiting: Gauge,
+    pub last_pass: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("coder_gpu_reclaimer");
+        let m = Metrics {
+            passes: Family::default(),
+            pass_duration: Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+            workspaces: Family::default(),
+            stops: Family::default(),
+            stop_failures: Family::default(),
+            ttl_restores: Counter::default(),
+            breaker_trips: Counter::default(),
+            coder_requests: Family::default(),
+            scrape_errors: Family::default(),
+            token_expiry: Gauge::default(),
+            waiting: Gauge::default(),
+            last_pass: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("passes", "Passes run, by result (ok, failed)", m.passes.clone());
+        registry.register("pass_duration_seconds", "Wall time of one pass", m.pass_duration.clone());
+        registry.register("workspaces", "Running workspaces by verdict and reason in the latest pass", m.workspaces.clone());
+        registry.register("stops", "Stop builds sent (enforce) or that would be sent (observe), by reason", m.stops.clone());
+        registry.register("stop_failures", "Stops that failed, by kind", m.stop_failures.clone());
+        registry.register("ttl_restores", "Autostop TTLs set back by restore_autostop", m.ttl_restores.clone());
+        registry.register("breaker_trips", "Passes in which the circuit breaker refused every stop", m.breaker_trips.clone());
+        registry.register("coder_requests", "Requests to the Coder API by route and HTTP status (0: no response)", m.coder_requests.clone());
+        registry.register("scrape_errors", "Failed GPU source reads, by source", m.scrape_errors.clone());
+        registry.register("token_expiry_timestamp_seconds", "When the owner session token expires (unix time)", m.token_expiry.clone());
+        registry.register("waiting_workspaces", "GPU workspaces waiting for a GPU in the latest pass", m.waiting.clone());
+        registry.register("last_pass_timestamp_seconds", "When the latest successful pass finished (unix time)", m.last_pass.clone());
+        Metrics { registry, ..m }
+    }
+
+    pub fn set_verdicts<'a>(&self, decisions: impl Iterator<Item = (Verdict, Reason)> + 'a) {
+        self.workspaces.clear();
+        for (v, r) in decisions {
+            self.workspaces.get_or_create(&VerdictLabels { verdict: v.as_str(), reason: r.as_str() }).inc();
+        }
+    }
+
+    pub fn observe_request(&self, endpoint: &'static str, code: u16) {
+        self.coder_requests.get_or_create(&RequestLabels { endpoint, code: code.to_string() }).inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

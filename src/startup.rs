@@ -1,0 +1,65 @@
+//! Start-up against Coder, shared by `run`, `plan`, `check` and the demo: log Coder's version,
+//! confirm the token's user is an owner (only owners may stop other users' workspaces), only
+//! then send the rate-limit bypass header, and read the token's expiry.
+
+use chrono::{DateTime, Utc};
+
+use crate::coder::{CoderClient, ErrorKind, SessionToken};
+
+/// Why start-up failed, and which exit code that deserves.
+#[derive(Debug)]
+pub enum StartupError {
+    /// The token is wrong for this job (not an owner, expired): exit 2, the operator must fix it.
+    Config(String),
+    /// Coder is unreachable or failing: exit 1, it may pass.
+    Runtime(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub coder_version: String,
+    pub username: String,
+    pub token_expires_at: Option<DateTime<Utc>>,
+}
+
+/// Warn when the token expires within this.
+pub const EXPIRY_WARNING: chrono::Duration = chrono::Duration::hours(48);
+
+pub async fn confirm_owner(coder: &CoderClient, token: &SessionToken) -> Result<Identity, StartupError> {
+    let classify = |e: crate::coder::CoderError| match e.kind {
+        ErrorKind::Unauthorized | ErrorKind::NoPermission => StartupError::Config(e.to_string()),
+        _ => StartupError::Runtime(e.to_string()),
+    };
+    let info = coder.buildinfo().await.map_err(classify)?;
+    let me = coder.me().await.map_err(classify)?;
+    if !me.is_owner() {
+        return Err(StartupError::Config(format!(
+            "the session token belongs to {:?}, who is not an owner: only owners may stop other users' workspaces; create the token as a user with the owner role (`coder tokens create --lifetime 168h`)",
+            me.username
+        )));
+    }
+    coder.enable_ratelimit_bypass();
+    let token_expires_at = match token.key_id() {
+        Some(id) => match coder.api_key(id).await {
+            Ok(key) => Some(key.expires_at),
+            Err(e) => {
+                tracing::warn!(event = "token_expiry_unknown", error = %e, "cannot read the token's expiry");
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some(exp) = token_expires_at {
+        let left = exp - Utc::now();
+        if left < EXPIRY_WARNING {
+            tracing::warn!(
+                event = "token_expiring",
+                expires_at = %exp,
+                hours_left = left.num_hours(),
+                "the owner token expires soon: create a new one (owner tokens last at most CODER_MAX_ADMIN_TOKEN_LIFETIME, 7 days by default) and update the Secret"
+            );
+        }
+    }
+    tracing::info!(event = "coder_connected", coder_version = %info.version, user = %me.username, token_expires_at = ?token_expires_at, "connected to Coder as an owner");
+    Ok(Identity { coder_version: info.version, username: me.username, token_expires_at })
+}

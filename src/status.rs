@@ -1,0 +1,122 @@
+//! The status document: what `GET /api/v1/workspaces` serves and `plan --output json` prints,
+//! one entry per running workspace. It holds no token and no secret.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::coder::types::Workspace;
+use crate::decide::{Decision, GpuSummary, Reason, Verdict, human};
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StatusDocument {
+    pub generated_at: DateTime<Utc>,
+    pub mode: &'static str,
+    /// Set while the circuit breaker refuses stops.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<String>,
+    /// Caveats about this document (for example, a short sampling history in `plan`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    pub workspaces: Vec<WorkspaceStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WorkspaceStatus {
+    pub id: String,
+    pub name: String,
+    pub owner: String,
+    pub template: String,
+    pub verdict: Verdict,
+    pub reason: Reason,
+    pub message: String,
+    pub gpu_idle_seconds: Option<i64>,
+    pub connection_idle_seconds: i64,
+    pub last_used_at: DateTime<Utc>,
+    pub stop_at: Option<DateTime<Utc>>,
+    pub gpus: Vec<GpuSummary>,
+}
+
+impl WorkspaceStatus {
+    pub fn new(ws: &Workspace, d: &Decision) -> Self {
+        WorkspaceStatus {
+            id: ws.id.clone(),
+            name: ws.name.clone(),
+            owner: ws.owner_name.clone(),
+            template: ws.template_name.clone(),
+            verdict: d.verdict,
+            reason: d.reason,
+            message: d.message.clone(),
+            gpu_idle_seconds: d.gpu_idle.map(|g| g.num_seconds()),
+            connection_idle_seconds: d.connection_idle.num_seconds(),
+            last_used_at: ws.last_used_at,
+            stop_at: d.stop_at,
+            gpus: d.gpus.clone(),
+        }
+    }
+
+    /// One line for a Coder agent metadata item, e.g. "reclaim (idle): GPU idle 41m, ...".
+    pub fn one_line(&self) -> String {
+        format!("{} ({}): {}", self.verdict.as_str(), self.reason.as_str(), self.message)
+    }
+}
+
+impl StatusDocument {
+    pub fn empty(mode: &'static str) -> Self {
+        StatusDocument { generated_at: DateTime::UNIX_EPOCH, mode, breaker: None, notes: Vec::new(), workspaces: Vec::new() }
+    }
+
+    /// An aligned table for people (`plan --output table`).
+    pub fn table(&self) -> String {
+        let header = ["WORKSPACE", "OWNER", "TEMPLATE", "VERDICT", "REASON", "GPU IDLE", "LAST USED", "GPUS", "WHY"];
+        let rows: Vec<[String; 9]> = self
+            .workspaces
+            .iter()
+            .map(|w| {
+                [
+                    w.name.clone(),
+                    w.owner.clone(),
+                    w.template.clone(),
+                    w.verdict.as_str().to_string(),
+                    w.reason.as_str().to_string(),
+                    w.gpu_idle_seconds.map_or("-".into(), |s| human(chrono::Duration::seconds(s))),
+                    format!("{} ago", human(chrono::Duration::seconds(w.connection_idle_seconds))),
+                    w.gpus.len().to_string(),
+                    w.message.clone(),
+                ]
+            })
+            .collect();
+        let mut widths = header.map(str::len);
+        for r in &rows {
+            for (i, c) in r.iter().enumerate() {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        let mut line = |cells: &[String]| {
+            let mut s = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                if i + 1 == cells.len() {
+                    s.push_str(c);
+                } else {
+                    s.push_str(&format!("{c:<w$}  ", w = widths[i]));
+                }
+            }
+            out.push_str(s.trim_end());
+            out.push('\n');
+        };
+        line(&header.map(String::from));
+        for r in &rows {
+            line(r);
+        }
+        if self.workspaces.is_empty() {
+            out.push_str("(no running workspaces)\n");
+        }
+        if let Some(b) = &self.breaker {
+            out.push_str(&format!("\ncircuit breaker: {b}\n"));
+        }
+        for n in &self.notes {
+            out.push_str(&format!("\nnote: {n}\n"));
+        }
+        out
+    }
+}
