@@ -1,1 +1,5 @@
-fn main(){}
+//! The one integration-test binary. Each module is one area; `common` holds shared helpers.
+
+mod common;
+mod coder_client;
+mod contract;

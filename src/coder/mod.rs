@@ -1,5 +1,5 @@
 //! The Coder REST client: every call this service makes to Coder, with the session token header,
-//! timeouts, retries of transient failures (429/502/503/504, connection errors, timeouts) and
+//! timeouts, retries of transient failures (429/500/502/503/504, connection errors, timeouts) and
 //! errors that carry Coder's own `message` and `detail` plus what to do about them.
 
 pub mod token;
@@ -234,7 +234,8 @@ impl CoderClient {
         }
         let error = CoderError { kind: classify(status), endpoint, message: describe(status, &bytes) };
         match status.as_u16() {
-            429 | 502 | 503 | 504 => Attempt::Retry { error, after: retry_after },
+            // A 500 on a stop is safe to retry: if the build was created, the retry gets a 409.
+            429 | 500 | 502 | 503 | 504 => Attempt::Retry { error, after: retry_after },
             _ => Attempt::Done(Err(error)),
         }
     }

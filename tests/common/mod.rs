@@ -1,0 +1,51 @@
+//! Helpers shared by the integration tests: fixtures, workspaces built from the real-shaped
+//! fixture, and the path of the built binary.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+use coder_gpu_reclaimer::coder::types::Workspace;
+use serde_json::Value;
+
+pub fn fixture_path(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
+}
+
+pub fn fixture(rel: &str) -> String {
+    std::fs::read_to_string(fixture_path(rel)).unwrap_or_else(|e| panic!("fixture {rel}: {e}"))
+}
+
+pub fn fixture_json(rel: &str) -> Value {
+    serde_json::from_str(&fixture(rel)).unwrap()
+}
+
+/// The shared reference folder (`../shared` beside the repository).
+pub fn shared(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared").join(rel)
+}
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_coder-gpu-reclaimer")
+}
+
+pub const WS_ID: &str = "0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70";
+
+/// A running workspace whose agent is connected: `alice-gpu` from the captured listing, with
+/// the given id and `last_used_at`.
+pub fn running_workspace(id: &str, last_used_at: DateTime<Utc>) -> Workspace {
+    let list = fixture_json("coder/workspaces_running.json");
+    let mut v = list["workspaces"].as_array().unwrap().iter().find(|w| w["name"] == "alice-gpu").unwrap().clone();
+    v["id"] = Value::String(id.into());
+    v["last_used_at"] = Value::String(last_used_at.to_rfc3339());
+    serde_json::from_value(v).unwrap()
+}
+
+/// `bob-gpu`: build succeeded, agent never connected (`timeout`): a Pending pod.
+pub fn pending_workspace(id: &str) -> Workspace {
+    let list = fixture_json("coder/workspaces_running.json");
+    let mut v = list["workspaces"].as_array().unwrap().iter().find(|w| w["name"] == "bob-gpu").unwrap().clone();
+    v["id"] = Value::String(id.into());
+    serde_json::from_value(v).unwrap()
+}
