@@ -3,3 +3,5 @@
 mod common;
 mod coder_client;
 mod contract;
+mod expo;
+mod sources;

@@ -93,9 +93,9 @@ fn parse_line<'a>(line: &'a str, sample: &mut Sample<'a>, wanted: &mut impl FnMu
     }
     sample.name = name;
     sample.labels.clear();
-    i = skip_blanks(bytes, i);
-    if i < bytes.len() && bytes[i] == b'{' {
-        i = parse_labels(line, i + 1, &mut sample.labels)?;
+    let brace = skip_blanks(bytes, i);
+    if brace < bytes.len() && bytes[brace] == b'{' {
+        i = parse_labels(line, brace + 1, &mut sample.labels)?;
     }
     let after_labels = i;
     i = skip_blanks(bytes, i);

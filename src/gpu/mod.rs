@@ -135,7 +135,7 @@ pub fn find_uuid(text: &str) -> Option<String> {
 }
 
 /// Groups parsed exposition samples into one reading per GPU.
-pub(crate) fn readings_from_exposition(
+pub fn readings_from_exposition(
     text: &str,
     at: DateTime<Utc>,
     source: &Arc<str>,

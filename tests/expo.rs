@@ -1,0 +1,195 @@
+//! The exposition parser: every syntax case, a render/parse round trip and a never-panics
+//! property, and the realistic fixtures (legacy and 4.9 names, pods, no pod, MIG).
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use coder_gpu_reclaimer::gpu::expo::{parse, render_sample};
+use coder_gpu_reclaimer::gpu::signals::Signal;
+use coder_gpu_reclaimer::gpu::{Ownership, readings_from_exposition};
+use proptest::prelude::*;
+
+use crate::common::{WS_ID, fixture};
+
+#[test]
+fn syntax_cases() {
+    type Want = (&'static str, Vec<(&'static str, &'static str)>, f64, Option<i64>);
+    let ok: Vec<(&str, Want)> = vec![
+        ("up 1", ("up", vec![], 1.0, None)),
+        ("up{} 1", ("up", vec![], 1.0, None)),
+        ("m{a=\"x\"} 2.5", ("m", vec![("a", "x")], 2.5, None)),
+        ("m{a=\"x\",} 2", ("m", vec![("a", "x")], 2.0, None)),
+        ("m{a=\"x\", b=\"y\"} 3", ("m", vec![("a", "x"), ("b", "y")], 3.0, None)),
+        ("m { a = \"x\" } 3", ("m", vec![("a", "x")], 3.0, None)),
+        ("m{a=\"q\\\"uote\"} 1", ("m", vec![("a", "q\"uote")], 1.0, None)),
+        ("m{a=\"back\\\\slash\"} 1", ("m", vec![("a", "back\\slash")], 1.0, None)),
+        ("m{a=\"new\\nline\"} 1", ("m", vec![("a", "new\nline")], 1.0, None)),
+        ("m{a=\"comma,brace}\"} 1", ("m", vec![("a", "comma,brace}")], 1.0, None)),
+        ("m 1.458255915e9", ("m", vec![], 1.458255915e9, None)),
+        ("m -2E-3", ("m", vec![], -0.002, None)),
+        ("m +Inf", ("m", vec![], f64::INFINITY, None)),
+        ("m -Inf", ("m", vec![], f64::NEG_INFINITY, None)),
+        ("m 1 1395066363000", ("m", vec![], 1.0, Some(1_395_066_363_000))),
+        ("m 1 -5", ("m", vec![], 1.0, Some(-5))),
+        ("\tm\t7\t", ("m", vec![], 7.0, None)),
+        ("ns:sub_name_1 0", ("ns:sub_name_1", vec![], 0.0, None)),
+        ("m{pod=\"\"} 0", ("m", vec![("pod", "")], 0.0, None)),
+        ("m{a=\"ünï\"} 1", ("m", vec![("a", "ünï")], 1.0, None)),
+    ];
+    for (line, (name, labels, value, ts)) in ok {
+        let text = format!("# HELP m x\n# TYPE m gauge\n\n# a comment\n{line}\n");
+        let (samples, errors) = parse(&text);
+        assert!(errors.is_empty(), "{line:?}: {errors:?}");
+        assert_eq!(samples.len(), 1, "{line:?}");
+        let s = &samples[0];
+        assert_eq!(s.name, name, "{line:?}");
+        let got: Vec<(&str, &str)> = s.labels.iter().map(|(k, v)| (*k, v.as_ref())).collect();
+        assert_eq!(got, labels, "{line:?}");
+        assert_eq!(s.value, value, "{line:?}");
+        assert_eq!(s.timestamp_ms, ts, "{line:?}");
+    }
+    let (nan, _) = parse("m NaN\n");
+    assert!(nan[0].value.is_nan());
+
+    let bad = [
+        ("m", "missing value"),
+        ("m{a=\"x\" 1", "expected ',' or '}'"),
+        ("m{a=x} 1", "must be in double quotes"),
+        ("m{a=\"x} 1", "unterminated value"),
+        ("m{=\"x\"} 1", "expected a label name"),
+        ("m{a} 1", "expected '='"),
+        ("m abc", "is not a number"),
+        ("m infinity", "is not a number"),
+        ("m 1 2.5", "timestamp"),
+        ("9m 1", "must start with a letter"),
+        ("m{a=\"x\"}1", "expected a space"),
+        ("m{", "unterminated label set"),
+    ];
+    for (line, want) in bad {
+        let text = format!("ok 1\n{line}\nok 2\n");
+        let (samples, errors) = parse(&text);
+        assert_eq!(samples.len(), 2, "{line:?}: the other lines still parse");
+        assert_eq!(errors.len(), 1, "{line:?}");
+        assert_eq!(errors[0].line, 2, "{line:?}");
+        assert!(errors[0].message.contains(want), "{line:?}: {}", errors[0]);
+    }
+}
+
+fn label_value() -> impl Strategy<Value = String> {
+    proptest::collection::vec(prop_oneof![Just('a'), Just('Z'), Just('0'), Just(' '), Just(','), Just('"'), Just('\\'), Just('\n'), Just('}'), Just('{'), Just('='), Just('é')], 0..12)
+        .prop_map(|cs| cs.into_iter().collect())
+}
+
+fn name() -> impl Strategy<Value = String> {
+    (prop_oneof![Just('a'), Just('_'), Just(':'), Just('D')], proptest::collection::vec(prop_oneof![Just('a'), Just('_'), Just('9'), Just('F')], 0..10))
+        .prop_map(|(c, rest)| std::iter::once(c).chain(rest).collect())
+}
+
+fn label_name() -> impl Strategy<Value = String> {
+    (prop_oneof![Just('a'), Just('_'), Just('U')], proptest::collection::vec(prop_oneof![Just('b'), Just('_'), Just('7')], 0..8)).prop_map(|(c, rest)| std::iter::once(c).chain(rest).collect())
+}
+
+fn value() -> impl Strategy<Value = f64> {
+    prop_oneof![any::<f64>(), Just(f64::NAN), Just(f64::INFINITY), Just(f64::NEG_INFINITY), (0u32..1_000_000).prop_map(|n| n as f64 / 1000.0)]
+}
+
+proptest! {
+    #[test]
+    fn render_then_parse_round_trips(samples in proptest::collection::vec((name(), proptest::collection::vec((label_name(), label_value()), 0..5), value()), 1..20)) {
+        let mut text = String::new();
+        for (n, labels, v) in &samples {
+            let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            render_sample(&mut text, n, &labels, *v);
+        }
+        let (parsed, errors) = parse(&text);
+        prop_assert!(errors.is_empty(), "{:?}\n{}", errors, text);
+        prop_assert_eq!(parsed.len(), samples.len());
+        for (p, (n, labels, v)) in parsed.iter().zip(&samples) {
+            prop_assert_eq!(p.name, n.as_str());
+            let got: Vec<(String, String)> = p.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            prop_assert_eq!(&got, labels);
+            prop_assert!((p.value.is_nan() && v.is_nan()) || p.value == *v, "{} vs {}", p.value, v);
+        }
+    }
+
+    #[test]
+    fn never_panics_and_reports_real_line_numbers(text in "\\PC{0,300}") {
+        let (_, errors) = parse(&text);
+        let lines = text.split('\n').count();
+        for e in errors {
+            prop_assert!(e.line >= 1 && e.line <= lines);
+        }
+    }
+
+    #[test]
+    fn never_panics_on_exposition_like_bytes(parts in proptest::collection::vec(prop_oneof![Just("m"), Just("{"), Just("}"), Just("\""), Just("\\"), Just("="), Just(","), Just(" "), Just("\n"), Just("1"), Just("e"), Just("#"), Just("é"), Just("NaN")], 0..80)) {
+        let text: String = parts.concat();
+        let _ = parse(&text);
+    }
+}
+
+#[test]
+fn the_realistic_legacy_fixture_maps_to_workspaces() {
+    let text = fixture("dcgm/exporter-4.8.txt");
+    let (samples, errors) = parse(&text);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(samples.len(), 14);
+    let src: Arc<str> = Arc::from("http://10.0.0.7:9400/metrics");
+    let (readings, errors) = readings_from_exposition(&text, Utc::now(), &src, &Ownership::default());
+    assert!(errors.is_empty());
+    assert_eq!(readings.len(), 4, "GPU 0, GPU 1 and two MIG instances");
+    let gpu0 = readings.iter().find(|r| r.key.uuid.starts_with("GPU-585834da")).unwrap();
+    assert_eq!(gpu0.workspace_id.as_deref(), Some(WS_ID));
+    assert_eq!(gpu0.values.get(Signal::GpuUtil), Some(1.0), "100% becomes the ratio 1.0");
+    assert_eq!(gpu0.values.get(Signal::SmActive), Some(0.012));
+    assert_eq!(gpu0.values.get(Signal::FbUsedMib), Some(302.0));
+    assert_eq!(gpu0.values.get(Signal::PowerWatts), Some(90.0));
+    assert_eq!(gpu0.model.as_deref(), Some("NVIDIA L40S"));
+    let gpu1 = readings.iter().find(|r| r.key.uuid.starts_with("GPU-7f3e")).unwrap();
+    assert_eq!((gpu1.workspace_id.as_deref(), gpu1.key.pod.as_deref()), (None, None), "no pod labels: nobody's");
+    let mig: Vec<_> = readings.iter().filter(|r| r.key.gpu_instance.is_some()).collect();
+    assert_eq!(mig.len(), 2, "MIG instances share the parent UUID and differ by GPU_I_ID");
+    let owned = mig.iter().find(|r| r.key.gpu_instance.as_deref() == Some("1")).unwrap();
+    assert_eq!(owned.workspace_id.as_deref(), Some("5d1e2f3a-4b5c-4d6e-8f7a-9b0c1d2e3f4a"));
+    let empty = mig.iter().find(|r| r.key.gpu_instance.as_deref() == Some("2")).unwrap();
+    assert_eq!(empty.workspace_id, None, "pod=\"\" means no owner");
+    assert_eq!(owned.values.get(Signal::GpuUtil), None, "no GPU_UTIL for MIG instances");
+}
+
+#[test]
+fn the_49_names_normalise_to_the_same_units() {
+    let src: Arc<str> = Arc::from("x");
+    let (readings, errors) = readings_from_exposition(&fixture("dcgm/exporter-4.9-names.txt"), Utc::now(), &src, &Ownership::default());
+    assert!(errors.is_empty());
+    assert_eq!(readings.len(), 1);
+    let r = &readings[0];
+    assert_eq!(r.workspace_id.as_deref(), Some(WS_ID));
+    assert_eq!(r.values.get(Signal::GpuUtil), Some(1.0));
+    assert_eq!(r.values.get(Signal::FbUsedMib), Some(302.0), "bytes become MiB");
+    assert_eq!(r.values.get(Signal::SmActive), Some(0.012));
+    assert_eq!(r.values.get(Signal::GrEngineActive), Some(1.0));
+    assert_eq!(r.values.get(Signal::PowerWatts), Some(90.0));
+}
+
+#[test]
+fn the_fake_exporter_renders_what_the_parser_expects() {
+    let world = mocks::World::new(mocks::WorldConfig { gpus: 2, ..mocks::WorldConfig::default() });
+    for cfg in [
+        mocks::ExporterConfig::default(),
+        mocks::ExporterConfig { names: mocks::Names::V49, ..mocks::ExporterConfig::default() },
+        mocks::ExporterConfig { mig: true, ..mocks::ExporterConfig::default() },
+        mocks::ExporterConfig { profiling: false, ..mocks::ExporterConfig::default() },
+    ] {
+        let text = mocks::exporter::render(&world, &cfg);
+        let (samples, errors) = parse(&text);
+        assert!(errors.is_empty() && !samples.is_empty(), "{cfg:?}: {errors:?}");
+        let src: Arc<str> = Arc::from("x");
+        let (readings, _) = readings_from_exposition(&text, Utc::now(), &src, &Ownership::default());
+        assert_eq!(readings.len(), 2, "{cfg:?}");
+        for r in &readings {
+            assert_eq!(r.values.get(Signal::PowerWatts), Some(24.3), "{cfg:?}: idle GPUs draw 24.3 W");
+            assert_eq!(r.values.get(Signal::SmActive).is_some(), cfg.profiling, "{cfg:?}");
+            assert_eq!(r.values.get(Signal::GpuUtil).is_some(), !cfg.mig, "{cfg:?}");
+        }
+    }
+}

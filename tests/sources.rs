@@ -1,0 +1,124 @@
+//! The GPU sources against local servers: exporters down, slow, empty, garbage, one of two
+//! failing, and a headless-Service name; Prometheus success, `exported_pod`, an error envelope
+//! and a timeout. A failure makes data unknown; it never reads as zero.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use coder_gpu_reclaimer::gpu::exporter::ExporterSource;
+use coder_gpu_reclaimer::gpu::prometheus::PrometheusSource;
+use coder_gpu_reclaimer::gpu::signals::Signal;
+use coder_gpu_reclaimer::gpu::{GpuSource, Ownership};
+use serde_json::json;
+use wiremock::matchers::{method, path, query_param};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::common::{WS_ID, fixture};
+
+async fn exporter_with(resp: ResponseTemplate) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("GET")).and(path("/metrics")).respond_with(resp).mount(&server).await;
+    server
+}
+
+fn source(urls: Vec<String>) -> ExporterSource {
+    ExporterSource::new(urls, Ownership::default(), Duration::from_millis(500)).unwrap()
+}
+
+#[tokio::test]
+async fn one_failing_exporter_makes_only_its_gpus_unknown() {
+    let good = exporter_with(ResponseTemplate::new(200).set_body_string(fixture("dcgm/exporter-4.8.txt"))).await;
+    let empty = exporter_with(ResponseTemplate::new(200).set_body_string("")).await;
+    let garbage = exporter_with(ResponseTemplate::new(200).set_body_string("<html>502 Bad Gateway</html>\n")).await;
+    let slow = exporter_with(ResponseTemplate::new(200).set_body_string(fixture("dcgm/exporter-4.8.txt")).set_delay(Duration::from_secs(3))).await;
+    let failing = exporter_with(ResponseTemplate::new(503)).await;
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/metrics", l.local_addr().unwrap())
+    }; // closed when `l` drops: connection refused
+    let urls = vec![format!("{}/metrics", good.uri()), format!("{}/metrics", empty.uri()), format!("{}/metrics", garbage.uri()), format!("{}/metrics", slow.uri()), format!("{}/metrics", failing.uri()), down.clone()];
+    let started = std::time::Instant::now();
+    let c = source(urls.clone()).collect(Utc::now()).await;
+    assert!(started.elapsed() < Duration::from_secs(2), "scrapes run concurrently with a timeout ({:?})", started.elapsed());
+    assert_eq!(c.requests, 6);
+    assert_eq!(c.readings.len(), 4, "the good exporter's GPUs");
+    assert!(c.readings.iter().all(|r| r.source.as_ref() == urls[0]));
+    let why = |u: &str| c.failures.iter().find(|f| f.source == u).map(|f| f.error.clone()).unwrap_or_else(|| panic!("no failure for {u}"));
+    assert!(why(&urls[1]).contains("empty body"));
+    assert!(why(&urls[2]).contains("unparseable") || why(&urls[2]).contains("no DCGM"), "{}", why(&urls[2]));
+    assert!(why(&urls[3]).contains("timed out"), "{}", why(&urls[3]));
+    assert!(why(&urls[4]).contains("HTTP 503"));
+    assert!(why(&down).contains("no response"), "{}", why(&down));
+}
+
+#[tokio::test]
+async fn a_headless_service_name_expands_to_each_address() {
+    let good = exporter_with(ResponseTemplate::new(200).set_body_string(fixture("dcgm/exporter-4.8.txt"))).await;
+    let port = good.address().port();
+    let c = source(vec![format!("dns+http://localhost:{port}/metrics")]).collect(Utc::now()).await;
+    assert!(c.requests >= 1, "localhost resolves to at least one address");
+    assert!(c.readings.iter().any(|r| r.workspace_id.as_deref() == Some(WS_ID)), "failures: {:?}", c.failures);
+    let c = source(vec!["dns+http://no-such-host.invalid:9400/metrics".into()]).collect(Utc::now()).await;
+    assert_eq!(c.failures.len(), 1);
+    assert!(c.failures[0].error.contains("cannot resolve"), "{:?}", c.failures);
+}
+
+fn matrix(series: serde_json::Value) -> ResponseTemplate {
+    ResponseTemplate::new(200).set_body_json(json!({"status": "success", "data": {"resultType": "matrix", "result": series}}))
+}
+
+fn prom(server: &MockServer, timeout: Duration) -> PrometheusSource {
+    PrometheusSource::new(&server.uri(), Ownership::default(), Duration::from_secs(1800), Duration::from_secs(60), timeout).unwrap()
+}
+
+#[tokio::test]
+async fn prometheus_reads_history_with_one_query_per_signal() {
+    let server = MockServer::start().await;
+    let now = Utc::now().timestamp() as f64;
+    let labels = |name: &str| json!({"__name__": name, "UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6", "gpu": "0", "modelName": "NVIDIA L40S",
+        "pod": "dcgm-exporter-x7k2p", "namespace": "gpu-operator", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"), "exported_namespace": "coder"});
+    for (signal, name, values) in [
+        (Signal::GpuUtil, "DCGM_FI_DEV_GPU_UTIL", ["100", "100"]),
+        (Signal::SmActive, "DCGM_FI_PROF_SM_ACTIVE", ["0.012", "NaN"]),
+        (Signal::FbUsedMib, "DCGM_FI_DEV_FB_USED", ["302", "302"]),
+    ] {
+        Mock::given(method("GET"))
+            .and(path("/api/v1/query_range"))
+            .and(query_param("query", PrometheusSource::query_for(signal)))
+            .and(query_param("step", "60s"))
+            .respond_with(matrix(json!([{"metric": labels(name), "values": [[now - 60.0, values[0]], [now, values[1]]]}])))
+            .expect(1)
+            .mount(&server)
+            .await;
+    }
+    Mock::given(method("GET")).and(path("/api/v1/query_range")).respond_with(matrix(json!([]))).mount(&server).await;
+    let c = prom(&server, Duration::from_secs(2)).collect(Utc::now()).await;
+    assert!(c.failures.is_empty(), "{:?}", c.failures);
+    assert_eq!(c.requests, Signal::ALL.len(), "a constant number of queries, whatever the fleet size");
+    assert_eq!(server.received_requests().await.unwrap().len(), Signal::ALL.len());
+    assert_eq!(c.readings.len(), 2, "two timestamps for one GPU");
+    assert!(c.readings.iter().all(|r| r.workspace_id.as_deref() == Some(WS_ID)), "exported_pod is the workload's pod, not the exporter's");
+    let first = &c.readings[0];
+    assert_eq!(first.values.get(Signal::GpuUtil), Some(1.0));
+    assert_eq!(first.values.get(Signal::SmActive), Some(0.012));
+    assert_eq!(c.readings[1].values.get(Signal::SmActive), None, "NaN is no reading, not zero");
+}
+
+#[tokio::test]
+async fn prometheus_errors_make_data_unknown_never_zero() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(422).set_body_json(json!({"status": "error", "errorType": "execution", "error": "query processing would load too many samples into memory"})))
+        .mount(&server)
+        .await;
+    let c = prom(&server, Duration::from_secs(2)).collect(Utc::now()).await;
+    assert!(c.readings.is_empty());
+    assert!(c.failures.iter().all(|f| f.error.contains("HTTP 422") && f.error.contains("too many samples")), "{:?}", c.failures);
+    assert!(c.failures.iter().all(|f| f.source == server.uri()), "failures name the source the windows know");
+
+    let slow = MockServer::start().await;
+    Mock::given(method("GET")).respond_with(matrix(json!([])).set_delay(Duration::from_secs(3))).mount(&slow).await;
+    let c = prom(&slow, Duration::from_millis(300)).collect(Utc::now()).await;
+    assert!(c.readings.is_empty() && !c.failures.is_empty());
+    assert!(c.failures[0].error.contains("timed out"), "{:?}", c.failures);
+}
