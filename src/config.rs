@@ -269,6 +269,9 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     if t.idle_after.is_zero() {
         return err("idle_after must be more than 0s, e.g. --idle-after 30m");
     }
+    if t.connected_idle_after.is_some_and(|c| c < t.idle_after) {
+        return err("connected_idle_after must be at least idle_after: it is the longer limit for GPUs idle behind an open connection");
+    }
     p.reclaim_when = args.reclaim_when.or(file.reclaim_when).unwrap_or_default();
     p.gpu_templates = file.gpu_templates.clone().unwrap_or_default();
     p.restore_autostop = file.restore_autostop;

@@ -3,5 +3,6 @@
 mod common;
 mod coder_client;
 mod contract;
+mod decide;
 mod expo;
 mod sources;

@@ -1,0 +1,344 @@
+//! The decision rules, table-tested with the seed's real numbers (FINDINGS stage 2: A10G,
+//! 120 s per load), plus the fleet rules and a property: activity within `idle_after` is never
+//! reclaimed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration as StdDuration;
+
+use chrono::{DateTime, Duration, Utc};
+use coder_gpu_reclaimer::coder::types::{JobStatus, Transition, Workspace};
+use coder_gpu_reclaimer::decide::{Decision, Reason, Verdict, apply_fleet_rules, decide};
+use coder_gpu_reclaimer::gpu::GpuKey;
+use coder_gpu_reclaimer::gpu::signals::{Signal, SignalValues};
+use coder_gpu_reclaimer::gpu::window::{GpuSample, GpuWindow};
+use coder_gpu_reclaimer::policy::{Policy, ReclaimWhen, Rule};
+use proptest::prelude::*;
+
+use crate::common::{WS_ID, pending_workspace, running_workspace};
+
+fn now() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-11-29T10:00:00Z").unwrap().with_timezone(&Utc)
+}
+
+fn mins(m: i64) -> Duration {
+    Duration::minutes(m)
+}
+
+/// Which fields the exporter reports (profiling fields are absent on some GPUs).
+#[derive(Clone, Copy, Debug)]
+enum Fields {
+    All,
+    NoSm,
+    UtilOnly,
+}
+
+/// The seed's stage-2 loads: (utilization %, framebuffer MiB, power W, GR_ENGINE, SM_ACTIVE).
+const NOTHING: (f64, f64, f64, f64, f64) = (0.0, 0.0, 24.3, 0.0, 0.0);
+const MEMORY_ONLY: (f64, f64, f64, f64, f64) = (0.0, 19_376.0, 89.1, 0.0, 0.0);
+const ONE_THREAD: (f64, f64, f64, f64, f64) = (100.0, 302.0, 90.0, 1.0, 0.012);
+const MATMUL: (f64, f64, f64, f64, f64) = (100.0, 850.0, 299.2, 1.0, 0.984);
+/// Stage 1's phantom: 100% utilization on an empty framebuffer (injected metrics, no profiling).
+const PHANTOM: (f64, f64, f64, f64, f64) = (100.0, 0.0, 24.3, 0.0, 0.0);
+
+fn values(load: (f64, f64, f64, f64, f64), fields: Fields) -> SignalValues {
+    let (util, fb, power, gr, sm) = load;
+    let mut v = SignalValues::default().with(Signal::GpuUtil, util / 100.0).with(Signal::FbUsedMib, fb).with(Signal::PowerWatts, power);
+    if !matches!(fields, Fields::UtilOnly) {
+        v.set(Signal::GrEngineActive, gr);
+    }
+    if matches!(fields, Fields::All) {
+        v.set(Signal::SmActive, sm);
+    }
+    v
+}
+
+/// One GPU sampled every minute from `from_min` minutes ago until now.
+fn gpu(points: impl IntoIterator<Item = (i64, SignalValues)>) -> BTreeMap<GpuKey, GpuWindow> {
+    let key = GpuKey { uuid: "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6".into(), gpu_instance: None, pod: Some(format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k")) };
+    let mut w = GpuWindow::new(key.clone(), Arc::from("http://10.0.0.7:9400/metrics"));
+    for (secs_ago, v) in points {
+        w.push(GpuSample { at: now() - Duration::seconds(secs_ago), values: v });
+    }
+    BTreeMap::from([(key, w)])
+}
+
+fn steady(load: (f64, f64, f64, f64, f64), fields: Fields, minutes: i64) -> BTreeMap<GpuKey, GpuWindow> {
+    gpu((0..=minutes).rev().map(|m| (m * 60, values(load, fields))))
+}
+
+fn policy() -> Policy {
+    Policy::defaults(StdDuration::from_secs(60))
+}
+
+fn ws(last_used_ago: Duration) -> Workspace {
+    running_workspace(WS_ID, now() - last_used_ago)
+}
+
+fn judge(w: &Workspace, g: &BTreeMap<GpuKey, GpuWindow>, p: &Policy) -> Decision {
+    decide(now(), w, Some(g), p, None)
+}
+
+#[test]
+fn the_four_stage_2_loads() {
+    let p = policy();
+    let away = ws(mins(40));
+    let cases = [
+        ("nothing running", NOTHING, Fields::All, Verdict::Reclaim, Reason::Idle),
+        ("holds memory, waits", MEMORY_ONLY, Fields::All, Verdict::Reclaim, Reason::MemoryHeldIdle),
+        ("one-thread kernel, SM_ACTIVE present", ONE_THREAD, Fields::All, Verdict::Reclaim, Reason::PhantomUtilization),
+        ("one-thread kernel, only GR_ENGINE", ONE_THREAD, Fields::NoSm, Verdict::Keep, Reason::GpuActive),
+        ("one-thread kernel, only utilization", ONE_THREAD, Fields::UtilOnly, Verdict::Keep, Reason::GpuActive),
+        ("large matmul", MATMUL, Fields::All, Verdict::Keep, Reason::GpuActive),
+        ("large matmul, only utilization", MATMUL, Fields::UtilOnly, Verdict::Keep, Reason::GpuActive),
+        ("nothing running, only utilization", NOTHING, Fields::UtilOnly, Verdict::Reclaim, Reason::Idle),
+        ("memory held, only utilization", MEMORY_ONLY, Fields::UtilOnly, Verdict::Reclaim, Reason::MemoryHeldIdle),
+        ("stage 1 phantom: 100% on empty memory", PHANTOM, Fields::UtilOnly, Verdict::Reclaim, Reason::PhantomUtilization),
+    ];
+    for (name, load, fields, verdict, reason) in cases {
+        let d = judge(&away, &steady(load, fields, 40), &p);
+        assert_eq!((d.verdict, d.reason), (verdict, reason), "{name}: {}", d.message);
+    }
+    let d = judge(&away, &steady(MEMORY_ONLY, Fields::All, 40), &p);
+    assert_eq!(d.message, "GPU memory held, no compute 40m, no connection for 40m");
+    assert_eq!(d.gpu_idle, Some(mins(40)));
+}
+
+#[test]
+fn stage_1_scenarios() {
+    let p = policy();
+    // 2: no connection, zero metrics -> reclaimed.
+    assert_eq!(judge(&ws(mins(35)), &steady(NOTHING, Fields::UtilOnly, 35), &p).verdict, Verdict::Reclaim);
+    // 3: phantom (100% utilization, empty memory) -> reclaimed.
+    assert_eq!(judge(&ws(mins(35)), &steady(PHANTOM, Fields::UtilOnly, 35), &p).reason, Reason::PhantomUtilization);
+    // 5: only a browser tab open (last_used_at refreshed a minute ago), metrics zero -> kept...
+    let d = judge(&ws(Duration::seconds(60)), &steady(NOTHING, Fields::All, 35), &p);
+    assert_eq!((d.verdict, d.reason), (Verdict::Keep, Reason::Connected));
+    // ...and reclaimed once the tab has been closed for the threshold.
+    assert_eq!(judge(&ws(mins(30)), &steady(NOTHING, Fields::All, 35), &p).verdict, Verdict::Reclaim);
+}
+
+#[test]
+fn stage_3_scenarios() {
+    let p = policy();
+    // 1: build succeeded, agent never connected (timeout): the pod is Pending.
+    let d = decide(now(), &pending_workspace(WS_ID), None, &p, None);
+    assert_eq!((d.verdict, d.reason), (Verdict::Waiting, Reason::WaitingForGpu));
+    // 6: last_used_at stopped refreshing about 80 s after the disconnect: the clock runs from
+    // the last refresh, not from the disconnect.
+    let g = steady(NOTHING, Fields::All, 40);
+    assert_eq!(judge(&ws(mins(30) - Duration::seconds(1)), &g, &p).reason, Reason::Connected);
+    assert_eq!(judge(&ws(mins(30)), &g, &p).verdict, Verdict::Reclaim);
+    // 7: the user extended the deadline far ahead, or switched autostop off: still reclaimed.
+    let mut extended = ws(mins(40));
+    extended.latest_build.deadline = Some(now() + Duration::hours(10));
+    assert_eq!(judge(&extended, &g, &p).verdict, Verdict::Reclaim);
+    let mut autostop_off = ws(mins(40));
+    autostop_off.ttl_ms = None;
+    autostop_off.latest_build.deadline = None;
+    assert_eq!(judge(&autostop_off, &g, &p).verdict, Verdict::Reclaim);
+}
+
+#[test]
+fn missing_or_doubtful_data_never_reclaims() {
+    let p = policy();
+    let away = ws(mins(60));
+    let idle = |secs_ago: i64| (secs_ago, values(NOTHING, Fields::All));
+    let cases: Vec<(&str, BTreeMap<GpuKey, GpuWindow>, Reason)> = vec![
+        ("a 10-minute hole in the samples", gpu((0..=40).rev().filter(|m| !(10..20).contains(m)).map(|m| idle(m * 60))), Reason::SampleGap),
+        ("the newest sample is 5 minutes old", gpu((5..=40).rev().map(|m| idle(m * 60))), Reason::StaleData),
+        ("two samples only", gpu([idle(60), idle(0)]), Reason::NoGpuData),
+        ("utilization 100% while GR_ENGINE reads 0 (profiling stuck)", gpu((0..=40).rev().map(|m| (m * 60, values((100.0, 300.0, 90.0, 0.0, 0.0), Fields::NoSm)))), Reason::MetricsDisagree),
+        ("power only, no compute signal", gpu((0..=40).rev().map(|m| (m * 60, SignalValues::default().with(Signal::PowerWatts, 24.3)))), Reason::NoGpuData),
+    ];
+    for (name, g, reason) in cases {
+        let d = judge(&away, &g, &p);
+        assert_eq!((d.verdict, d.reason), (Verdict::Unknown, reason), "{name}: {}", d.message);
+    }
+    let mut failed = steady(NOTHING, Fields::All, 40);
+    failed.values_mut().for_each(|w| w.source_failed = true);
+    assert_eq!(judge(&away, &failed, &p).reason, Reason::StaleData, "its exporter failed this pass");
+    // No series at all: skipped, unless the template is a GPU template, then unknown.
+    let d = decide(now(), &away, None, &p, None);
+    assert_eq!((d.verdict, d.reason), (Verdict::Skip, Reason::NoGpu));
+    let gpu_templates = Policy { gpu_templates: vec!["gpu-*".into()], ..policy() };
+    let d = decide(now(), &away, None, &gpu_templates, None);
+    assert_eq!((d.verdict, d.reason), (Verdict::Unknown, Reason::NoGpuData));
+}
+
+#[test]
+fn a_restart_or_new_workspace_warms_up_before_judging() {
+    let d = judge(&ws(mins(60)), &steady(NOTHING, Fields::All, 10), &policy());
+    assert_eq!((d.verdict, d.reason), (Verdict::Keep, Reason::WarmingUp), "{}", d.message);
+    let recently_active = gpu((0..=40).rev().map(|m| (m * 60, values(if m == 12 { MATMUL } else { NOTHING }, Fields::All))));
+    let d = judge(&ws(mins(60)), &recently_active, &policy());
+    assert_eq!((d.verdict, d.reason), (Verdict::Keep, Reason::NotIdleLongEnough));
+    assert_eq!(d.gpu_idle, Some(mins(11)));
+}
+
+#[test]
+fn build_states_and_rules() {
+    let p = policy();
+    let g = steady(NOTHING, Fields::All, 40);
+    let mut stopping = ws(mins(40));
+    stopping.latest_build.transition = Transition::Stop;
+    stopping.latest_build.job.status = JobStatus::Running;
+    assert_eq!(judge(&stopping, &g, &p).reason, Reason::BuildActive);
+    stopping.latest_build.job.status = JobStatus::Succeeded;
+    assert_eq!(judge(&stopping, &g, &p).reason, Reason::NotRunning);
+    let mut failed_start = ws(mins(40));
+    failed_start.latest_build.job.status = JobStatus::Failed;
+    assert_eq!(judge(&failed_start, &g, &p).reason, Reason::NotRunning);
+
+    let rules = |r: Vec<Rule>| Policy { rules: r, ..policy() };
+    let exempt = rules(vec![Rule { owner: Some("nobody".into()), exempt: true, ..Rule::default() }, Rule { template: Some("gpu-*".into()), exempt: true, ..Rule::default() }]);
+    assert_eq!(judge(&ws(mins(40)), &g, &exempt).reason, Reason::Excluded);
+    let first_match_wins = rules(vec![
+        Rule { workspace: Some("alice-*".into()), idle_after: Some(StdDuration::from_secs(7200)), ..Rule::default() },
+        Rule { template: Some("gpu-*".into()), exempt: true, ..Rule::default() },
+    ]);
+    let d = judge(&ws(mins(40)), &steady(NOTHING, Fields::All, 130), &first_match_wins);
+    assert_eq!((d.verdict, d.reason), (Verdict::Keep, Reason::Connected), "a 2h idle_after for alice-*: {}", d.message);
+}
+
+#[test]
+fn grace_warns_first_and_activity_cancels() {
+    let p = Policy { thresholds: coder_gpu_reclaimer::policy::Thresholds { grace: StdDuration::from_secs(600), ..policy().thresholds }, ..policy() };
+    let g = steady(NOTHING, Fields::All, 40);
+    let w = ws(mins(40));
+    let first = decide(now(), &w, Some(&g), &p, None);
+    assert_eq!((first.verdict, first.stop_at), (Verdict::Warn, Some(now() + mins(10))));
+    assert!(first.message.ends_with("stops in 10m unless it becomes active"), "{}", first.message);
+    let still = decide(now(), &w, Some(&g), &p, Some(now() + mins(3)));
+    assert_eq!((still.verdict, still.stop_at), (Verdict::Warn, Some(now() + mins(3))), "the stop time does not move");
+    let due = decide(now(), &w, Some(&g), &p, Some(now() - Duration::seconds(1)));
+    assert_eq!(due.verdict, Verdict::Reclaim);
+    let active = decide(now(), &w, Some(&steady(MATMUL, Fields::All, 40)), &p, Some(now() - Duration::seconds(1)));
+    assert_eq!(active.verdict, Verdict::Keep, "activity during grace cancels");
+}
+
+#[test]
+fn max_lifetime_and_connected_idle_after() {
+    let t = |f: &dyn Fn(&mut coder_gpu_reclaimer::policy::Thresholds)| {
+        let mut p = policy();
+        f(&mut p.thresholds);
+        p
+    };
+    let mut old = ws(Duration::seconds(30));
+    old.latest_build.job.completed_at = Some(now() - Duration::hours(25));
+    let lifetime = t(&|th| th.max_lifetime = Some(StdDuration::from_secs(24 * 3600)));
+    let d = judge(&old, &steady(NOTHING, Fields::All, 5), &lifetime);
+    assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::MaxLifetime), "{}", d.message);
+    assert_eq!(judge(&old, &steady(MATMUL, Fields::All, 5), &lifetime).verdict, Verdict::Keep, "unless computing now");
+
+    let tab = t(&|th| th.connected_idle_after = Some(StdDuration::from_secs(3600)));
+    let connected = ws(Duration::seconds(45));
+    assert_eq!(judge(&connected, &steady(NOTHING, Fields::All, 50), &tab).reason, Reason::Connected);
+    let d = judge(&connected, &steady(NOTHING, Fields::All, 70), &tab);
+    assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::ConnectedButGpuIdle), "{}", d.message);
+}
+
+#[test]
+fn restore_autostop_reports_the_ttl_to_set_back() {
+    let p = Policy { restore_autostop: Some(StdDuration::from_secs(8 * 3600)), ..policy() };
+    let g = steady(MATMUL, Fields::All, 40);
+    let mut off = ws(mins(1));
+    off.ttl_ms = None;
+    assert_eq!(judge(&off, &g, &p).restore_ttl_ms, Some(8 * 3_600_000));
+    let mut long = ws(mins(1));
+    long.ttl_ms = Some(48 * 3_600_000);
+    assert_eq!(judge(&long, &g, &p).restore_ttl_ms, Some(8 * 3_600_000));
+    let mut fine = ws(mins(1));
+    fine.ttl_ms = Some(3_600_000);
+    assert_eq!(judge(&fine, &g, &p).restore_ttl_ms, None);
+}
+
+fn fleet(idles: &[i64], waiting: usize, p: &Policy) -> (Vec<Decision>, coder_gpu_reclaimer::decide::FleetOutcome) {
+    let mut ds: Vec<Decision> = idles
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let id = format!("0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d{i:02}");
+            let w = running_workspace(&id, now() - mins(*m));
+            decide(now(), &w, Some(&steady(NOTHING, Fields::All, *m)), p, None)
+        })
+        .collect();
+    for i in 0..waiting {
+        ds.push(decide(now(), &pending_workspace(&format!("5d1e2f3a-4b5c-4d6e-8f7a-9b0c1d2e3f{i:02}")), None, p, None));
+    }
+    let out = apply_fleet_rules(&mut ds, p);
+    (ds, out)
+}
+
+#[test]
+fn contention_reclaims_only_as_many_as_wait_longest_idle_first() {
+    let p = Policy { reclaim_when: ReclaimWhen::Contended, max_idle_fraction: 1.0, ..policy() };
+    let (ds, out) = fleet(&[40, 55], 1, &p);
+    assert_eq!(out.waiting, 1);
+    assert_eq!(out.stop_order, vec![1], "the 55-minute idle one");
+    assert_eq!((ds[0].verdict, ds[0].reason), (Verdict::Keep, Reason::NoContention));
+    let (_, out) = fleet(&[40, 55], 0, &p);
+    assert!(out.stop_order.is_empty(), "nobody waits: nothing is reclaimed");
+}
+
+#[test]
+fn the_cap_and_the_breaker() {
+    let p = Policy { max_stops_per_pass: 2, ..policy() };
+    // 3 of 8 GPU workspaces idle: under the breaker's 50%, over the cap of 2.
+    let mut idles = vec![40, 70, 55];
+    idles.extend([0; 5]);
+    let (_, out) = fleet(&idles, 0, &p);
+    assert_eq!(out.stop_order, vec![1, 2], "longest idle first");
+    assert_eq!((out.deferred, out.breaker.is_none()), (1, true));
+    // 4 of 5 idle at once: a broken exporter reads as zeros. Nothing is stopped.
+    let (ds, out) = fleet(&[40, 41, 42, 43, 0], 0, &policy());
+    assert_eq!(ds.iter().filter(|d| d.verdict == Verdict::Reclaim).count(), 4);
+    assert!(out.stop_order.is_empty());
+    assert!(out.breaker.as_deref().unwrap().starts_with("4 of 5 GPU workspaces are reclaimable at once"));
+    // Fewer than 4 GPU workspaces: the breaker does not apply.
+    let (_, out) = fleet(&[40, 41, 42], 0, &policy());
+    assert_eq!(out.stop_order.len(), 3);
+}
+
+fn any_load() -> impl Strategy<Value = SignalValues> {
+    let load = prop_oneof![Just(NOTHING), Just(MEMORY_ONLY), Just(ONE_THREAD), Just(MATMUL), Just(PHANTOM)];
+    let fields = prop_oneof![Just(Fields::All), Just(Fields::NoSm), Just(Fields::UtilOnly)];
+    (load, fields).prop_map(|(l, f)| values(l, f))
+}
+
+proptest! {
+    /// With any samples, any connection age, any grace and prior warning: a compute-active
+    /// sample (a matmul) within `idle_after` means the verdict is not reclaim. (`max_lifetime`
+    /// is the one rule that overrides this by design, when the GPU is not active now.)
+    #[test]
+    fn activity_within_idle_after_is_never_reclaimed(
+        loads in proptest::collection::vec(any_load(), 1..80),
+        gaps in proptest::collection::vec(20i64..200, 80),
+        active_at in 0usize..80,
+        last_used_min in 0i64..300,
+        idle_after_min in 1i64..120,
+        grace_min in 0u64..3,
+        warned in any::<bool>(),
+        tab_min in proptest::option::of(0u64..240),
+    ) {
+        let mut samples = loads.clone();
+        let active_index = active_at % samples.len();
+        samples[active_index] = values(MATMUL, Fields::All);
+        let mut at = 0i64;
+        let mut points = Vec::new();
+        for (i, v) in samples.iter().enumerate().rev() {
+            points.push((at, *v, i == active_index));
+            at += gaps[i % gaps.len()];
+        }
+        let active_ago = points.iter().find(|p| p.2).map(|p| p.0).unwrap_or(0);
+        prop_assume!(active_ago < idle_after_min * 60);
+        let mut p = policy();
+        p.thresholds.idle_after = StdDuration::from_secs(idle_after_min as u64 * 60);
+        p.thresholds.grace = StdDuration::from_secs(grace_min * 60);
+        p.thresholds.connected_idle_after = tab_min.map(|m| p.thresholds.idle_after + StdDuration::from_secs(m * 60));
+        let g = gpu(points.iter().rev().map(|(ago, v, _)| (*ago, *v)));
+        let prior = warned.then(|| now() - Duration::seconds(1));
+        let d = decide(now(), &ws(mins(last_used_min)), Some(&g), &p, prior);
+        prop_assert_ne!(d.verdict, Verdict::Reclaim, "{}", d.message);
+    }
+}
