@@ -48,10 +48,9 @@ pub fn resolve(common: &CommonArgs) -> Result<Settings, AppError> {
 }
 
 pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>) -> Result<CoderClient, AppError> {
-    let m = metrics.clone();
     Ok(CoderClient::new(&settings.coder_url, settings.token.clone(), settings.request_timeout, RetryPolicy::for_api_calls())
         .map_err(AppError::Runtime)?
-        .with_observer(Arc::new(move |endpoint, code| m.observe_request(endpoint, code))))
+        .with_observer(metrics.observer()))
 }
 
 pub fn gpu_source(settings: &Settings) -> Result<Sources, AppError> {

@@ -76,7 +76,7 @@ pub async fn run(args: DemoArgs) -> Result<(), AppError> {
 
     let token = SessionToken::new(&coder.owner_token()).map_err(runtime)?;
     let metrics = Arc::new(Metrics::new());
-    let client = CoderClient::new(&coder.url(), token.clone(), Duration::from_secs(5), RetryPolicy::for_api_calls()).map_err(runtime)?;
+    let client = CoderClient::new(&coder.url(), token.clone(), Duration::from_secs(5), RetryPolicy::for_api_calls()).map_err(runtime)?.with_observer(metrics.observer());
     confirm_owner(&client, &token).await.map_err(|e| runtime(format!("{e:?}")))?;
     let source = Sources::Exporters(ExporterSource::new(vec![exporter.url()], Ownership::default(), Duration::from_secs(2)).map_err(runtime)?);
     let mut policy = Policy::defaults(INTERVAL);

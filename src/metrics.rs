@@ -2,6 +2,7 @@
 //! verdicts, reason codes, modes, route templates and status codes, GPU source URLs; never a
 //! workspace id or name.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -127,6 +128,12 @@ impl Metrics {
 
     pub fn observe_request(&self, endpoint: &'static str, code: u16) {
         self.coder_requests.get_or_create(&RequestLabels { endpoint, code: code.to_string() }).inc();
+    }
+
+    /// The hook the Coder client calls for each request it makes.
+    pub fn observer(self: &Arc<Self>) -> crate::coder::RequestObserver {
+        let m = self.clone();
+        Arc::new(move |endpoint, code| m.observe_request(endpoint, code))
     }
 
     pub fn encode(&self) -> String {

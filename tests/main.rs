@@ -5,4 +5,5 @@ mod coder_client;
 mod contract;
 mod decide;
 mod expo;
+mod reclaim;
 mod sources;

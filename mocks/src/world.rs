@@ -451,9 +451,23 @@ impl World {
                     lifecycle: "created",
                     connection_timeout_seconds: timeout,
                 });
-                let rs = &Uuid::new_v4().simple().to_string()[..10];
-                let suffix = &Uuid::new_v4().simple().to_string()[..5];
-                ws.pod = Some(Pod { name: format!("coder-{}-{rs}-{suffix}", ws.id), gpu: None, created_at: now, connect_at: None });
+                match &ws.pod {
+                    // A start on a running workspace leaves its Deployment and pod as they are;
+                    // the running agent reconnects to the new build at once.
+                    Some(pod) if pod.gpu.is_some() => {
+                        if let Some(agent) = &mut b.agent {
+                            agent.first_connected_at = Some(now);
+                            agent.last_connected_at = Some(now);
+                            agent.lifecycle = "ready";
+                        }
+                    }
+                    Some(_) => {}
+                    None => {
+                        let rs = &Uuid::new_v4().simple().to_string()[..10];
+                        let suffix = &Uuid::new_v4().simple().to_string()[..5];
+                        ws.pod = Some(Pod { name: format!("coder-{}-{rs}-{suffix}", ws.id), gpu: None, created_at: now, connect_at: None });
+                    }
+                }
                 self.log(&name, "build_succeeded", "start: the Deployment exists (wait_for_rollout = false)".into());
             }
             _ => {

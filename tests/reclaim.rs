@@ -1,0 +1,282 @@
+//! The pass and the actuator, in-process against the stateful fakes: observe sends no stop,
+//! enforce sends exactly one per reclaimable workspace, a 409 is retried next pass, no double
+//! stop across passes, the cap, the breaker, a failed listing, a failed stop build, and what the
+//! status API and /metrics serve.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coder_gpu_reclaimer::actuator::{Actuator, Outputs};
+use coder_gpu_reclaimer::coder::{CoderClient, SessionToken};
+use coder_gpu_reclaimer::decide::{Reason, Verdict};
+use coder_gpu_reclaimer::gpu::exporter::ExporterSource;
+use coder_gpu_reclaimer::gpu::{Ownership, Sources};
+use coder_gpu_reclaimer::metrics::{Metrics, Mode};
+use coder_gpu_reclaimer::policy::Policy;
+use coder_gpu_reclaimer::reclaim::{PassReport, Reclaimer, State};
+use coder_gpu_reclaimer::retry::RetryPolicy;
+use mocks::{Behaviour, ExporterConfig, FakeCoder, FakeExporter, Fault, Load, WorldConfig};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+const INTERVAL: Duration = Duration::from_millis(150);
+
+pub struct Harness {
+    pub coder: FakeCoder,
+    pub exporter: FakeExporter,
+    pub reclaimer: Reclaimer<Sources>,
+    pub state: Arc<State>,
+    stop: watch::Receiver<bool>,
+    _tx: watch::Sender<bool>,
+}
+
+impl Harness {
+    pub async fn new(gpus: usize, mode: Mode, tune: impl FnOnce(&mut Policy)) -> Self {
+        Self::with_world(WorldConfig { gpus, scale: 600.0, ..WorldConfig::default() }, mode, tune).await
+    }
+
+    pub async fn with_world(world: WorldConfig, mode: Mode, tune: impl FnOnce(&mut Policy)) -> Self {
+        let coder = FakeCoder::start(world).await.unwrap();
+        let exporter = FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.unwrap();
+        let retry = RetryPolicy { initial: Duration::from_millis(10), max_interval: Duration::from_millis(50), max_elapsed: Duration::from_millis(300) };
+        let metrics = Arc::new(Metrics::new());
+        let client = CoderClient::new(&coder.url(), SessionToken::new(&coder.owner_token()).unwrap(), Duration::from_secs(2), retry).unwrap().with_observer(metrics.observer());
+        let source = Sources::Exporters(ExporterSource::new(vec![exporter.url()], Ownership::default(), Duration::from_secs(1)).unwrap());
+        let mut policy = Policy::defaults(INTERVAL);
+        policy.thresholds.idle_after = Duration::from_millis(1200);
+        tune(&mut policy);
+        let state = Arc::new(State::new(metrics.clone(), mode, INTERVAL));
+        let actuator = Actuator::new(mode, client.clone(), metrics, Outputs::default(), INTERVAL, policy.max_stops_per_pass);
+        let reclaimer = Reclaimer::new(client, source, policy, actuator, state.clone());
+        let (tx, stop) = watch::channel(false);
+        Harness { coder, exporter, reclaimer, state, stop, _tx: tx }
+    }
+
+    /// Creates a running workspace for `owner` whose pod holds a GPU, with `load`.
+    pub async fn workspace(&self, owner: &str, name: &str, load: Load) -> Uuid {
+        let id = self.coder.with(|w| w.create_workspace(owner, name, None)).unwrap();
+        for _ in 0..400 {
+            let ready = self.coder.with(|w| w.ws_index(id).and_then(|i| w.workspaces[i].latest()?.agent.clone()).is_some_and(|a| a.first_connected_at.is_some()));
+            if ready {
+                self.coder.with(|w| w.set_load(id, load));
+                return id;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("workspace {name} never got its GPU");
+    }
+
+    pub async fn pass(&mut self) -> PassReport {
+        let r = self.reclaimer.pass(true, &self.stop).await.unwrap();
+        tokio::time::sleep(INTERVAL).await;
+        r
+    }
+
+    pub fn posts(&self) -> usize {
+        self.coder.requests().iter().filter(|(m, p)| m == "POST" && p.ends_with("/builds")).count()
+    }
+
+    pub fn stops_by_admin(&self, id: Uuid) -> usize {
+        self.coder.with(|w| w.stop_builds_by(id, "admin"))
+    }
+}
+
+fn verdict(r: &PassReport, id: Uuid) -> (Verdict, Reason) {
+    let d = r.decisions.iter().find(|d| d.workspace_id == id.to_string()).unwrap();
+    (d.verdict, d.reason)
+}
+
+#[tokio::test]
+async fn observe_mode_reports_but_never_posts() {
+    let mut h = Harness::new(2, Mode::Observe, |_| {}).await;
+    let idle = h.workspace("alice", "idle", Load::Idle).await;
+    h.workspace("bob", "busy", Load::Matmul).await;
+    let mut reported = 0;
+    for _ in 0..14 {
+        let r = h.pass().await;
+        reported += r.acted.would_stop.len();
+    }
+    assert_eq!(h.posts(), 0, "observe mode sends no stop build");
+    assert_eq!(reported, 1, "one would-stop per idle episode, not one per pass");
+    let doc = h.state.status();
+    assert_eq!(doc.mode, "observe");
+    let entry = doc.workspaces.iter().find(|w| w.id == idle.to_string()).unwrap();
+    assert_eq!((entry.verdict, entry.reason), (Verdict::Reclaim, Reason::Idle));
+}
+
+#[tokio::test]
+async fn enforce_stops_each_idle_workspace_exactly_once() {
+    let mut h = Harness::new(3, Mode::Enforce, |_| {}).await;
+    let a = h.workspace("alice", "a", Load::Idle).await;
+    let b = h.workspace("bob", "b", Load::MemoryOnly).await;
+    let c = h.workspace("alice", "c", Load::Matmul).await;
+    for _ in 0..20 {
+        h.pass().await;
+    }
+    assert_eq!((h.stops_by_admin(a), h.stops_by_admin(b), h.stops_by_admin(c)), (1, 1, 0));
+    assert_eq!(h.posts(), 2);
+    let stopped = h.coder.with(|w| w.workspaces.iter().filter(|ws| ws.latest().is_some_and(|b| b.transition == "stop" && b.job.status == "succeeded")).count());
+    assert_eq!(stopped, 2, "both stop builds were followed to success");
+}
+
+#[tokio::test]
+async fn a_409_is_decided_again_next_pass() {
+    // Builds that take 0.5 s, so the owner's build is still active when the stop arrives.
+    let world = WorldConfig { gpus: 1, scale: 600.0, build_queue: Duration::from_secs(300), ..WorldConfig::default() };
+    let mut h = Harness::with_world(world, Mode::Enforce, |_| {}).await;
+    let a = h.workspace("alice", "a", Load::Idle).await;
+    // Wait until it is reclaimable, then make the stop race with the owner's own build.
+    for _ in 0..12 {
+        let r = h.reclaimer.pass(false, &h.stop).await.unwrap();
+        tokio::time::sleep(INTERVAL).await;
+        if verdict(&r, a).0 == Verdict::Reclaim {
+            break;
+        }
+    }
+    let prefix = format!("/api/v2/workspaces/{a}/builds");
+    h.coder.set_fault(&prefix, Fault { latency: Duration::from_millis(300), ..Fault::default() });
+    let world = h.coder.world.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut w = world.lock().unwrap();
+        let owner = w.user_index("alice").unwrap();
+        w.create_build(a, "start", owner, "cli").unwrap();
+    });
+    let r = h.pass().await;
+    assert_eq!(r.acted.build_active, vec![a.to_string()], "409: a build is already active");
+    h.coder.set_fault(&prefix, Fault::default());
+    let mut sent = 0;
+    for _ in 0..20 {
+        sent += h.pass().await.acted.stops_sent.len();
+    }
+    assert_eq!(sent, 1, "stopped on a later pass, once");
+    assert_eq!(h.stops_by_admin(a), 1);
+}
+
+#[tokio::test]
+async fn a_failed_stop_build_is_retried_on_a_later_pass() {
+    let mut h = Harness::new(1, Mode::Enforce, |_| {}).await;
+    let a = h.workspace("alice", "a", Load::Idle).await;
+    h.coder.with(|w| w.fail_next_stop(a));
+    for _ in 0..30 {
+        h.pass().await;
+        if h.stops_by_admin(a) >= 2 && h.coder.with(|w| w.ws_index(a).map(|i| w.workspaces[i].pod.is_none())).unwrap() {
+            break;
+        }
+    }
+    assert_eq!(h.stops_by_admin(a), 2, "the failed stop was retried once, then succeeded");
+    let freed = h.coder.with(|w| w.gpu_holders.iter().all(Option::is_none));
+    assert!(freed, "the GPU is free after the retry");
+    assert!(h.state.metrics.encode().contains("coder_gpu_reclaimer_stop_failures_total{kind=\"build_failed\"} 1"));
+}
+
+#[tokio::test]
+async fn the_cap_limits_stops_per_pass() {
+    let mut h = Harness::new(6, Mode::Enforce, |p| {
+        p.max_stops_per_pass = 1;
+        p.max_idle_fraction = 1.0;
+    })
+    .await;
+    for i in 0..3 {
+        h.workspace("alice", &format!("w{i}"), Load::Idle).await;
+    }
+    let mut per_pass = Vec::new();
+    for _ in 0..20 {
+        per_pass.push(h.pass().await.acted.stops_sent.len());
+    }
+    assert!(per_pass.iter().all(|n| *n <= 1), "{per_pass:?}");
+    assert_eq!(per_pass.iter().sum::<usize>(), 3, "{per_pass:?}");
+}
+
+#[tokio::test]
+async fn the_breaker_holds_when_every_exporter_reads_zero() {
+    let mut h = Harness::new(5, Mode::Enforce, |_| {}).await;
+    for i in 0..5 {
+        h.workspace("alice", &format!("w{i}"), Load::Matmul).await;
+    }
+    h.exporter.set(|c| c.behaviour = Behaviour::AllZero);
+    let mut tripped = 0;
+    for _ in 0..16 {
+        tripped += usize::from(h.pass().await.fleet.breaker.is_some());
+    }
+    assert!(tripped > 0, "the breaker tripped");
+    assert_eq!(h.posts(), 0, "a broken exporter stops nobody");
+    assert!(h.state.metrics.encode().contains(&format!("coder_gpu_reclaimer_breaker_trips_total {tripped}")));
+    assert!(h.state.status().breaker.is_some());
+}
+
+#[tokio::test]
+async fn a_failed_listing_stops_nothing() {
+    let mut h = Harness::new(1, Mode::Enforce, |_| {}).await;
+    h.workspace("alice", "a", Load::Idle).await;
+    for _ in 0..12 {
+        h.pass().await;
+        if h.posts() > 0 {
+            break;
+        }
+    }
+    let before = h.posts();
+    h.coder.set_fault("/api/v2/workspaces", Fault { fail_next: 1000, status: 500, ..Fault::default() });
+    for _ in 0..3 {
+        assert!(h.reclaimer.pass(true, &h.stop).await.is_err());
+    }
+    let second = h.workspace_count_posts_after(before);
+    assert_eq!(second, 0);
+    assert!(h.state.metrics.encode().contains("coder_gpu_reclaimer_passes_total{result=\"failed\"} 3"));
+}
+
+impl Harness {
+    fn workspace_count_posts_after(&self, before: usize) -> usize {
+        self.posts() - before
+    }
+}
+
+#[tokio::test]
+async fn the_status_api_and_metrics_serve_what_they_promise() {
+    let mut h = Harness::new(2, Mode::Enforce, |_| {}).await;
+    let a = h.workspace("alice", "a", Load::Matmul).await;
+    h.workspace("bob", "b", Load::OneThread).await;
+    let waiting = h.coder.with(|w| w.create_workspace("bob", "waits", None)).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_tx, rx) = watch::channel(false);
+    tokio::spawn(coder_gpu_reclaimer::serve::serve(listener, h.state.clone(), rx));
+    let http = reqwest::Client::new();
+    let get = |p: &str| http.get(format!("http://{addr}{p}")).send();
+    assert_eq!(get("/readyz").await.unwrap().status(), 503, "not ready before the first pass");
+    for _ in 0..4 {
+        h.pass().await;
+    }
+    assert_eq!(get("/healthz").await.unwrap().status(), 200);
+    assert_eq!(get("/readyz").await.unwrap().status(), 200);
+    let doc: serde_json::Value = get("/api/v1/workspaces").await.unwrap().json().await.unwrap();
+    assert_eq!(doc["mode"], "enforce");
+    assert!(doc["generated_at"].is_string());
+    let ws = doc["workspaces"].as_array().unwrap();
+    assert_eq!(ws.len(), 3, "{doc}");
+    for key in ["id", "name", "owner", "template", "verdict", "reason", "message", "gpu_idle_seconds", "last_used_at", "stop_at", "gpus"] {
+        assert!(ws.iter().all(|w| w.get(key).is_some()), "every entry has {key}");
+    }
+    let one: serde_json::Value = get(&format!("/api/v1/workspaces/{a}")).await.unwrap().json().await.unwrap();
+    assert_eq!((one["verdict"].as_str(), one["reason"].as_str()), (Some("keep"), Some("gpu-active")));
+    assert_eq!(one["gpus"][0]["sm_active"], 0.984);
+    let text = get(&format!("/api/v1/workspaces/{waiting}?format=text")).await.unwrap().text().await.unwrap();
+    assert!(text.starts_with("waiting (waiting-for-gpu): "), "{text}");
+    assert_eq!(get(&format!("/api/v1/workspaces/{}", Uuid::new_v4())).await.unwrap().status(), 404);
+    let body = serde_json::to_string(&doc).unwrap();
+    let token = h.coder.owner_token();
+    assert!(!body.contains(&token) && !body.contains(token.split('-').nth(1).unwrap()), "no token in the status API");
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    for want in [
+        "coder_gpu_reclaimer_passes_total{result=\"ok\"} 4",
+        "coder_gpu_reclaimer_workspaces{verdict=\"waiting\",reason=\"waiting-for-gpu\"} 1",
+        "coder_gpu_reclaimer_workspaces{verdict=\"keep\",reason=\"gpu-active\"} 1",
+        "coder_gpu_reclaimer_waiting_workspaces 1",
+        "coder_gpu_reclaimer_coder_requests_total{endpoint=\"GET /api/v2/workspaces\",code=\"200\"} 4",
+        "coder_gpu_reclaimer_pass_duration_seconds_count 4",
+        "# TYPE coder_gpu_reclaimer_token_expiry_timestamp_seconds gauge",
+    ] {
+        assert!(metrics.contains(want), "missing {want:?} in\n{metrics}");
+    }
+    assert!(!metrics.contains(&a.to_string()), "no per-workspace labels");
+}
