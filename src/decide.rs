@@ -282,11 +282,13 @@ pub fn decide(
     if exempt {
         return b.out(Verdict::Skip, Reason::Excluded, "exempt by a policy rule".into(), None);
     }
+    let gpu_template = policy.is_gpu_template(&ws.template_name);
+    // Before any GPU judgement: kubelet keeps reporting a finished pod's GPU for a while
+    // (stale pod labels), so series may still carry the id of a workspace whose new pod waits.
+    if gpu_template && agent_never_connected(ws) {
+        return b.out(Verdict::Waiting, Reason::WaitingForGpu, "started, but its agent never connected: the pod is waiting for a GPU".into(), None);
+    }
     if windows.is_empty() {
-        let gpu_template = policy.is_gpu_template(&ws.template_name);
-        if gpu_template && agent_never_connected(ws) {
-            return b.out(Verdict::Waiting, Reason::WaitingForGpu, "started, but its agent never connected: the pod is waiting for a GPU".into(), None);
-        }
         if gpu_template && !policy.gpu_templates.is_empty() {
             return b.out(Verdict::Unknown, Reason::NoGpuData, "a GPU template, but no GPU series maps to this workspace".into(), None);
         }

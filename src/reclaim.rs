@@ -82,6 +82,8 @@ pub struct Reclaimer<S: GpuSource> {
     windows: Windows,
     /// Warnings in progress (grace): workspace id -> stop time.
     warnings: HashMap<String, DateTime<Utc>>,
+    /// The latest build id seen per workspace: a new build is a new session.
+    sessions: HashMap<String, String>,
     actuator: Actuator,
     state: Arc<State>,
 }
@@ -89,7 +91,7 @@ pub struct Reclaimer<S: GpuSource> {
 impl<S: GpuSource> Reclaimer<S> {
     pub fn new(coder: CoderClient, source: S, policy: Policy, actuator: Actuator, state: Arc<State>) -> Self {
         let retain = chrono::Duration::from_std(policy.longest_lookback()).unwrap_or(chrono::Duration::MAX);
-        Reclaimer { windows: Windows::new(retain), coder, source, policy, warnings: HashMap::new(), actuator, state }
+        Reclaimer { windows: Windows::new(retain), coder, source, policy, warnings: HashMap::new(), sessions: HashMap::new(), actuator, state }
     }
 
     pub fn policy(&self) -> &Policy {
@@ -124,6 +126,16 @@ impl<S: GpuSource> Reclaimer<S> {
             }
         };
         let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+        for ws in &workspaces {
+            let build = &ws.latest_build.id;
+            if self.sessions.get(&ws.id).is_some_and(|seen| seen != build) {
+                // Restarted since the last pass: its old samples describe another session.
+                self.windows.forget(&ws.id);
+                self.warnings.remove(&ws.id);
+            }
+            self.sessions.insert(ws.id.clone(), build.clone());
+        }
+        self.sessions.retain(|id, _| live.contains(id.as_str()));
         for r in &collection.readings {
             if r.workspace_id.as_deref().is_some_and(|id| live.contains(id)) {
                 self.windows.record(r);

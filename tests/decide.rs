@@ -342,3 +342,10 @@ proptest! {
         prop_assert_ne!(d.verdict, Verdict::Reclaim, "{}", d.message);
     }
 }
+
+#[test]
+fn a_never_connected_agent_waits_even_with_stale_gpu_series() {
+    // kubelet may keep reporting the old pod's GPU for a while after a restart.
+    let d = decide(now(), &pending_workspace(WS_ID), Some(&steady(NOTHING, Fields::All, 40)), &policy(), None);
+    assert_eq!((d.verdict, d.reason), (Verdict::Waiting, Reason::WaitingForGpu));
+}

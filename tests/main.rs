@@ -4,6 +4,7 @@ mod common;
 mod coder_client;
 mod contract;
 mod decide;
+mod e2e;
 mod expo;
 mod reclaim;
 mod sources;

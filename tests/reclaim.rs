@@ -280,3 +280,36 @@ async fn the_status_api_and_metrics_serve_what_they_promise() {
     }
     assert!(!metrics.contains(&a.to_string()), "no per-workspace labels");
 }
+
+#[tokio::test]
+async fn a_workspace_restarted_right_after_its_stop_is_not_stopped_again() {
+    let mut h = Harness::new(1, Mode::Enforce, |_| {}).await;
+    let a = h.workspace("alice", "a", Load::Idle).await;
+    let old_pod = h.coder.with(|w| w.ws_index(a).and_then(|i| w.workspaces[i].pod.as_ref().map(|p| p.name.clone()))).unwrap();
+    for _ in 0..30 {
+        h.reclaimer.pass(true, &h.stop).await.unwrap();
+        if h.stops_by_admin(a) == 1 {
+            break;
+        }
+        tokio::time::sleep(INTERVAL).await;
+    }
+    assert_eq!(h.stops_by_admin(a), 1);
+    let gone = |w: &mocks::World| w.ws_index(a).is_some_and(|i| w.workspaces[i].pod.is_none());
+    while !h.coder.with(|w| gone(w)) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Alice starts it again before the next pass: no listing ever showed it stopped.
+    h.coder.with(|w| w.create_build(a, "start", w.user_index("alice").unwrap(), "cli")).unwrap();
+    while !h.coder.with(|w| w.ws_index(a).is_some_and(|i| w.is_running(&w.workspaces[i]))) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut verdicts = Vec::new();
+    for _ in 0..6 {
+        let r = h.pass().await;
+        if let Some(d) = r.decisions.iter().find(|d| d.workspace_id == a.to_string()) {
+            assert!(d.gpus.iter().all(|g| g.key.pod.as_deref() != Some(old_pod.as_str())), "the old session's samples are gone: {d:?}");
+            verdicts.push(d.reason);
+        }
+    }
+    assert_eq!(h.stops_by_admin(a), 1, "a fresh session is not judged by the old one's samples: {verdicts:?}");
+}

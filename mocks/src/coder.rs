@@ -238,6 +238,11 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
                 return (StatusCode::OK, Body::from_stream(stream)).into_response();
             }
             u16::MAX => {}
+            429 => {
+                let retry_after = lock(&s.world).real(Duration::from_secs(60)).as_secs().max(1).to_string();
+                let body = axum::Json(json!({"message": "You've been rate limited for sending more than 512 requests in 1m0s."}));
+                return (StatusCode::TOO_MANY_REQUESTS, [("Retry-After", retry_after)], body).into_response();
+            }
             code => {
                 return (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(json!({"message": "Internal error.", "detail": "injected fault"}))).into_response();
             }

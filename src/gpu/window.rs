@@ -156,6 +156,11 @@ impl Windows {
         });
     }
 
+    /// Drops a workspace's history (a new build is a new session: new pod, fresh idle clock).
+    pub fn forget(&mut self, workspace_id: &str) {
+        self.by_workspace.remove(workspace_id);
+    }
+
     pub fn get(&self, workspace_id: &str) -> Option<&BTreeMap<GpuKey, GpuWindow>> {
         self.by_workspace.get(workspace_id)
     }

@@ -1,0 +1,371 @@
+//! End-to-end: the real binary (`run --enforce`) against the stateful fakes over loopback HTTP,
+//! playing the seed's scenarios with Coder's clocks 60x faster (1 s = 1 Coder minute) and the
+//! policy scaled to match (`--idle-after 6s`, `--interval 1s`).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mocks::{Behaviour, ExporterConfig, FakeCoder, FakeExporter, Fault, Load, WorldConfig};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::common::binary;
+
+pub fn world(gpus: usize) -> WorldConfig {
+    WorldConfig { gpus, scale: 60.0, ..WorldConfig::default() }
+}
+
+pub struct Service {
+    child: Child,
+    logs: Arc<Mutex<Vec<Value>>>,
+    raw: Arc<Mutex<String>>,
+}
+
+impl Service {
+    pub fn start(coder: &FakeCoder, exporters: &[String], token: &str, extra: &[&str]) -> Service {
+        let mut cmd = Command::new(binary());
+        cmd.args(["run", "--enforce", "--coder-url", &coder.url(), "--interval", "1s", "--idle-after", "6s", "--listen", "127.0.0.1:0", "--log-format", "json"]);
+        for e in exporters {
+            cmd.args(["--dcgm-exporter", e]);
+        }
+        cmd.args(extra).env("CODER_SESSION_TOKEN", token).env_remove("CODER_URL").env_remove("DCGM_EXPORTER_URLS").env_remove("CODER_GPU_RECLAIMER_CONFIG");
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let raw = Arc::new(Mutex::new(String::new()));
+        let (l, r) = (logs.clone(), raw.clone());
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                r.lock().unwrap().push_str(&(line.clone() + "\n"));
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    l.lock().unwrap().push(v);
+                }
+            }
+        });
+        Service { child, logs, raw }
+    }
+
+    pub fn events(&self, name: &str) -> Vec<Value> {
+        self.logs.lock().unwrap().iter().filter(|v| v["event"] == name).cloned().collect()
+    }
+
+    pub fn raw(&self) -> String {
+        self.raw.lock().unwrap().clone()
+    }
+
+    /// The address the HTTP server bound (`--listen 127.0.0.1:0`).
+    pub async fn addr(&self) -> String {
+        for _ in 0..100 {
+            if let Some(e) = self.events("starting").first() {
+                return e["listen"].as_str().unwrap().to_string();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the service never started:\n{}", self.raw());
+    }
+
+    pub async fn wait_event(&self, name: &str, timeout: Duration) -> Value {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(e) = self.events(name).into_iter().next() {
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("no {name} event within {timeout:?}:\n{}", self.raw());
+    }
+
+    /// Sends SIGTERM and waits (asynchronously: the fakes share this test's runtime).
+    pub async fn terminate(&mut self) -> ExitStatus {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(start.elapsed() < Duration::from_secs(12), "no exit within 12 s of SIGTERM");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits until `cond` holds on the world, or panics with the event log.
+pub async fn until(coder: &FakeCoder, what: &str, timeout: Duration, cond: impl Fn(&mocks::World) -> bool) {
+    until_with(coder, None, what, timeout, cond).await
+}
+
+/// Like `until`, and on timeout also shows the service's last log lines.
+pub async fn until_with(coder: &FakeCoder, svc: Option<&Service>, what: &str, timeout: Duration, cond: impl Fn(&mocks::World) -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if coder.with(|w| cond(w)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events = coder.with(|w| w.events.iter().map(|e| format!("{} {} {} {}", e.at.format("%H:%M:%S%.3f"), e.workspace, e.kind, e.detail)).collect::<Vec<_>>().join("\n"));
+    let logs = svc.map(|s| s.raw().lines().rev().take(400).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")).unwrap_or_default();
+    panic!("timed out waiting for: {what}\n{events}\n--- service log tail ---\n{logs}");
+}
+
+pub fn holds_gpu(w: &mocks::World, id: Uuid) -> bool {
+    w.gpu_holders.contains(&Some(id))
+}
+
+fn connected(w: &mocks::World, id: Uuid) -> bool {
+    w.ws_index(id).and_then(|i| w.workspaces[i].latest()?.agent.clone()).is_some_and(|a| a.first_connected_at.is_some())
+}
+
+async fn exporter(coder: &FakeCoder) -> FakeExporter {
+    FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.unwrap()
+}
+
+/// Stage 1, scenarios 1-3 (and stage 3, scenario 1): A holds the only GPU and walks away; B waits;
+/// A is reclaimed and B runs; A, started again, waits; B shows phantom utilization and is
+/// reclaimed; A runs. Home files survive a stop, /tmp files do not.
+#[tokio::test]
+async fn seed_story_idle_then_phantom() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A gets the GPU", Duration::from_secs(5), |w| connected(w, a)).await;
+    coder.with(|w| {
+        w.write_file(a, "/home/coder/notes.md");
+        w.write_file(a, "/tmp/cache.bin");
+    });
+    let b = coder.with(|w| w.create_workspace("bob", "b", None)).unwrap();
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    until(&coder, "B waits (Pending)", Duration::from_secs(5), |w| w.ws_index(b).is_some_and(|i| w.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none()))).await;
+    until(&coder, "A is stopped and B gets the GPU", Duration::from_secs(30), |w| holds_gpu(w, b) && connected(w, b)).await;
+    assert_eq!(coder.with(|w| w.stop_builds_by(a, "admin")), 1);
+    let (home, tmp) = coder.with(|w| w.ws_index(a).map(|i| (w.workspaces[i].home_files.clone(), w.workspaces[i].tmp_files.clone()))).unwrap();
+    assert_eq!((home, tmp), (vec!["/home/coder/notes.md".to_string()], vec![]));
+    coder.with(|w| w.set_load(b, Load::Phantom));
+    coder.with(|w| w.create_build(a, "start", w.user_index("alice").unwrap(), "cli")).unwrap();
+    until_with(&coder, Some(&svc), "B (phantom) is reclaimed and A runs", Duration::from_secs(30), |w| holds_gpu(w, a) && connected(w, a)).await;
+    assert_eq!(coder.with(|w| w.stop_builds_by(b, "admin")), 1);
+    let stops = svc.events("stop_sent");
+    assert_eq!(stops.len(), 2);
+    assert_eq!(stops[0]["reason"], "idle");
+    assert_eq!(stops[1]["reason"], "phantom-utilization");
+}
+
+/// Stage 1 scenario 5 and stage 3 scenarios 5 and 6: an open connection refreshes last_used_at
+/// about every Coder minute and keeps an idle GPU; after the last connection closes, two more
+/// refreshes follow, then the threshold runs from the last one.
+#[tokio::test]
+async fn a_connection_keeps_and_closing_it_reclaims() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A gets the GPU", Duration::from_secs(5), |w| connected(w, a)).await;
+    coder.with(|w| w.open_connection(a));
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    let last_used = || coder.with(|w| w.ws_index(a).map(|i| w.workspaces[i].last_used_at).unwrap());
+    let mut seen = vec![last_used()];
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let t = last_used();
+        if Some(&t) != seen.last() {
+            seen.push(t);
+        }
+    }
+    assert!(seen.len() >= 7, "last_used_at refreshed about every Coder minute while connected: {seen:?}");
+    assert_eq!(coder.with(|w| w.stop_builds_by(a, "admin")), 0, "10 s (> idle_after) with an open connection: kept");
+    coder.with(|w| w.close_connection(a));
+    let closed_at = chrono::Utc::now();
+    until(&coder, "A is stopped", Duration::from_secs(30), |w| w.stop_builds_by(a, "admin") == 1).await;
+    let final_used = last_used();
+    let tail = (final_used - closed_at).num_milliseconds();
+    assert!((500..=3500).contains(&tail), "a couple more refreshes after the close (~80 Coder-seconds): {tail} ms");
+    let stop = svc.wait_event("stop_sent", Duration::from_secs(1)).await;
+    let stopped_at = chrono::DateTime::parse_from_rfc3339(stop["timestamp"].as_str().unwrap()).unwrap();
+    assert!((stopped_at.with_timezone(&chrono::Utc) - final_used).num_milliseconds() >= 6000, "idle_after counts from the last refresh");
+}
+
+/// Stage 3 scenario 7: the user extended the deadline (200) or disabled autostop (204); an idle
+/// GPU is reclaimed all the same.
+#[tokio::test]
+async fn extended_deadlines_and_disabled_autostop_do_not_protect_an_idle_gpu() {
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", Some(8 * 3_600_000))).unwrap();
+    let b = coder.with(|w| w.create_workspace("bob", "b", Some(8 * 3_600_000))).unwrap();
+    until(&coder, "both run", Duration::from_secs(5), |w| connected(w, a) && connected(w, b)).await;
+    let http = reqwest::Client::new();
+    let alice = coder.with(|w| w.token_of("alice")).unwrap();
+    let far = (chrono::Utc::now() + chrono::Duration::hours(20)).to_rfc3339();
+    let r = http.put(format!("{}/api/v2/workspaces/{a}/extend", coder.url())).header("Coder-Session-Token", &alice).json(&serde_json::json!({"deadline": far})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let bob = coder.with(|w| w.token_of("bob")).unwrap();
+    let r = http.put(format!("{}/api/v2/workspaces/{b}/ttl", coder.url())).header("Coder-Session-Token", &bob).json(&serde_json::json!({"ttl_ms": null})).send().await.unwrap();
+    assert_eq!(r.status(), 204);
+    let _svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    until(&coder, "both stopped", Duration::from_secs(30), |w| w.stop_builds_by(a, "admin") == 1 && w.stop_builds_by(b, "admin") == 1).await;
+}
+
+/// Coder 5xx bursts and 429s: the service recovers, stops the idle workspace exactly once, and
+/// never the active one.
+#[tokio::test]
+async fn coder_5xx_bursts_and_429s_lose_nothing_and_never_double_stop() {
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let idle = coder.with(|w| w.create_workspace("alice", "idle", None)).unwrap();
+    let busy = coder.with(|w| w.create_workspace("bob", "busy", None)).unwrap();
+    until(&coder, "both run", Duration::from_secs(5), |w| connected(w, idle) && connected(w, busy)).await;
+    coder.with(|w| w.set_load(busy, Load::Matmul));
+    coder.set_fault("/api/v2/workspaces", Fault { error_rate: 0.4, status: 503, ..Fault::default() });
+    coder.set_fault(&format!("/api/v2/workspaces/{idle}/builds"), Fault { fail_next: 2, status: 500, ..Fault::default() });
+    coder.set_fault("/api/v2/workspacebuilds", Fault { fail_next: 2, status: 429, drop_next: 1, ..Fault::default() });
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    until(&coder, "the idle one is stopped", Duration::from_secs(40), |w| w.ws_index(idle).is_some_and(|i| w.workspaces[i].pod.is_none())).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(coder.with(|w| (w.stop_builds_by(idle, "admin"), w.stop_builds_by(busy, "admin"))), (1, 0));
+    assert!(!svc.events("stop_done").is_empty(), "the stop was followed to the end despite 429s:\n{}", svc.raw());
+}
+
+/// An exporter dies: its workspaces become unknown and stay up; the other exporter's idle
+/// workspace is still reclaimed.
+#[tokio::test]
+async fn a_dead_exporter_keeps_its_workspaces_up() {
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let a = coder.with(|w| w.create_workspace("alice", "on-dead-node", None)).unwrap();
+    until(&coder, "A gets GPU 0", Duration::from_secs(5), |w| connected(w, a)).await;
+    let b = coder.with(|w| w.create_workspace("bob", "on-live-node", None)).unwrap();
+    until(&coder, "B gets GPU 1", Duration::from_secs(5), |w| connected(w, b)).await;
+    let mut node0 = FakeExporter::start(coder.world.clone(), ExporterConfig { gpus: vec![0], hostname: "node-0".into(), ..ExporterConfig::default() }).await.unwrap();
+    let node1 = FakeExporter::start(coder.world.clone(), ExporterConfig { gpus: vec![1], hostname: "node-1".into(), ..ExporterConfig::default() }).await.unwrap();
+    let svc = Service::start(&coder, &[node0.url(), node1.url()], &coder.owner_token(), &[]);
+    svc.wait_event("pass", Duration::from_secs(5)).await;
+    node0.kill();
+    until(&coder, "B is stopped", Duration::from_secs(30), |w| w.stop_builds_by(b, "admin") == 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(coder.with(|w| w.stop_builds_by(a, "admin")), 0, "no data is no reason to stop");
+    assert!(svc.events("scrape_failed").iter().any(|e| e["source"] == node0.url()));
+}
+
+/// Every exporter reads zero (broken): the breaker holds, nobody is stopped.
+#[tokio::test]
+async fn all_zero_readings_trip_the_breaker() {
+    let coder = FakeCoder::start(world(4)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let ids: Vec<Uuid> = (0..4).map(|i| coder.with(|w| w.create_workspace("alice", &format!("w{i}"), None)).unwrap()).collect();
+    until(&coder, "all run", Duration::from_secs(5), |w| ids.iter().all(|id| connected(w, *id))).await;
+    for id in &ids {
+        coder.with(|w| {
+            w.set_load(*id, Load::Matmul);
+            w.open_connection(*id);
+            w.close_connection(*id);
+        });
+    }
+    ex.set(|c| c.behaviour = Behaviour::AllZero);
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    svc.wait_event("breaker_tripped", Duration::from_secs(25)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(ids.iter().map(|id| coder.with(|w| w.stop_builds_by(*id, "admin"))).sum::<usize>(), 0);
+}
+
+/// The service is killed right after sending a stop and started again: no second stop for the
+/// workspace being stopped, and the active workspace is never stopped.
+#[tokio::test]
+async fn killed_and_restarted_mid_story() {
+    let world = WorldConfig { build_run: Duration::from_secs(240), ..world(2) };
+    let coder = FakeCoder::start(world).await.unwrap();
+    let ex = exporter(&coder).await;
+    let idle = coder.with(|w| w.create_workspace("alice", "idle", None)).unwrap();
+    let busy = coder.with(|w| w.create_workspace("bob", "busy", None)).unwrap();
+    until(&coder, "both run", Duration::from_secs(15), |w| connected(w, idle) && connected(w, busy)).await;
+    coder.with(|w| w.set_load(busy, Load::Matmul));
+    let mut first = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    first.wait_event("stop_sent", Duration::from_secs(30)).await;
+    first.kill();
+    let second = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    second.wait_event("pass", Duration::from_secs(5)).await;
+    until(&coder, "the stop completes", Duration::from_secs(15), |w| w.ws_index(idle).is_some_and(|i| w.workspaces[i].pod.is_none())).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(coder.with(|w| (w.stop_builds_by(idle, "admin"), w.stop_builds_by(busy, "admin"))), (1, 0));
+    assert!(second.events("stop_sent").is_empty(), "{}", second.raw());
+}
+
+async fn exit_of(args: &[&str], token: &str) -> (i32, String) {
+    let (args, token): (Vec<String>, String) = (args.iter().map(|s| s.to_string()).collect(), token.to_string());
+    let out = tokio::task::spawn_blocking(move || Command::new(binary()).args(&args).env("CODER_SESSION_TOKEN", token).env_remove("CODER_URL").output().unwrap()).await.unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout))
+}
+
+#[tokio::test]
+async fn a_member_or_expired_token_exits_2_with_a_clear_message() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let url = coder.url();
+    let member = coder.with(|w| w.token_of("alice")).unwrap();
+    let (code, text) = exit_of(&["run", "--coder-url", &url, "--dcgm-exporter", &ex.url(), "--listen", "127.0.0.1:0"], &member).await;
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("\"alice\", who is not an owner: only owners may stop other users' workspaces"), "{text}");
+    assert!(!text.contains(member.split('-').nth(1).unwrap()), "the token never appears");
+    let expired = FakeCoder::start(WorldConfig { owner_token_lifetime: chrono::Duration::hours(-1), ..world(1) }).await.unwrap();
+    let token = expired.owner_token();
+    let (code, text) = exit_of(&["plan", "--coder-url", &expired.url(), "--dcgm-exporter", &ex.url()], &token).await;
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("API key expired at") && text.contains("expired or revoked"), "{text}");
+    assert!(!text.contains(token.split('-').nth(1).unwrap()));
+}
+
+/// SIGTERM during a slow pass: no new stop starts, the process exits 0 within 10 s.
+#[tokio::test]
+async fn sigterm_during_a_pass_exits_cleanly() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let mut svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    svc.wait_event("pass", Duration::from_secs(5)).await;
+    coder.set_fault("/api/v2/workspaces", Fault { latency: Duration::from_secs(3), ..Fault::default() });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let started = Instant::now();
+    let status = svc.terminate().await;
+    assert!(status.success(), "{status:?}\n{}", svc.raw());
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}:\n{}", started.elapsed(), svc.raw());
+    assert!(!svc.events("shutdown").is_empty(), "{}", svc.raw());
+}
+
+/// `plan --output json` prints the status API's document; `check` passes against the fakes.
+#[tokio::test]
+async fn plan_json_matches_the_status_api_and_check_passes() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| connected(w, a)).await;
+    coder.with(|w| w.create_workspace("bob", "b", None)).unwrap();
+    let token = coder.owner_token();
+    let (code, out) = exit_of(&["plan", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url(), "--output", "json", "--sample-for", "2s"], &token).await;
+    assert_eq!(code, 0, "{out}");
+    let json_start = out.find('{').unwrap();
+    let plan: Value = serde_json::from_str(&out[json_start..]).unwrap();
+    assert_eq!(plan["mode"], "plan");
+    assert!(plan["notes"][0].as_str().unwrap().starts_with("history is short"));
+    let svc = Service::start(&coder, &[ex.url()], &token, &[]);
+    let addr = svc.addr().await;
+    svc.wait_event("pass", Duration::from_secs(5)).await;
+    let api: Value = reqwest::get(format!("http://{addr}/api/v1/workspaces")).await.unwrap().json().await.unwrap();
+    let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    assert_eq!(keys(&plan["workspaces"][0]), keys(&api["workspaces"][0]));
+    assert_eq!(plan["workspaces"].as_array().unwrap().len(), api["workspaces"].as_array().unwrap().len());
+    let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()], &token).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ok   token: belongs to \"admin\", an owner") && out.contains("ok   coverage: 1 of 2 running workspaces"), "{out}");
+    let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", "http://127.0.0.1:9/metrics"], &token).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("FAIL gpu source: http://127.0.0.1:9/metrics"), "{out}");
+}
