@@ -47,8 +47,8 @@ pub fn resolve(common: &CommonArgs) -> Result<Settings, AppError> {
     Ok(Settings::resolve(common, std::env::var("CODER_SESSION_TOKEN").ok())?)
 }
 
-pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>) -> Result<CoderClient, AppError> {
-    Ok(CoderClient::new(&settings.coder_url, settings.token.clone(), settings.request_timeout, RetryPolicy::for_api_calls())
+pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>, retry: RetryPolicy) -> Result<CoderClient, AppError> {
+    Ok(CoderClient::new(&settings.coder_url, settings.token.clone(), settings.request_timeout, retry)
         .map_err(AppError::Runtime)?
         .with_observer(metrics.observer()))
 }
@@ -105,7 +105,7 @@ pub async fn run(args: RunArgs) -> Result<(), AppError> {
     };
     let mode = if args.enforce { Mode::Enforce } else { Mode::Observe };
     let metrics = Arc::new(Metrics::new());
-    let coder = coder_client(&settings, &metrics)?;
+    let coder = coder_client(&settings, &metrics, RetryPolicy::for_api_calls())?;
     let source = gpu_source(&settings)?;
     let listener = TcpListener::bind(listen)
         .await
@@ -135,7 +135,7 @@ pub async fn run(args: RunArgs) -> Result<(), AppError> {
 pub async fn plan(args: PlanArgs) -> Result<String, AppError> {
     let settings = resolve(&args.common)?;
     let metrics = Arc::new(Metrics::new());
-    let coder = coder_client(&settings, &metrics)?;
+    let coder = coder_client(&settings, &metrics, RetryPolicy::for_api_calls())?;
     let source = gpu_source(&settings)?;
     confirm_owner(&coder, &settings.token).await?;
     let sampling = matches!(source, Sources::Exporters(_));
@@ -189,7 +189,9 @@ pub async fn check(args: CheckArgs) -> Result<bool, AppError> {
     let policy = &settings.policy;
     line(true, "policy", &format!("{} rule(s), gpu_templates={:?}, max_stops_per_pass={}, max_idle_fraction={}", policy.rules.len(), policy.gpu_templates, policy.max_stops_per_pass, policy.max_idle_fraction));
     let metrics = Arc::new(Metrics::new());
-    let coder = coder_client(&settings, &metrics)?;
+    // A person is waiting: give up on an unreachable Coder after a few seconds.
+    let quick = RetryPolicy { max_elapsed: Duration::from_secs(3), ..RetryPolicy::for_api_calls() };
+    let coder = coder_client(&settings, &metrics, quick)?;
     let identity = match confirm_owner(&coder, &settings.token).await {
         Ok(id) => {
             line(true, "coder", &format!("{} reachable, version {}", settings.coder_url, id.coder_version));

@@ -77,6 +77,8 @@ pub struct WorldConfig {
     pub gpu_model: String,
     /// Lifetime of the owner's token (owner tokens last at most 7 days by default).
     pub owner_token_lifetime: chrono::Duration,
+    /// Seed of the random GPU assignment (deterministic per seed).
+    pub seed: u64,
 }
 
 impl Default for WorldConfig {
@@ -92,6 +94,7 @@ impl Default for WorldConfig {
             rate_limit_per_minute: 512,
             gpu_model: "NVIDIA A10G".into(),
             owner_token_lifetime: chrono::Duration::days(7),
+            seed: 0x9E37_79B9_7F4A_7C15,
         }
     }
 }
@@ -251,7 +254,7 @@ impl World {
             gpu_holders: vec![None; gpus],
             gpu_uuids: (0..gpus).map(|_| format!("GPU-{}", Uuid::new_v4())).collect(),
             events: Vec::new(),
-            rng: 0x9E37_79B9_7F4A_7C15,
+            rng: config.seed.max(1),
             next_refresh: now_real + USAGE_REFRESH.div_f64(scale),
             next_flush: now_real + USAGE_FLUSH.div_f64(scale).mul_f64(1.5),
             pending_usage: HashSet::new(),

@@ -1,0 +1,133 @@
+//! The fakes behave like Coder where the service depends on it (reference NOTES §2, §5, §6, §12):
+//! who may stop whom, 409 on an active build, the rate limit and its owner-only bypass,
+//! extend/ttl validation, and a Pending pod's agent going connecting -> timeout.
+
+use std::time::Duration;
+
+use mocks::{Assignment, FakeCoder, WorldConfig};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+async fn fake(config: WorldConfig) -> FakeCoder {
+    FakeCoder::start(config).await.unwrap()
+}
+
+fn fast(gpus: usize) -> WorldConfig {
+    WorldConfig { gpus, scale: 600.0, ..WorldConfig::default() }
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(150)).await;
+}
+
+#[tokio::test]
+async fn a_member_cannot_stop_another_users_workspace_but_the_owner_can() {
+    let c = fake(fast(1)).await;
+    let a = c.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    settle().await;
+    let http = reqwest::Client::new();
+    let stop = |token: String| http.post(format!("{}/api/v2/workspaces/{a}/builds", c.url())).header("Coder-Session-Token", token).json(&json!({"transition": "stop"})).send();
+    let bob = stop(c.with(|w| w.token_of("bob")).unwrap()).await.unwrap();
+    assert_eq!(bob.status(), StatusCode::NOT_FOUND, "stage 3 scenario 2: an ordinary user gets 404");
+    assert_eq!(bob.json::<Value>().await.unwrap()["message"], "Resource not found or you do not have access to this resource");
+    assert_eq!(stop(c.owner_token()).await.unwrap().status(), StatusCode::CREATED, "the owner gets 201");
+    let again = stop(c.owner_token()).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CONFLICT, "a build is still active");
+    let bad = http.post(format!("{}/api/v2/workspaces/{a}/builds", c.url())).header("Coder-Session-Token", c.owner_token()).json(&json!({"transition": "pause"})).send().await.unwrap();
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(bad.json::<Value>().await.unwrap()["validations"][0]["field"], "transition");
+}
+
+#[tokio::test]
+async fn the_rate_limit_and_its_owner_only_bypass() {
+    let c = fake(WorldConfig { rate_limit_per_minute: 3, scale: 1.0, ..WorldConfig::default() }).await;
+    let http = reqwest::Client::new();
+    let get = |token: String, bypass: bool| {
+        let mut r = http.get(format!("{}/api/v2/workspaces", c.url())).header("Coder-Session-Token", token);
+        if bypass {
+            r = r.header("X-Coder-Bypass-Ratelimit", "true");
+        }
+        r.send()
+    };
+    let alice = c.with(|w| w.token_of("alice")).unwrap();
+    for _ in 0..3 {
+        assert_eq!(get(alice.clone(), false).await.unwrap().status(), StatusCode::OK);
+    }
+    let limited = get(alice.clone(), false).await.unwrap();
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limited.headers()["Retry-After"], "60");
+    assert!(limited.json::<Value>().await.unwrap()["message"].as_str().unwrap().starts_with("You've been rate limited"));
+    let member_bypass = get(alice, true).await.unwrap();
+    assert_eq!(member_bypass.status(), StatusCode::PRECONDITION_REQUIRED);
+    assert_eq!(member_bypass.text().await.unwrap(), "\"X-Coder-Bypass-Ratelimit\" provided but user is not owner", "plain text, not JSON");
+    for _ in 0..10 {
+        assert_eq!(get(c.owner_token(), true).await.unwrap().status(), StatusCode::OK, "owners are not limited with the header");
+    }
+}
+
+#[tokio::test]
+async fn extend_and_ttl_follow_coders_rules() {
+    let c = fake(WorldConfig { scale: 60.0, ..fast(1) }).await;
+    let a = c.with(|w| w.create_workspace("alice", "a", Some(8 * 3_600_000))).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let http = reqwest::Client::new();
+    let alice = c.with(|w| w.token_of("alice")).unwrap();
+    let put = |what: &str, body: Value| http.put(format!("{}/api/v2/workspaces/{a}/{what}", c.url())).header("Coder-Session-Token", &alice).json(&body).send();
+    let soon = (chrono::Utc::now() + chrono::Duration::seconds(5)).to_rfc3339();
+    let r = put("extend", json!({"deadline": soon})).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST, "less than 30 Coder minutes ahead (30 s at 60x)");
+    let later = (chrono::Utc::now() + chrono::Duration::hours(4)).to_rfc3339();
+    let r = put("extend", json!({"deadline": later})).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.json::<Value>().await.unwrap()["message"].as_str().unwrap().starts_with("Deadline updated to "));
+    let r = put("ttl", json!({"ttl_ms": 30_000})).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(r.json::<Value>().await.unwrap()["validations"][0]["detail"], "time until shutdown must be at least one minute");
+    assert_eq!(put("ttl", json!({"ttl_ms": 31i64 * 24 * 3_600_000})).await.unwrap().status(), StatusCode::BAD_REQUEST);
+    assert_eq!(put("ttl", json!({"ttl_ms": null})).await.unwrap().status(), StatusCode::NO_CONTENT);
+    let ws: Value = http.get(format!("{}/api/v2/workspaces/{a}", c.url())).header("Coder-Session-Token", &alice).send().await.unwrap().json().await.unwrap();
+    assert!(ws.get("ttl_ms").is_none(), "omitted once autostop is off");
+    assert!(ws["latest_build"]["deadline"].is_null());
+    let r = put("extend", json!({"deadline": later})).await.unwrap();
+    assert_eq!((r.status(), r.json::<Value>().await.unwrap()["message"].clone()), (StatusCode::CONFLICT, json!("Workspace shutdown is manual.")));
+}
+
+#[tokio::test]
+async fn a_pending_pods_agent_is_connecting_then_timeout() {
+    // connection_timeout 120 Coder-seconds = 0.2 s at 600x.
+    let c = fake(fast(1)).await;
+    c.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    settle().await;
+    let b = c.with(|w| w.create_workspace("bob", "b", None)).unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let status = || c.with(|w| w.ws_index(b).and_then(|i| w.workspaces[i].latest()?.agent.clone()).map(|a| (w.agent_status(&a), a.lifecycle, a.first_connected_at.is_none())));
+    assert_eq!(status(), Some(("connecting", "created", true)), "build succeeded, pod Pending");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(status(), Some(("timeout", "created", true)));
+    let running = c.with(|w| w.ws_index(b).map(|i| w.is_running(&w.workspaces[i]))).unwrap();
+    assert!(running, "latest_build.status is running although the pod never scheduled");
+}
+
+#[tokio::test]
+async fn a_freed_gpu_goes_to_the_oldest_waiter_or_at_random() {
+    for (assignment, expect_oldest) in [(Assignment::OldestFirst, true), (Assignment::Random, false)] {
+        let mut oldest_won = 0;
+        for seed in 1..=6 {
+            let c = fake(WorldConfig { assignment, seed, ..fast(1) }).await;
+            let holder = c.with(|w| w.create_workspace("alice", "holder", None)).unwrap();
+            settle().await;
+            let first = c.with(|w| w.create_workspace("bob", "first", None)).unwrap();
+            settle().await;
+            c.with(|w| w.create_workspace("bob", "second", None)).unwrap();
+            settle().await;
+            c.with(|w| w.create_build(holder, "stop", 0, "initiator")).unwrap();
+            settle().await;
+            oldest_won += usize::from(c.with(|w| w.gpu_holders[0] == Some(first)));
+        }
+        if expect_oldest {
+            assert_eq!(oldest_won, 6);
+        } else {
+            assert!((1..6).contains(&oldest_won), "random assignment picks either pod: oldest won {oldest_won} of 6");
+        }
+    }
+}
