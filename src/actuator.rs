@@ -66,7 +66,14 @@ pub struct Actuator {
 }
 
 impl Actuator {
-    pub fn new(mode: Mode, coder: CoderClient, metrics: Arc<Metrics>, outputs: Outputs, interval: std::time::Duration, max_stops_per_pass: usize) -> Self {
+    pub fn new(
+        mode: Mode,
+        coder: CoderClient,
+        metrics: Arc<Metrics>,
+        outputs: Outputs,
+        interval: std::time::Duration,
+        max_stops_per_pass: usize,
+    ) -> Self {
         // Failed stops wait one pass, then twice as long each time, at most 10 passes.
         let retry = RetryPolicy { initial: interval, max_interval: interval * 10, max_elapsed: interval * 60 };
         Actuator {
@@ -188,7 +195,9 @@ impl Actuator {
                     self.record(&AuditEvent { event: "restore_ttl", time: now, ..e.clone() });
                     report.ttl_restored.push(e.workspace_id.clone());
                 }
-                Err(err) => tracing::warn!(event = "restore_ttl_failed", workspace_id = %e.workspace_id, error = %err, "could not set the autostop TTL back"),
+                Err(err) => {
+                    tracing::warn!(event = "restore_ttl_failed", workspace_id = %e.workspace_id, error = %err, "could not set the autostop TTL back")
+                }
             }
         }
         report

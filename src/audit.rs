@@ -41,11 +41,10 @@ pub struct AuditLog {
 impl AuditLog {
     /// Opens (creating) the file for appending. Fails at start-up, not at the first stop.
     pub fn open(path: &Path) -> Result<Self, String> {
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|e| format!("--audit-log {}: cannot open it for appending ({e}); fix the path or its permissions", path.display()))?;
+        let file =
+            OpenOptions::new().create(true).append(true).open(path).map_err(|e| {
+                format!("--audit-log {}: cannot open it for appending ({e}); fix the path or its permissions", path.display())
+            })?;
         Ok(AuditLog { path: path.to_path_buf(), file: Mutex::new(file) })
     }
 
@@ -80,7 +79,8 @@ impl Notifier {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(format!("--notify-webhook {url:?} is not an http(s) URL: pass e.g. https://hooks.slack.com/services/..."));
         }
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        let http =
+            reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         Ok(Notifier { http, url: url.to_string() })
     }
 
@@ -98,7 +98,9 @@ impl Notifier {
             let result = http.post(&url).header("Content-Type", "application/json").body(body).send().await;
             match result {
                 Ok(r) if r.status().is_success() => {}
-                Ok(r) => tracing::warn!(event = "notify_failed", status = r.status().as_u16(), "the notification webhook refused the event"),
+                Ok(r) => {
+                    tracing::warn!(event = "notify_failed", status = r.status().as_u16(), "the notification webhook refused the event")
+                }
                 Err(e) => tracing::warn!(event = "notify_failed", error = %e, "the notification webhook is unreachable"),
             }
         });

@@ -55,12 +55,18 @@ pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>, retry: RetryPol
 
 pub fn gpu_source(settings: &Settings) -> Result<Sources, AppError> {
     Ok(match &settings.gpu {
-        GpuSourceSettings::Exporters(urls) => {
-            Sources::Exporters(ExporterSource::new(urls.clone(), settings.ownership.clone(), settings.request_timeout).map_err(AppError::Runtime)?)
-        }
+        GpuSourceSettings::Exporters(urls) => Sources::Exporters(
+            ExporterSource::new(urls.clone(), settings.ownership.clone(), settings.request_timeout).map_err(AppError::Runtime)?,
+        ),
         GpuSourceSettings::Prometheus(url) => Sources::Prometheus(
-            PrometheusSource::new(url, settings.ownership.clone(), settings.policy.longest_lookback(), settings.interval, settings.request_timeout)
-                .map_err(AppError::Runtime)?,
+            PrometheusSource::new(
+                url,
+                settings.ownership.clone(),
+                settings.policy.longest_lookback(),
+                settings.interval,
+                settings.request_timeout,
+            )
+            .map_err(AppError::Runtime)?,
         ),
     })
 }
@@ -99,7 +105,9 @@ pub async fn run(args: RunArgs) -> Result<(), AppError> {
     let listen = match args.listen {
         Some(a) => a,
         None => match &file.listen {
-            Some(s) => s.parse().map_err(|e| AppError::Config(format!("listen = {s:?} in the config file: {e}; write e.g. \"0.0.0.0:9464\"")))?,
+            Some(s) => {
+                s.parse().map_err(|e| AppError::Config(format!("listen = {s:?} in the config file: {e}; write e.g. \"0.0.0.0:9464\"")))?
+            }
             None => ([0, 0, 0, 0], 9464).into(),
         },
     };
@@ -107,13 +115,16 @@ pub async fn run(args: RunArgs) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::new());
     let coder = coder_client(&settings, &metrics, RetryPolicy::for_api_calls())?;
     let source = gpu_source(&settings)?;
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|e| AppError::Config(format!("--listen {listen}: cannot bind ({e}); choose a free address, e.g. --listen 127.0.0.1:9464")))?;
+    let listener = TcpListener::bind(listen).await.map_err(|e| {
+        AppError::Config(format!("--listen {listen}: cannot bind ({e}); choose a free address, e.g. --listen 127.0.0.1:9464"))
+    })?;
     let bound = listener.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?;
     tracing::info!(event = "starting", mode = mode.as_str(), listen = %bound, settings = %settings.summary(), "coder-gpu-reclaimer starting");
     if mode == Mode::Observe {
-        tracing::info!(event = "observe_mode", "observe mode: decisions are logged and reported, nothing is stopped (pass --enforce to act)");
+        tracing::info!(
+            event = "observe_mode",
+            "observe mode: decisions are logged and reported, nothing is stopped (pass --enforce to act)"
+        );
     }
     let identity = confirm_owner(&coder, &settings.token).await?;
     if let Some(exp) = identity.token_expires_at {
@@ -123,7 +134,8 @@ pub async fn run(args: RunArgs) -> Result<(), AppError> {
     let (tx, rx) = watch::channel(false);
     spawn_signal_handler(tx);
     let server = tokio::spawn(crate::serve::serve(listener, state.clone(), rx.clone()));
-    let actuator = Actuator::new(mode, coder.clone(), metrics, Outputs { audit, notifier }, settings.interval, settings.policy.max_stops_per_pass);
+    let actuator =
+        Actuator::new(mode, coder.clone(), metrics, Outputs { audit, notifier }, settings.interval, settings.policy.max_stops_per_pass);
     let reclaimer = Reclaimer::new(coder, source, settings.policy.clone(), actuator, state);
     reclaimer.run(settings.interval, rx).await;
     match tokio::time::timeout(Duration::from_secs(5), server).await {
@@ -141,7 +153,8 @@ pub async fn plan(args: PlanArgs) -> Result<String, AppError> {
     let sampling = matches!(source, Sources::Exporters(_));
     let sample_for = args.sample_for.unwrap_or(Duration::from_secs(15));
     let state = Arc::new(State::new(metrics.clone(), Mode::Observe, settings.interval));
-    let actuator = Actuator::new(Mode::Observe, coder.clone(), metrics, Outputs::default(), settings.interval, settings.policy.max_stops_per_pass);
+    let actuator =
+        Actuator::new(Mode::Observe, coder.clone(), metrics, Outputs::default(), settings.interval, settings.policy.max_stops_per_pass);
     let mut reclaimer = Reclaimer::new(coder, source, settings.policy.clone(), actuator, state.clone());
     let step = Duration::from_secs(5).min(sample_for);
     if sampling && !sample_for.is_zero() {
@@ -187,7 +200,17 @@ pub async fn check(args: CheckArgs) -> Result<bool, AppError> {
     };
     line(true, "settings", &settings.summary());
     let policy = &settings.policy;
-    line(true, "policy", &format!("{} rule(s), gpu_templates={:?}, max_stops_per_pass={}, max_idle_fraction={}", policy.rules.len(), policy.gpu_templates, policy.max_stops_per_pass, policy.max_idle_fraction));
+    line(
+        true,
+        "policy",
+        &format!(
+            "{} rule(s), gpu_templates={:?}, max_stops_per_pass={}, max_idle_fraction={}",
+            policy.rules.len(),
+            policy.gpu_templates,
+            policy.max_stops_per_pass,
+            policy.max_idle_fraction
+        ),
+    );
     let metrics = Arc::new(Metrics::new());
     // A person is waiting: give up on an unreachable Coder after a few seconds.
     let quick = RetryPolicy { max_elapsed: Duration::from_secs(3), ..RetryPolicy::for_api_calls() };
@@ -209,13 +232,16 @@ pub async fn check(args: CheckArgs) -> Result<bool, AppError> {
                 line(false, "token expiry", &format!("expires {exp}: create a new owner token and update the Secret"))
             }
             Some(exp) => line(true, "token expiry", &format!("expires {exp}")),
-            None => line(false, "token expiry", "unknown: the token's key could not be read; make sure it is a `coder tokens create` token"),
+            None => {
+                line(false, "token expiry", "unknown: the token's key could not be read; make sure it is a `coder tokens create` token")
+            }
         }
     }
     let source = gpu_source(&settings)?;
     let collection = source.collect(chrono::Utc::now()).await;
     for endpoint in source.endpoints() {
-        let failure = collection.failures.iter().find(|f| f.source.contains(endpoint.trim_start_matches("dns+")) || endpoint.contains(&f.source));
+        let failure =
+            collection.failures.iter().find(|f| f.source.contains(endpoint.trim_start_matches("dns+")) || endpoint.contains(&f.source));
         match failure {
             Some(f) => line(false, "gpu source", &format!("{endpoint}: {} (fix the URL or the exporter)", f.error)),
             None => line(true, "gpu source", &format!("{endpoint}: {} GPU series", collection.readings.len())),
@@ -224,7 +250,8 @@ pub async fn check(args: CheckArgs) -> Result<bool, AppError> {
     if identity.is_some() {
         match coder.running_workspaces().await {
             Ok(ws) => {
-                let mapped: std::collections::HashSet<&str> = collection.readings.iter().filter_map(|r| r.workspace_id.as_deref()).collect();
+                let mapped: std::collections::HashSet<&str> =
+                    collection.readings.iter().filter_map(|r| r.workspace_id.as_deref()).collect();
                 let covered = ws.iter().filter(|w| mapped.contains(w.id.as_str())).count();
                 line(true, "coverage", &format!("{covered} of {} running workspaces have GPU series mapped to them", ws.len()));
             }

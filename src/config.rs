@@ -98,8 +98,9 @@ pub struct FileConfig {
 
 impl FileConfig {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("--config {}: cannot read it ({e}); fix the path or unset CODER_GPU_RECLAIMER_CONFIG", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError(format!("--config {}: cannot read it ({e}); fix the path or unset CODER_GPU_RECLAIMER_CONFIG", path.display()))
+        })?;
         Self::parse(&text).map_err(|e| ConfigError(format!("--config {}: {}", path.display(), e.0)))
     }
 
@@ -180,10 +181,14 @@ impl Settings {
 
         let token_file = args.token_file.clone().or_else(|| file.token_file.clone());
         let token = match (token_env.filter(|t| !t.trim().is_empty()), token_file) {
-            (Some(t), _) => SessionToken::new(&t).map_err(|e| ConfigError(format!("CODER_SESSION_TOKEN: {e}: set it to an owner token")))?,
+            (Some(t), _) => {
+                SessionToken::new(&t).map_err(|e| ConfigError(format!("CODER_SESSION_TOKEN: {e}: set it to an owner token")))?
+            }
             (None, Some(path)) => SessionToken::from_file(&path).map_err(|e| ConfigError(format!("--token-file: {e}")))?,
             (None, None) => {
-                return err("no session token: set CODER_SESSION_TOKEN, or pass --token-file PATH (make one as an owner with `coder tokens create --lifetime 168h`)");
+                return err(
+                    "no session token: set CODER_SESSION_TOKEN, or pass --token-file PATH (make one as an owner with `coder tokens create --lifetime 168h`)",
+                );
             }
         };
 
@@ -200,7 +205,9 @@ impl Settings {
         let gpu = match (exporters.is_empty(), prometheus) {
             (false, Some(_)) => return err("both --dcgm-exporter and --prometheus-url are set: choose one GPU source"),
             (true, None) => {
-                return err("no GPU source: pass --dcgm-exporter http://dcgm-exporter.gpu-operator:9400/metrics (repeatable) or --prometheus-url http://prometheus:9090");
+                return err(
+                    "no GPU source: pass --dcgm-exporter http://dcgm-exporter.gpu-operator:9400/metrics (repeatable) or --prometheus-url http://prometheus:9090",
+                );
             }
             (true, Some(p)) => {
                 check_url("--prometheus-url", &p, "http://prometheus:9090")?;
@@ -290,7 +297,9 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     p.max_sample_gap = file.max_sample_gap.unwrap_or(p.max_sample_gap);
     p.stale_after = file.stale_after.unwrap_or(p.stale_after);
     if p.max_sample_gap <= interval || p.stale_after <= interval {
-        return err("max_sample_gap and stale_after must be longer than the interval, or every pass reads as a gap; the defaults are 3x and 2x the interval");
+        return err(
+            "max_sample_gap and stale_after must be longer than the interval, or every pass reads as a gap; the defaults are 3x and 2x the interval",
+        );
     }
     p.max_stops_per_pass = file.max_stops_per_pass.unwrap_or(p.max_stops_per_pass);
     for (i, r) in file.rules.iter().enumerate() {
@@ -353,14 +362,22 @@ mod tests {
     fn bad_input_names_the_setting_and_the_fix() {
         let cases: Vec<(CommonArgs, Option<String>, &str)> = vec![
             (CommonArgs { coder_url: None, ..args() }, token(), "CODER_URL is not set: pass --coder-url https://coder.example.com"),
-            (CommonArgs { coder_url: Some("coder.example.com".into()), ..args() }, token(), "--coder-url \"coder.example.com\" is not an http(s) URL"),
+            (
+                CommonArgs { coder_url: Some("coder.example.com".into()), ..args() },
+                token(),
+                "--coder-url \"coder.example.com\" is not an http(s) URL",
+            ),
             (args(), None, "no session token: set CODER_SESSION_TOKEN"),
             (CommonArgs { dcgm_exporters: vec![], ..args() }, token(), "no GPU source: pass --dcgm-exporter"),
             (CommonArgs { prometheus_url: Some("http://p:9090".into()), ..args() }, token(), "choose one GPU source"),
             (CommonArgs { interval: Some(Duration::from_millis(10)), ..args() }, token(), "--interval must be at least 1s"),
             (CommonArgs { idle_after: Some(Duration::ZERO), ..args() }, token(), "idle_after must be more than 0s"),
             (args(), Some("a b".into()), "CODER_SESSION_TOKEN: the session token contains whitespace"),
-            (CommonArgs { token_file: Some("/nonexistent/token".into()), ..args() }, None, "--token-file: cannot read the token file /nonexistent/token"),
+            (
+                CommonArgs { token_file: Some("/nonexistent/token".into()), ..args() },
+                None,
+                "--token-file: cannot read the token file /nonexistent/token",
+            ),
         ];
         for (a, tok, want) in cases {
             let got = Settings::resolve(&a, tok).unwrap_err().0;

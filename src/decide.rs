@@ -9,9 +9,9 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
+use crate::gpu::GpuKey;
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
-use crate::gpu::GpuKey;
 use crate::policy::{Policy, ReclaimWhen, Thresholds};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -272,7 +272,12 @@ pub fn decide(
     };
     let build = &ws.latest_build;
     if build.job.status.is_active() {
-        return b.out(Verdict::Skip, Reason::BuildActive, format!("a {} build is {}", build.transition.as_str(), build.job.status.as_str()), None);
+        return b.out(
+            Verdict::Skip,
+            Reason::BuildActive,
+            format!("a {} build is {}", build.transition.as_str(), build.job.status.as_str()),
+            None,
+        );
     }
     if build.transition != Transition::Start || build.job.status != JobStatus::Succeeded {
         let msg = format!("latest build is {} ({})", build.transition.as_str(), build.status.as_str());
@@ -286,7 +291,12 @@ pub fn decide(
     // Before any GPU judgement: kubelet keeps reporting a finished pod's GPU for a while
     // (stale pod labels), so series may still carry the id of a workspace whose new pod waits.
     if gpu_template && agent_never_connected(ws) {
-        return b.out(Verdict::Waiting, Reason::WaitingForGpu, "started, but its agent never connected: the pod is waiting for a GPU".into(), None);
+        return b.out(
+            Verdict::Waiting,
+            Reason::WaitingForGpu,
+            "started, but its agent never connected: the pod is waiting for a GPU".into(),
+            None,
+        );
     }
     if windows.is_empty() {
         if gpu_template && !policy.gpu_templates.is_empty() {
@@ -334,7 +344,12 @@ fn judge_gpus(now: DateTime<Utc>, ws: &Workspace, windows: &[&GpuWindow], policy
             );
         }
         if values.iter().any(|v| classify(v, policy) == SampleState::NoCompute) {
-            return b.out(Verdict::Unknown, Reason::NoGpuData, format!("GPU {}: no compute signal (SM_ACTIVE, GR_ENGINE_ACTIVE or GPU_UTIL)", w.key.uuid), None);
+            return b.out(
+                Verdict::Unknown,
+                Reason::NoGpuData,
+                format!("GPU {}: no compute signal (SM_ACTIVE, GR_ENGINE_ACTIVE or GPU_UTIL)", w.key.uuid),
+                None,
+            );
         }
     }
     if windows.iter().any(|w| w.latest().is_some_and(|s| classify(&s.values, policy) == SampleState::Active)) {
@@ -347,7 +362,12 @@ fn judge_gpus(now: DateTime<Utc>, ws: &Workspace, windows: &[&GpuWindow], policy
     }
     let max_gap = dur(policy.max_sample_gap);
     if let Some(gap) = windows.iter().map(|w| w.longest_gap(span_start, now)).max().filter(|g| *g > max_gap) {
-        return b.out(Verdict::Unknown, Reason::SampleGap, format!("a {} gap in GPU samples within the last {}", human(gap), human(idle_after)), None);
+        return b.out(
+            Verdict::Unknown,
+            Reason::SampleGap,
+            format!("a {} gap in GPU samples within the last {}", human(gap), human(idle_after)),
+            None,
+        );
     }
     let is_active = |s: &GpuSample| classify(&s.values, policy) == SampleState::Active;
     // Every GPU is idle now; the workspace has been idle since the latest GPU went idle.
@@ -359,7 +379,8 @@ fn judge_gpus(now: DateTime<Utc>, ws: &Workspace, windows: &[&GpuWindow], policy
     if let Some(max_lifetime) = th.max_lifetime {
         let started = ws.latest_build.job.completed_at.unwrap_or(ws.created_at);
         if now - started >= dur(max_lifetime) {
-            let msg = format!("running for {} (max lifetime {}) and the GPU is not computing", human(now - started), human(dur(max_lifetime)));
+            let msg =
+                format!("running for {} (max lifetime {}) and the GPU is not computing", human(now - started), human(dur(max_lifetime)));
             return b.out(Verdict::Reclaim, Reason::MaxLifetime, msg, Some(gpu_idle));
         }
     }
@@ -439,7 +460,8 @@ pub fn apply_fleet_rules(decisions: &mut [Decision], policy: &Policy) -> FleetOu
             }
         }
     }
-    let gpu_workspaces = decisions.iter().filter(|d| matches!(d.verdict, Verdict::Keep | Verdict::Warn | Verdict::Reclaim | Verdict::Unknown)).count();
+    let gpu_workspaces =
+        decisions.iter().filter(|d| matches!(d.verdict, Verdict::Keep | Verdict::Warn | Verdict::Reclaim | Verdict::Unknown)).count();
     let reclaim = by_idle_desc(decisions, &|d| d.verdict == Verdict::Reclaim);
     let mut out = FleetOutcome { waiting, gpu_workspaces, ..FleetOutcome::default() };
     if gpu_workspaces >= 4 && reclaim.len() as f64 > policy.max_idle_fraction * gpu_workspaces as f64 {

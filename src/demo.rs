@@ -72,13 +72,20 @@ pub async fn run(args: DemoArgs) -> Result<(), AppError> {
     println!("coder-gpu-reclaimer demo: the seed experiment on built-in fakes (no network, no GPU).");
     println!("Fake Coder at {}, fake dcgm-exporter at {}; one GPU.", coder.url(), exporter.url());
     println!("Coder's clocks run 60x faster here: 1 s below is 1 Coder minute (usage refresh, batching, builds).");
-    println!("Policy: idle_after {} (= 10 Coder minutes), a pass every {}, enforce mode.\n", human(chrono::Duration::seconds(10)), human(chrono::Duration::seconds(1)));
+    println!(
+        "Policy: idle_after {} (= 10 Coder minutes), a pass every {}, enforce mode.\n",
+        human(chrono::Duration::seconds(10)),
+        human(chrono::Duration::seconds(1))
+    );
 
     let token = SessionToken::new(&coder.owner_token()).map_err(runtime)?;
     let metrics = Arc::new(Metrics::new());
-    let client = CoderClient::new(&coder.url(), token.clone(), Duration::from_secs(5), RetryPolicy::for_api_calls()).map_err(runtime)?.with_observer(metrics.observer());
+    let client = CoderClient::new(&coder.url(), token.clone(), Duration::from_secs(5), RetryPolicy::for_api_calls())
+        .map_err(runtime)?
+        .with_observer(metrics.observer());
     confirm_owner(&client, &token).await.map_err(|e| runtime(format!("{e:?}")))?;
-    let source = Sources::Exporters(ExporterSource::new(vec![exporter.url()], Ownership::default(), Duration::from_secs(2)).map_err(runtime)?);
+    let source =
+        Sources::Exporters(ExporterSource::new(vec![exporter.url()], Ownership::default(), Duration::from_secs(2)).map_err(runtime)?);
     let mut policy = Policy::defaults(INTERVAL);
     policy.thresholds.idle_after = IDLE_AFTER;
     let state = Arc::new(State::new(metrics.clone(), Mode::Enforce, INTERVAL));
@@ -100,7 +107,11 @@ pub async fn run(args: DemoArgs) -> Result<(), AppError> {
     while tl.started.elapsed() < DEADLINE {
         // The story: what people do, driven by what happened.
         let (a_ready, b_ready) = coder.with(|w| {
-            let ready = |id| w.ws_index(id).and_then(|i| w.workspaces[i].latest().and_then(|b| b.agent.clone())).is_some_and(|ag| ag.first_connected_at.is_some());
+            let ready = |id| {
+                w.ws_index(id)
+                    .and_then(|i| w.workspaces[i].latest().and_then(|b| b.agent.clone()))
+                    .is_some_and(|ag| ag.first_connected_at.is_some())
+            };
             (ready(a), b.is_some_and(ready))
         });
         match stage {
@@ -111,7 +122,9 @@ pub async fn run(args: DemoArgs) -> Result<(), AppError> {
                     w.write_file(a, "/home/coder/model.ckpt");
                     w.write_file(a, "/tmp/scratch.bin");
                 });
-                tl.line("alice connects and trains on the GPU (matmul: 100% util, SM_ACTIVE 0.984); writes ~/model.ckpt and /tmp/scratch.bin");
+                tl.line(
+                    "alice connects and trains on the GPU (matmul: 100% util, SM_ACTIVE 0.984); writes ~/model.ckpt and /tmp/scratch.bin",
+                );
                 let id = coder.with(|w| w.create_workspace("bob", "b-notebook", None)).map_err(|e| runtime(e.message))?;
                 b = Some(id);
                 tl.line("bob starts workspace b-notebook: its pod is Pending (Insufficient nvidia.com/gpu)");
@@ -144,7 +157,8 @@ pub async fn run(args: DemoArgs) -> Result<(), AppError> {
         }
 
         let report = reclaimer.pass(true, &stop_rx).await.map_err(runtime)?;
-        let names: HashMap<&str, String> = report.workspaces.iter().map(|w| (w.id.as_str(), format!("{} ({})", w.name, w.owner_name))).collect();
+        let names: HashMap<&str, String> =
+            report.workspaces.iter().map(|w| (w.id.as_str(), format!("{} ({})", w.name, w.owner_name))).collect();
         let events: Vec<String> = coder.with(|w| {
             w.events[seen_events..]
                 .iter()
@@ -185,9 +199,14 @@ pub async fn run(args: DemoArgs) -> Result<(), AppError> {
         tokio::time::sleep(INTERVAL).await;
     }
     if stage != Stage::ABack || !stopped_a {
-        return Err(runtime(format!("the story did not finish within {}s (stage {stage:?}); run with --verbose to see every pass", DEADLINE.as_secs())));
+        return Err(runtime(format!(
+            "the story did not finish within {}s (stage {stage:?}); run with --verbose to see every pass",
+            DEADLINE.as_secs()
+        )));
     }
     let stops_by_admin = coder.with(|w| w.stop_builds_by(a, "admin"));
-    println!("\nDone: {stops_by_admin} stop build sent for a-train; its GPU went to b-notebook; a-train, started again, now waits while bob works.");
+    println!(
+        "\nDone: {stops_by_admin} stop build sent for a-train; its GPU went to b-notebook; a-train, started again, now waits while bob works."
+    );
     Ok(())
 }

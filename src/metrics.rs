@@ -111,7 +111,11 @@ impl Metrics {
         registry.register("stop_failures", "Stops that failed, by kind", m.stop_failures.clone());
         registry.register("ttl_restores", "Autostop TTLs set back by restore_autostop", m.ttl_restores.clone());
         registry.register("breaker_trips", "Passes in which the circuit breaker refused every stop", m.breaker_trips.clone());
-        registry.register("coder_requests", "Requests to the Coder API by route and HTTP status (0: no response)", m.coder_requests.clone());
+        registry.register(
+            "coder_requests",
+            "Requests to the Coder API by route and HTTP status (0: no response)",
+            m.coder_requests.clone(),
+        );
         registry.register("scrape_errors", "Failed GPU source reads, by source", m.scrape_errors.clone());
         registry.register("token_expiry_timestamp_seconds", "When the owner session token expires (unix time)", m.token_expiry.clone());
         registry.register("waiting_workspaces", "GPU workspaces waiting for a GPU in the latest pass", m.waiting.clone());

@@ -91,7 +91,16 @@ pub struct Reclaimer<S: GpuSource> {
 impl<S: GpuSource> Reclaimer<S> {
     pub fn new(coder: CoderClient, source: S, policy: Policy, actuator: Actuator, state: Arc<State>) -> Self {
         let retain = chrono::Duration::from_std(policy.longest_lookback()).unwrap_or(chrono::Duration::MAX);
-        Reclaimer { windows: Windows::new(retain), coder, source, policy, warnings: HashMap::new(), sessions: HashMap::new(), actuator, state }
+        Reclaimer {
+            windows: Windows::new(retain),
+            coder,
+            source,
+            policy,
+            warnings: HashMap::new(),
+            sessions: HashMap::new(),
+            actuator,
+            state,
+        }
     }
 
     pub fn policy(&self) -> &Policy {
@@ -150,7 +159,8 @@ impl<S: GpuSource> Reclaimer<S> {
             .map(|ws| decide(now, ws, self.windows.get(&ws.id), &self.policy, self.warnings.get(&ws.id).copied()))
             .collect();
         let fleet = apply_fleet_rules(&mut decisions, &self.policy);
-        let events: Vec<AuditEvent> = workspaces.iter().zip(&decisions).map(|(ws, d)| audit_event(now, ws, d, self.actuator.mode())).collect();
+        let events: Vec<AuditEvent> =
+            workspaces.iter().zip(&decisions).map(|(ws, d)| audit_event(now, ws, d, self.actuator.mode())).collect();
 
         let mut acted = ActReport::default();
         if act {
@@ -159,9 +169,15 @@ impl<S: GpuSource> Reclaimer<S> {
                     self.actuator.warned(AuditEvent { event: "warn", ..e.clone() });
                 }
             }
-            self.warnings = decisions.iter().filter(|d| d.is_stop_eligible()).filter_map(|d| d.stop_at.map(|t| (d.workspace_id.clone(), t))).collect();
+            self.warnings =
+                decisions.iter().filter(|d| d.is_stop_eligible()).filter_map(|d| d.stop_at.map(|t| (d.workspace_id.clone(), t))).collect();
             if let Some(why) = &fleet.breaker {
-                tracing::warn!(event = "breaker_tripped", reclaimable = fleet.stop_order.len(), gpu_workspaces = fleet.gpu_workspaces, "{why}");
+                tracing::warn!(
+                    event = "breaker_tripped",
+                    reclaimable = fleet.stop_order.len(),
+                    gpu_workspaces = fleet.gpu_workspaces,
+                    "{why}"
+                );
                 metrics.breaker_trips.inc();
             }
             self.actuator.forget_running(&workspaces);

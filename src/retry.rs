@@ -21,11 +21,7 @@ pub struct RetryPolicy {
 impl RetryPolicy {
     /// Defaults for one Coder API call inside a pass: the pass must not hang on one request.
     pub fn for_api_calls() -> Self {
-        RetryPolicy {
-            initial: Duration::from_millis(200),
-            max_interval: Duration::from_secs(5),
-            max_elapsed: Duration::from_secs(20),
-        }
+        RetryPolicy { initial: Duration::from_millis(200), max_interval: Duration::from_secs(5), max_elapsed: Duration::from_secs(20) }
     }
 
     /// A policy that never waits and gives up after the first failure.
@@ -91,11 +87,7 @@ mod tests {
     use std::cell::Cell;
 
     fn quick() -> RetryPolicy {
-        RetryPolicy {
-            initial: Duration::from_millis(1),
-            max_interval: Duration::from_millis(4),
-            max_elapsed: Duration::from_millis(500),
-        }
+        RetryPolicy { initial: Duration::from_millis(1), max_interval: Duration::from_millis(4), max_elapsed: Duration::from_millis(500) }
     }
 
     #[tokio::test]

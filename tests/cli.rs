@@ -11,7 +11,14 @@ const SECRET: &str = "k3y1d00001-v3ryS3cr3tTok3nValue";
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut cmd = Command::new(binary());
     cmd.args(args);
-    for var in ["CODER_URL", "CODER_SESSION_TOKEN", "CODER_SESSION_TOKEN_FILE", "DCGM_EXPORTER_URLS", "PROMETHEUS_URL", "CODER_GPU_RECLAIMER_CONFIG"] {
+    for var in [
+        "CODER_URL",
+        "CODER_SESSION_TOKEN",
+        "CODER_SESSION_TOKEN_FILE",
+        "DCGM_EXPORTER_URLS",
+        "PROMETHEUS_URL",
+        "CODER_GPU_RECLAIMER_CONFIG",
+    ] {
         cmd.env_remove(var);
     }
     for (k, v) in env {
@@ -45,13 +52,22 @@ fn bad_settings_exit_2_with_one_line_that_names_the_fix() {
     std::fs::write(&bad_toml, "interval = \"60s\"\nidel_after = \"30m\"\n").unwrap();
     let good = ["--coder-url", "http://127.0.0.1:9", "--dcgm-exporter", "http://127.0.0.1:9/metrics"];
     let token = [("CODER_SESSION_TOKEN", SECRET)];
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (vec!["plan"], token.to_vec(), "error: CODER_URL is not set: pass --coder-url https://coder.example.com"),
         (vec!["plan", "--coder-url", "http://127.0.0.1:9"], token.to_vec(), "error: no GPU source: pass --dcgm-exporter"),
         ([&["plan"][..], &good[..]].concat(), vec![], "error: no session token: set CODER_SESSION_TOKEN"),
         ([&["plan", "--interval", "soon"][..], &good[..]].concat(), token.to_vec(), "invalid value 'soon' for '--interval <DURATION>'"),
-        ([&["plan", "--config", bad_toml.to_str().unwrap()][..], &good[..]].concat(), token.to_vec(), "line 2 (idel_after = \"30m\"): unknown field `idel_after`"),
-        ([&["run", "--audit-log", "/nonexistent-dir/audit.jsonl"][..], &good[..]].concat(), token.to_vec(), "error: --audit-log /nonexistent-dir/audit.jsonl: cannot open it for appending"),
+        (
+            [&["plan", "--config", bad_toml.to_str().unwrap()][..], &good[..]].concat(),
+            token.to_vec(),
+            "line 2 (idel_after = \"30m\"): unknown field `idel_after`",
+        ),
+        (
+            [&["run", "--audit-log", "/nonexistent-dir/audit.jsonl"][..], &good[..]].concat(),
+            token.to_vec(),
+            "error: --audit-log /nonexistent-dir/audit.jsonl: cannot open it for appending",
+        ),
         ([&["plan", "--prometheus-url", "http://p:9090"][..], &good[..]].concat(), token.to_vec(), "choose one GPU source"),
         (vec!["plan", "--enforce"], token.to_vec(), "unexpected argument '--enforce'"),
     ];
@@ -72,7 +88,11 @@ async fn precedence_flag_over_env_over_file_over_default() {
     let dir = std::env::temp_dir().join(format!("cgr-prec-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("policy.toml");
-    std::fs::write(&file, format!("coder_url = \"http://127.0.0.1:1\"\ndcgm_exporters = [\"{}\"]\nidle_after = \"45m\"\ninterval = \"2m\"\n", ex.url())).unwrap();
+    std::fs::write(
+        &file,
+        format!("coder_url = \"http://127.0.0.1:1\"\ndcgm_exporters = [\"{}\"]\nidle_after = \"45m\"\ninterval = \"2m\"\n", ex.url()),
+    )
+    .unwrap();
     let settings = |args: Vec<String>, env: Vec<(String, String)>| {
         let token = token.clone();
         async move {
@@ -82,7 +102,10 @@ async fn precedence_flag_over_env_over_file_over_default() {
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 let (_, out, err) = run(&args, &env);
                 assert!(!out.contains(&token) && !err.contains(&token), "the token is never printed");
-                out.lines().find(|l| l.contains("settings:")).map(str::to_string).unwrap_or_else(|| panic!("no settings line:\n{out}\n{err}"))
+                out.lines()
+                    .find(|l| l.contains("settings:"))
+                    .map(str::to_string)
+                    .unwrap_or_else(|| panic!("no settings line:\n{out}\n{err}"))
             })
             .await
             .unwrap()
@@ -90,15 +113,25 @@ async fn precedence_flag_over_env_over_file_over_default() {
     };
     let cfg = file.to_str().unwrap().to_string();
     let from_file = settings(vec!["check".into(), "--config".into(), cfg.clone()], vec![]).await;
-    assert!(from_file.contains("coder_url=http://127.0.0.1:1 ") && from_file.contains("idle_after=45m") && from_file.contains("interval=2m"), "{from_file}");
+    assert!(
+        from_file.contains("coder_url=http://127.0.0.1:1 ") && from_file.contains("idle_after=45m") && from_file.contains("interval=2m"),
+        "{from_file}"
+    );
     assert!(from_file.contains("grace=0s") && from_file.contains("reclaim_when=always"), "defaults fill the rest: {from_file}");
-    let from_env = settings(vec!["check".into()], vec![("CODER_GPU_RECLAIMER_CONFIG".into(), cfg.clone()), ("CODER_URL".into(), fake.url())]).await;
-    assert!(from_env.contains(&format!("coder_url={} ", fake.url())) && from_env.contains("idle_after=45m"), "env beats the file: {from_env}");
+    let from_env =
+        settings(vec!["check".into()], vec![("CODER_GPU_RECLAIMER_CONFIG".into(), cfg.clone()), ("CODER_URL".into(), fake.url())]).await;
+    assert!(
+        from_env.contains(&format!("coder_url={} ", fake.url())) && from_env.contains("idle_after=45m"),
+        "env beats the file: {from_env}"
+    );
     let from_flag = settings(
         vec!["check".into(), "--coder-url".into(), "http://127.0.0.1:2".into(), "--idle-after".into(), "10m".into()],
         vec![("CODER_GPU_RECLAIMER_CONFIG".into(), cfg), ("CODER_URL".into(), fake.url())],
     )
     .await;
-    assert!(from_flag.contains("coder_url=http://127.0.0.1:2 ") && from_flag.contains("idle_after=10m") && from_flag.contains("interval=2m"), "flags beat env and file: {from_flag}");
+    assert!(
+        from_flag.contains("coder_url=http://127.0.0.1:2 ") && from_flag.contains("idle_after=10m") && from_flag.contains("interval=2m"),
+        "flags beat env and file: {from_flag}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

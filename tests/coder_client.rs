@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use coder_gpu_reclaimer::coder::types::{AgentStatus, AgentLifecycle, BuildReason, JobStatus, Transition};
+use coder_gpu_reclaimer::coder::types::{AgentLifecycle, AgentStatus, BuildReason, JobStatus, Transition};
 use coder_gpu_reclaimer::coder::{CoderClient, ErrorKind, SessionToken, StopOutcome};
 use coder_gpu_reclaimer::retry::RetryPolicy;
 use serde_json::json;
@@ -59,7 +59,8 @@ async fn lists_running_workspaces_in_one_request_and_parses_real_shapes() {
 
 #[tokio::test]
 async fn unknown_enum_values_parse_instead_of_failing_the_listing() {
-    let ws: coder_gpu_reclaimer::coder::types::Workspace = serde_json::from_value(fixture_json("coder/workspace_unknown_enums.json")).unwrap();
+    let ws: coder_gpu_reclaimer::coder::types::Workspace =
+        serde_json::from_value(fixture_json("coder/workspace_unknown_enums.json")).unwrap();
     assert_eq!(ws.latest_build.reason, BuildReason::FailedStop);
     assert_eq!(ws.latest_build.agents().next().unwrap().lifecycle_state, AgentLifecycle::Unknown);
     let mut v = fixture_json("coder/workspace_unknown_enums.json");
@@ -73,8 +74,17 @@ async fn unknown_enum_values_parse_instead_of_failing_the_listing() {
 #[tokio::test]
 async fn start_up_calls_and_the_bypass_header_after_owner_confirmation() {
     let server = MockServer::start().await;
-    Mock::given(method("GET")).and(path("/api/v2/buildinfo")).respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/buildinfo.json"))).mount(&server).await;
-    Mock::given(method("GET")).and(path("/api/v2/users/me")).and(header("Coder-Session-Token", TOKEN)).respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/user_owner.json"))).mount(&server).await;
+    Mock::given(method("GET"))
+        .and(path("/api/v2/buildinfo"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/buildinfo.json")))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/api/v2/users/me"))
+        .and(header("Coder-Session-Token", TOKEN))
+        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/user_owner.json")))
+        .mount(&server)
+        .await;
     let key = fixture_json("coder/api_key.json");
     Mock::given(method("GET"))
         .and(path("/api/v2/users/me/keys/a1b2c3d4e5"))
@@ -88,7 +98,10 @@ async fn start_up_calls_and_the_bypass_header_after_owner_confirmation() {
     let id = coder_gpu_reclaimer::startup::confirm_owner(&c, &token).await.unwrap();
     assert_eq!(id.coder_version, "v2.34.3+4653f32");
     assert_eq!(id.username, "admin");
-    assert_eq!(id.token_expires_at.unwrap().to_rfc3339(), chrono::DateTime::parse_from_rfc3339(key["expires_at"].as_str().unwrap()).unwrap().to_rfc3339());
+    assert_eq!(
+        id.token_expires_at.unwrap().to_rfc3339(),
+        chrono::DateTime::parse_from_rfc3339(key["expires_at"].as_str().unwrap()).unwrap().to_rfc3339()
+    );
     let reqs = server.received_requests().await.unwrap();
     assert!(reqs[0].headers.get("X-Coder-Bypass-Ratelimit").is_none() && reqs[1].headers.get("X-Coder-Bypass-Ratelimit").is_none());
 }
@@ -96,12 +109,23 @@ async fn start_up_calls_and_the_bypass_header_after_owner_confirmation() {
 #[tokio::test]
 async fn a_member_token_is_refused_with_the_reason() {
     let server = MockServer::start().await;
-    Mock::given(method("GET")).and(path("/api/v2/buildinfo")).respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/buildinfo.json"))).mount(&server).await;
-    Mock::given(method("GET")).and(path("/api/v2/users/me")).respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/user_member.json"))).mount(&server).await;
+    Mock::given(method("GET"))
+        .and(path("/api/v2/buildinfo"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/buildinfo.json")))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/api/v2/users/me"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/user_member.json")))
+        .mount(&server)
+        .await;
     let c = client(&server, RetryPolicy::none());
     let err = coder_gpu_reclaimer::startup::confirm_owner(&c, &SessionToken::new(TOKEN).unwrap()).await.unwrap_err();
     let msg = format!("{err:?}");
-    assert!(msg.contains("Config") && msg.contains("\\\"alice\\\", who is not an owner: only owners may stop other users' workspaces"), "{msg}");
+    assert!(
+        msg.contains("Config") && msg.contains("\\\"alice\\\", who is not an owner: only owners may stop other users' workspaces"),
+        "{msg}"
+    );
     assert_eq!(server.received_requests().await.unwrap().iter().filter(|r| r.headers.get("X-Coder-Bypass-Ratelimit").is_some()).count(), 0);
 }
 
@@ -129,7 +153,11 @@ async fn stop_sends_exactly_a_stop_transition_and_accepts_201() {
 #[tokio::test]
 async fn a_409_is_an_outcome_not_an_error() {
     let server = MockServer::start().await;
-    Mock::given(method("POST")).respond_with(ResponseTemplate::new(409).set_body_json(fixture_json("coder/error_409_build_active.json"))).expect(1).mount(&server).await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(409).set_body_json(fixture_json("coder/error_409_build_active.json")))
+        .expect(1)
+        .mount(&server)
+        .await;
     let out = client(&server, quick_retry()).stop_workspace(WS_ID).await.unwrap();
     assert_eq!(out, StopOutcome::BuildActive("HTTP 409: A workspace build is already active.".into()));
 }
@@ -137,9 +165,24 @@ async fn a_409_is_an_outcome_not_an_error() {
 #[tokio::test]
 async fn errors_are_classified_carry_coders_words_and_never_retry_4xx() {
     let cases = [
-        (401, ResponseTemplate::new(401).set_body_json(fixture_json("coder/error_401.json")), ErrorKind::Unauthorized, "signed out or your session has expired"),
-        (403, coder_error(403, "You do not have permission to stop this workspace.", ""), ErrorKind::NoPermission, "You do not have permission"),
-        (404, coder_error(404, "Resource not found or you do not have access to this resource", ""), ErrorKind::NoPermission, "Resource not found"),
+        (
+            401,
+            ResponseTemplate::new(401).set_body_json(fixture_json("coder/error_401.json")),
+            ErrorKind::Unauthorized,
+            "signed out or your session has expired",
+        ),
+        (
+            403,
+            coder_error(403, "You do not have permission to stop this workspace.", ""),
+            ErrorKind::NoPermission,
+            "You do not have permission",
+        ),
+        (
+            404,
+            coder_error(404, "Resource not found or you do not have access to this resource", ""),
+            ErrorKind::NoPermission,
+            "Resource not found",
+        ),
     ];
     for (status, resp, kind, words) in cases {
         let server = MockServer::start().await;
@@ -151,7 +194,10 @@ async fn errors_are_classified_carry_coders_words_and_never_retry_4xx() {
         assert!(!text.contains("5up3rs3cr3t"), "the token leaked: {text}");
     }
     let server = MockServer::start().await;
-    Mock::given(method("GET")).respond_with(ResponseTemplate::new(401).set_body_json(fixture_json("coder/error_401.json"))).mount(&server).await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(401).set_body_json(fixture_json("coder/error_401.json")))
+        .mount(&server)
+        .await;
     let err = client(&server, quick_retry()).me().await.unwrap_err();
     assert!(err.to_string().contains("expired or revoked: create a new one"), "{err}");
 }
@@ -160,12 +206,19 @@ async fn errors_are_classified_carry_coders_words_and_never_retry_4xx() {
 async fn a_429_waits_for_retry_after_then_succeeds() {
     let server = MockServer::start().await;
     Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(429).insert_header("Retry-After", "1").set_body_json(json!({"message": "You've been rate limited for sending more than 512 requests in 1m0s."})))
+        .respond_with(
+            ResponseTemplate::new(429)
+                .insert_header("Retry-After", "1")
+                .set_body_json(json!({"message": "You've been rate limited for sending more than 512 requests in 1m0s."})),
+        )
         .up_to_n_times(1)
         .with_priority(1)
         .mount(&server)
         .await;
-    Mock::given(method("GET")).respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/workspaces_running.json"))).mount(&server).await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/workspaces_running.json")))
+        .mount(&server)
+        .await;
     let started = Instant::now();
     let list = client(&server, quick_retry()).running_workspaces().await.unwrap();
     assert_eq!(list.len(), 2);
@@ -176,9 +229,23 @@ async fn a_429_waits_for_retry_after_then_succeeds() {
 #[tokio::test]
 async fn a_5xx_burst_is_retried_until_success() {
     let server = MockServer::start().await;
-    Mock::given(method("GET")).respond_with(ResponseTemplate::new(500).set_body_json(json!({"message": "Internal error fetching workspaces."}))).up_to_n_times(2).with_priority(1).mount(&server).await;
-    Mock::given(method("GET")).respond_with(ResponseTemplate::new(503).set_body_string("upstream connect error")).up_to_n_times(1).with_priority(2).mount(&server).await;
-    Mock::given(method("GET")).respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/workspaces_running.json"))).with_priority(3).mount(&server).await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(500).set_body_json(json!({"message": "Internal error fetching workspaces."})))
+        .up_to_n_times(2)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(503).set_body_string("upstream connect error"))
+        .up_to_n_times(1)
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/workspaces_running.json")))
+        .with_priority(3)
+        .mount(&server)
+        .await;
     assert_eq!(client(&server, quick_retry()).running_workspaces().await.unwrap().len(), 2);
     assert_eq!(server.received_requests().await.unwrap().len(), 4);
 }
@@ -187,7 +254,8 @@ async fn a_5xx_burst_is_retried_until_success() {
 async fn a_timeout_gives_up_within_the_retry_budget() {
     let server = MockServer::start().await;
     Mock::given(method("GET")).respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(5))).mount(&server).await;
-    let budget = RetryPolicy { initial: Duration::from_millis(10), max_interval: Duration::from_millis(20), max_elapsed: Duration::from_secs(2) };
+    let budget =
+        RetryPolicy { initial: Duration::from_millis(10), max_interval: Duration::from_millis(20), max_elapsed: Duration::from_secs(2) };
     let started = Instant::now();
     let err = client(&server, budget).running_workspaces().await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Transport);
@@ -200,7 +268,12 @@ async fn follows_a_build_and_sets_a_ttl() {
     let server = MockServer::start().await;
     let build = fixture_json("coder/workspace_build_stop_succeeded.json");
     let id = build["id"].as_str().unwrap().to_string();
-    Mock::given(method("GET")).and(path(format!("/api/v2/workspacebuilds/{id}"))).respond_with(ResponseTemplate::new(200).set_body_json(build)).expect(1).mount(&server).await;
+    Mock::given(method("GET"))
+        .and(path(format!("/api/v2/workspacebuilds/{id}")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(build))
+        .expect(1)
+        .mount(&server)
+        .await;
     Mock::given(method("PUT"))
         .and(path(format!("/api/v2/workspaces/{WS_ID}/ttl")))
         .and(body_json(json!({"ttl_ms": 28_800_000})))
@@ -224,7 +297,8 @@ async fn follows_a_build_and_sets_a_ttl() {
 
 #[test]
 fn the_client_debug_output_hides_the_token() {
-    let c = CoderClient::new("https://coder.example.com", SessionToken::new(TOKEN).unwrap(), Duration::from_secs(1), RetryPolicy::none()).unwrap();
+    let c = CoderClient::new("https://coder.example.com", SessionToken::new(TOKEN).unwrap(), Duration::from_secs(1), RetryPolicy::none())
+        .unwrap();
     let dbg = format!("{c:?}");
     assert!(!dbg.contains("5up3rs3cr3t") && dbg.contains("redacted"), "{dbg}");
 }

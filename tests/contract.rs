@@ -129,7 +129,12 @@ fn the_validator_catches_what_it_should() {
     ws["id"] = "not-a-uuid".into();
     ws["last_used_at"] = "yesterday".into();
     let errors = check(&spec, "codersdk.Workspace", &ws).join("\n");
-    for want in ["transition: \"pause\" is not one of", "made_up_field: not in the spec", "\"not-a-uuid\" is not a UUID", "\"yesterday\" is not RFC 3339"] {
+    for want in [
+        "transition: \"pause\" is not one of",
+        "made_up_field: not in the spec",
+        "\"not-a-uuid\" is not a UUID",
+        "\"yesterday\" is not RFC 3339",
+    ] {
         assert!(errors.contains(want), "missing {want:?} in\n{errors}");
     }
     let errors = check(&spec, "codersdk.User", &serde_json::json!({"id": "0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70"}));
@@ -188,14 +193,22 @@ fn every_path_the_client_calls_is_in_the_spec() {
 async fn every_request_body_fits_its_schema() {
     let spec = spec();
     let server = MockServer::start().await;
-    Mock::given(any()).respond_with(ResponseTemplate::new(201).set_body_json(fixture_json("coder/workspace_build_stop_queued.json"))).mount(&server).await;
-    let client = CoderClient::new(&server.uri(), SessionToken::new("abc-def").unwrap(), Duration::from_secs(2), RetryPolicy::none()).unwrap();
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(201).set_body_json(fixture_json("coder/workspace_build_stop_queued.json")))
+        .mount(&server)
+        .await;
+    let client =
+        CoderClient::new(&server.uri(), SessionToken::new("abc-def").unwrap(), Duration::from_secs(2), RetryPolicy::none()).unwrap();
     client.stop_workspace(crate::common::WS_ID).await.unwrap();
     client.set_ttl(crate::common::WS_ID, Some(8 * 3_600_000)).await.ok();
     client.set_ttl(crate::common::WS_ID, None).await.ok();
     let requests = server.received_requests().await.unwrap();
     assert_eq!(requests.len(), 3);
-    for (req, def) in requests.iter().zip(["codersdk.CreateWorkspaceBuildRequest", "codersdk.UpdateWorkspaceTTLRequest", "codersdk.UpdateWorkspaceTTLRequest"]) {
+    for (req, def) in requests.iter().zip([
+        "codersdk.CreateWorkspaceBuildRequest",
+        "codersdk.UpdateWorkspaceTTLRequest",
+        "codersdk.UpdateWorkspaceTTLRequest",
+    ]) {
         let body: Value = serde_json::from_slice(&req.body).unwrap();
         let errors = check(&spec, def, &body);
         assert!(errors.is_empty(), "{} {} body {body} does not fit {def}: {errors:?}", req.method, req.url.path());
@@ -225,11 +238,23 @@ async fn the_fake_coder_answers_in_the_spec_shapes() {
     let key_id = token.split('-').next().unwrap().to_string();
     let key: Value = get(format!("/api/v2/users/me/keys/{key_id}")).await.json().await.unwrap();
     assert!(check(&spec, "codersdk.APIKey", &key).is_empty());
-    let resp = http.post(format!("{}/api/v2/workspaces/{a}/builds", fake.url())).header("Coder-Session-Token", &token).json(&serde_json::json!({"transition": "stop"})).send().await.unwrap();
+    let resp = http
+        .post(format!("{}/api/v2/workspaces/{a}/builds", fake.url()))
+        .header("Coder-Session-Token", &token)
+        .json(&serde_json::json!({"transition": "stop"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 201);
     let build: Value = resp.json().await.unwrap();
     assert!(check(&spec, "codersdk.WorkspaceBuild", &build).is_empty());
-    let again = http.post(format!("{}/api/v2/workspaces/{a}/builds", fake.url())).header("Coder-Session-Token", &token).json(&serde_json::json!({"transition": "stop"})).send().await.unwrap();
+    let again = http
+        .post(format!("{}/api/v2/workspaces/{a}/builds", fake.url()))
+        .header("Coder-Session-Token", &token)
+        .json(&serde_json::json!({"transition": "stop"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(again.status().as_u16(), 409);
     let body: Value = again.json().await.unwrap();
     assert!(check(&spec, "codersdk.Response", &body).is_empty());

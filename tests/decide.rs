@@ -55,7 +55,11 @@ fn values(load: (f64, f64, f64, f64, f64), fields: Fields) -> SignalValues {
 
 /// One GPU sampled every minute from `from_min` minutes ago until now.
 fn gpu(points: impl IntoIterator<Item = (i64, SignalValues)>) -> BTreeMap<GpuKey, GpuWindow> {
-    let key = GpuKey { uuid: "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6".into(), gpu_instance: None, pod: Some(format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k")) };
+    let key = GpuKey {
+        uuid: "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6".into(),
+        gpu_instance: None,
+        pod: Some(format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k")),
+    };
     let mut w = GpuWindow::new(key.clone(), Arc::from("http://10.0.0.7:9400/metrics"));
     for (secs_ago, v) in points {
         w.push(GpuSample { at: now() - Duration::seconds(secs_ago), values: v });
@@ -148,8 +152,16 @@ fn missing_or_doubtful_data_never_reclaims() {
         ("a 10-minute hole in the samples", gpu((0..=40).rev().filter(|m| !(10..20).contains(m)).map(|m| idle(m * 60))), Reason::SampleGap),
         ("the newest sample is 5 minutes old", gpu((5..=40).rev().map(|m| idle(m * 60))), Reason::StaleData),
         ("two samples only", gpu([idle(60), idle(0)]), Reason::NoGpuData),
-        ("utilization 100% while GR_ENGINE reads 0 (profiling stuck)", gpu((0..=40).rev().map(|m| (m * 60, values((100.0, 300.0, 90.0, 0.0, 0.0), Fields::NoSm)))), Reason::MetricsDisagree),
-        ("power only, no compute signal", gpu((0..=40).rev().map(|m| (m * 60, SignalValues::default().with(Signal::PowerWatts, 24.3)))), Reason::NoGpuData),
+        (
+            "utilization 100% while GR_ENGINE reads 0 (profiling stuck)",
+            gpu((0..=40).rev().map(|m| (m * 60, values((100.0, 300.0, 90.0, 0.0, 0.0), Fields::NoSm)))),
+            Reason::MetricsDisagree,
+        ),
+        (
+            "power only, no compute signal",
+            gpu((0..=40).rev().map(|m| (m * 60, SignalValues::default().with(Signal::PowerWatts, 24.3)))),
+            Reason::NoGpuData,
+        ),
     ];
     for (name, g, reason) in cases {
         let d = judge(&away, &g, &p);
@@ -191,7 +203,10 @@ fn build_states_and_rules() {
     assert_eq!(judge(&failed_start, &g, &p).reason, Reason::NotRunning);
 
     let rules = |r: Vec<Rule>| Policy { rules: r, ..policy() };
-    let exempt = rules(vec![Rule { owner: Some("nobody".into()), exempt: true, ..Rule::default() }, Rule { template: Some("gpu-*".into()), exempt: true, ..Rule::default() }]);
+    let exempt = rules(vec![
+        Rule { owner: Some("nobody".into()), exempt: true, ..Rule::default() },
+        Rule { template: Some("gpu-*".into()), exempt: true, ..Rule::default() },
+    ]);
     assert_eq!(judge(&ws(mins(40)), &g, &exempt).reason, Reason::Excluded);
     let first_match_wins = rules(vec![
         Rule { workspace: Some("alice-*".into()), idle_after: Some(StdDuration::from_secs(7200)), ..Rule::default() },
@@ -203,7 +218,10 @@ fn build_states_and_rules() {
 
 #[test]
 fn grace_warns_first_and_activity_cancels() {
-    let p = Policy { thresholds: coder_gpu_reclaimer::policy::Thresholds { grace: StdDuration::from_secs(600), ..policy().thresholds }, ..policy() };
+    let p = Policy {
+        thresholds: coder_gpu_reclaimer::policy::Thresholds { grace: StdDuration::from_secs(600), ..policy().thresholds },
+        ..policy()
+    };
     let g = steady(NOTHING, Fields::All, 40);
     let w = ws(mins(40));
     let first = decide(now(), &w, Some(&g), &p, None);

@@ -26,11 +26,28 @@ pub struct Service {
 impl Service {
     pub fn start(coder: &FakeCoder, exporters: &[String], token: &str, extra: &[&str]) -> Service {
         let mut cmd = Command::new(binary());
-        cmd.args(["run", "--enforce", "--coder-url", &coder.url(), "--interval", "1s", "--idle-after", "6s", "--listen", "127.0.0.1:0", "--log-format", "json"]);
+        cmd.args([
+            "run",
+            "--enforce",
+            "--coder-url",
+            &coder.url(),
+            "--interval",
+            "1s",
+            "--idle-after",
+            "6s",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+        ]);
         for e in exporters {
             cmd.args(["--dcgm-exporter", e]);
         }
-        cmd.args(extra).env("CODER_SESSION_TOKEN", token).env_remove("CODER_URL").env_remove("DCGM_EXPORTER_URLS").env_remove("CODER_GPU_RECLAIMER_CONFIG");
+        cmd.args(extra)
+            .env("CODER_SESSION_TOKEN", token)
+            .env_remove("CODER_URL")
+            .env_remove("DCGM_EXPORTER_URLS")
+            .env_remove("CODER_GPU_RECLAIMER_CONFIG");
         let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
         let logs = Arc::new(Mutex::new(Vec::new()));
         let raw = Arc::new(Mutex::new(String::new()));
@@ -116,8 +133,16 @@ pub async fn until_with(coder: &FakeCoder, svc: Option<&Service>, what: &str, ti
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let events = coder.with(|w| w.events.iter().map(|e| format!("{} {} {} {}", e.at.format("%H:%M:%S%.3f"), e.workspace, e.kind, e.detail)).collect::<Vec<_>>().join("\n"));
-    let logs = svc.map(|s| s.raw().lines().rev().take(400).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")).unwrap_or_default();
+    let events = coder.with(|w| {
+        w.events
+            .iter()
+            .map(|e| format!("{} {} {} {}", e.at.format("%H:%M:%S%.3f"), e.workspace, e.kind, e.detail))
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    let logs = svc
+        .map(|s| s.raw().lines().rev().take(400).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default();
     panic!("timed out waiting for: {what}\n{events}\n--- service log tail ---\n{logs}");
 }
 
@@ -148,14 +173,19 @@ async fn seed_story_idle_then_phantom() {
     });
     let b = coder.with(|w| w.create_workspace("bob", "b", None)).unwrap();
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
-    until(&coder, "B waits (Pending)", Duration::from_secs(5), |w| w.ws_index(b).is_some_and(|i| w.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none()))).await;
+    until(&coder, "B waits (Pending)", Duration::from_secs(5), |w| {
+        w.ws_index(b).is_some_and(|i| w.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none()))
+    })
+    .await;
     until(&coder, "A is stopped and B gets the GPU", Duration::from_secs(30), |w| holds_gpu(w, b) && connected(w, b)).await;
     assert_eq!(coder.with(|w| w.stop_builds_by(a, "admin")), 1);
-    let (home, tmp) = coder.with(|w| w.ws_index(a).map(|i| (w.workspaces[i].home_files.clone(), w.workspaces[i].tmp_files.clone()))).unwrap();
+    let (home, tmp) =
+        coder.with(|w| w.ws_index(a).map(|i| (w.workspaces[i].home_files.clone(), w.workspaces[i].tmp_files.clone()))).unwrap();
     assert_eq!((home, tmp), (vec!["/home/coder/notes.md".to_string()], vec![]));
     coder.with(|w| w.set_load(b, Load::Phantom));
     coder.with(|w| w.create_build(a, "start", w.user_index("alice").unwrap(), "cli")).unwrap();
-    until_with(&coder, Some(&svc), "B (phantom) is reclaimed and A runs", Duration::from_secs(30), |w| holds_gpu(w, a) && connected(w, a)).await;
+    until_with(&coder, Some(&svc), "B (phantom) is reclaimed and A runs", Duration::from_secs(30), |w| holds_gpu(w, a) && connected(w, a))
+        .await;
     assert_eq!(coder.with(|w| w.stop_builds_by(b, "admin")), 1);
     let stops = svc.events("stop_sent");
     assert_eq!(stops.len(), 2);
@@ -208,13 +238,26 @@ async fn extended_deadlines_and_disabled_autostop_do_not_protect_an_idle_gpu() {
     let http = reqwest::Client::new();
     let alice = coder.with(|w| w.token_of("alice")).unwrap();
     let far = (chrono::Utc::now() + chrono::Duration::hours(20)).to_rfc3339();
-    let r = http.put(format!("{}/api/v2/workspaces/{a}/extend", coder.url())).header("Coder-Session-Token", &alice).json(&serde_json::json!({"deadline": far})).send().await.unwrap();
+    let r = http
+        .put(format!("{}/api/v2/workspaces/{a}/extend", coder.url()))
+        .header("Coder-Session-Token", &alice)
+        .json(&serde_json::json!({"deadline": far}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let bob = coder.with(|w| w.token_of("bob")).unwrap();
-    let r = http.put(format!("{}/api/v2/workspaces/{b}/ttl", coder.url())).header("Coder-Session-Token", &bob).json(&serde_json::json!({"ttl_ms": null})).send().await.unwrap();
+    let r = http
+        .put(format!("{}/api/v2/workspaces/{b}/ttl", coder.url()))
+        .header("Coder-Session-Token", &bob)
+        .json(&serde_json::json!({"ttl_ms": null}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 204);
     let _svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
-    until(&coder, "both stopped", Duration::from_secs(30), |w| w.stop_builds_by(a, "admin") == 1 && w.stop_builds_by(b, "admin") == 1).await;
+    until(&coder, "both stopped", Duration::from_secs(30), |w| w.stop_builds_by(a, "admin") == 1 && w.stop_builds_by(b, "admin") == 1)
+        .await;
 }
 
 /// Coder 5xx bursts and 429s: the service recovers, stops the idle workspace exactly once, and
@@ -231,7 +274,8 @@ async fn coder_5xx_bursts_and_429s_lose_nothing_and_never_double_stop() {
     coder.set_fault(&format!("/api/v2/workspaces/{idle}/builds"), Fault { fail_next: 2, status: 500, ..Fault::default() });
     coder.set_fault("/api/v2/workspacebuilds", Fault { fail_next: 2, status: 429, drop_next: 1, ..Fault::default() });
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
-    until(&coder, "the idle one is stopped", Duration::from_secs(40), |w| w.ws_index(idle).is_some_and(|i| w.workspaces[i].pod.is_none())).await;
+    until(&coder, "the idle one is stopped", Duration::from_secs(40), |w| w.ws_index(idle).is_some_and(|i| w.workspaces[i].pod.is_none()))
+        .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(coder.with(|w| (w.stop_builds_by(idle, "admin"), w.stop_builds_by(busy, "admin"))), (1, 0));
     assert!(!svc.events("stop_done").is_empty(), "the stop was followed to the end despite 429s:\n{}", svc.raw());
@@ -246,8 +290,14 @@ async fn a_dead_exporter_keeps_its_workspaces_up() {
     until(&coder, "A gets GPU 0", Duration::from_secs(5), |w| connected(w, a)).await;
     let b = coder.with(|w| w.create_workspace("bob", "on-live-node", None)).unwrap();
     until(&coder, "B gets GPU 1", Duration::from_secs(5), |w| connected(w, b)).await;
-    let mut node0 = FakeExporter::start(coder.world.clone(), ExporterConfig { gpus: vec![0], hostname: "node-0".into(), ..ExporterConfig::default() }).await.unwrap();
-    let node1 = FakeExporter::start(coder.world.clone(), ExporterConfig { gpus: vec![1], hostname: "node-1".into(), ..ExporterConfig::default() }).await.unwrap();
+    let mut node0 =
+        FakeExporter::start(coder.world.clone(), ExporterConfig { gpus: vec![0], hostname: "node-0".into(), ..ExporterConfig::default() })
+            .await
+            .unwrap();
+    let node1 =
+        FakeExporter::start(coder.world.clone(), ExporterConfig { gpus: vec![1], hostname: "node-1".into(), ..ExporterConfig::default() })
+            .await
+            .unwrap();
     let svc = Service::start(&coder, &[node0.url(), node1.url()], &coder.owner_token(), &[]);
     svc.wait_event("pass", Duration::from_secs(5)).await;
     node0.kill();
@@ -302,7 +352,11 @@ async fn killed_and_restarted_mid_story() {
 
 async fn exit_of(args: &[&str], token: &str) -> (i32, String) {
     let (args, token): (Vec<String>, String) = (args.iter().map(|s| s.to_string()).collect(), token.to_string());
-    let out = tokio::task::spawn_blocking(move || Command::new(binary()).args(&args).env("CODER_SESSION_TOKEN", token).env_remove("CODER_URL").output().unwrap()).await.unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(binary()).args(&args).env("CODER_SESSION_TOKEN", token).env_remove("CODER_URL").output().unwrap()
+    })
+    .await
+    .unwrap();
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout))
 }
 
@@ -349,7 +403,9 @@ async fn plan_json_matches_the_status_api_and_check_passes() {
     until(&coder, "A runs", Duration::from_secs(5), |w| connected(w, a)).await;
     coder.with(|w| w.create_workspace("bob", "b", None)).unwrap();
     let token = coder.owner_token();
-    let (code, out) = exit_of(&["plan", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url(), "--output", "json", "--sample-for", "2s"], &token).await;
+    let (code, out) =
+        exit_of(&["plan", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url(), "--output", "json", "--sample-for", "2s"], &token)
+            .await;
     assert_eq!(code, 0, "{out}");
     let json_start = out.find('{').unwrap();
     let plan: Value = serde_json::from_str(&out[json_start..]).unwrap();
@@ -364,7 +420,10 @@ async fn plan_json_matches_the_status_api_and_check_passes() {
     assert_eq!(plan["workspaces"].as_array().unwrap().len(), api["workspaces"].as_array().unwrap().len());
     let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()], &token).await;
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("ok   token: belongs to \"admin\", an owner") && out.contains("ok   coverage: 1 of 2 running workspaces"), "{out}");
+    assert!(
+        out.contains("ok   token: belongs to \"admin\", an owner") && out.contains("ok   coverage: 1 of 2 running workspaces"),
+        "{out}"
+    );
     let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", "http://127.0.0.1:9/metrics"], &token).await;
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("FAIL gpu source: http://127.0.0.1:9/metrics"), "{out}");

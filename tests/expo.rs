@@ -76,21 +76,47 @@ fn syntax_cases() {
 }
 
 fn label_value() -> impl Strategy<Value = String> {
-    proptest::collection::vec(prop_oneof![Just('a'), Just('Z'), Just('0'), Just(' '), Just(','), Just('"'), Just('\\'), Just('\n'), Just('}'), Just('{'), Just('='), Just('é')], 0..12)
-        .prop_map(|cs| cs.into_iter().collect())
+    proptest::collection::vec(
+        prop_oneof![
+            Just('a'),
+            Just('Z'),
+            Just('0'),
+            Just(' '),
+            Just(','),
+            Just('"'),
+            Just('\\'),
+            Just('\n'),
+            Just('}'),
+            Just('{'),
+            Just('='),
+            Just('é')
+        ],
+        0..12,
+    )
+    .prop_map(|cs| cs.into_iter().collect())
 }
 
 fn name() -> impl Strategy<Value = String> {
-    (prop_oneof![Just('a'), Just('_'), Just(':'), Just('D')], proptest::collection::vec(prop_oneof![Just('a'), Just('_'), Just('9'), Just('F')], 0..10))
+    (
+        prop_oneof![Just('a'), Just('_'), Just(':'), Just('D')],
+        proptest::collection::vec(prop_oneof![Just('a'), Just('_'), Just('9'), Just('F')], 0..10),
+    )
         .prop_map(|(c, rest)| std::iter::once(c).chain(rest).collect())
 }
 
 fn label_name() -> impl Strategy<Value = String> {
-    (prop_oneof![Just('a'), Just('_'), Just('U')], proptest::collection::vec(prop_oneof![Just('b'), Just('_'), Just('7')], 0..8)).prop_map(|(c, rest)| std::iter::once(c).chain(rest).collect())
+    (prop_oneof![Just('a'), Just('_'), Just('U')], proptest::collection::vec(prop_oneof![Just('b'), Just('_'), Just('7')], 0..8))
+        .prop_map(|(c, rest)| std::iter::once(c).chain(rest).collect())
 }
 
 fn value() -> impl Strategy<Value = f64> {
-    prop_oneof![any::<f64>(), Just(f64::NAN), Just(f64::INFINITY), Just(f64::NEG_INFINITY), (0u32..1_000_000).prop_map(|n| n as f64 / 1000.0)]
+    prop_oneof![
+        any::<f64>(),
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(f64::NEG_INFINITY),
+        (0u32..1_000_000).prop_map(|n| n as f64 / 1000.0)
+    ]
 }
 
 proptest! {

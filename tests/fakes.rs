@@ -26,14 +26,25 @@ async fn a_member_cannot_stop_another_users_workspace_but_the_owner_can() {
     let a = c.with(|w| w.create_workspace("alice", "a", None)).unwrap();
     settle().await;
     let http = reqwest::Client::new();
-    let stop = |token: String| http.post(format!("{}/api/v2/workspaces/{a}/builds", c.url())).header("Coder-Session-Token", token).json(&json!({"transition": "stop"})).send();
+    let stop = |token: String| {
+        http.post(format!("{}/api/v2/workspaces/{a}/builds", c.url()))
+            .header("Coder-Session-Token", token)
+            .json(&json!({"transition": "stop"}))
+            .send()
+    };
     let bob = stop(c.with(|w| w.token_of("bob")).unwrap()).await.unwrap();
     assert_eq!(bob.status(), StatusCode::NOT_FOUND, "stage 3 scenario 2: an ordinary user gets 404");
     assert_eq!(bob.json::<Value>().await.unwrap()["message"], "Resource not found or you do not have access to this resource");
     assert_eq!(stop(c.owner_token()).await.unwrap().status(), StatusCode::CREATED, "the owner gets 201");
     let again = stop(c.owner_token()).await.unwrap();
     assert_eq!(again.status(), StatusCode::CONFLICT, "a build is still active");
-    let bad = http.post(format!("{}/api/v2/workspaces/{a}/builds", c.url())).header("Coder-Session-Token", c.owner_token()).json(&json!({"transition": "pause"})).send().await.unwrap();
+    let bad = http
+        .post(format!("{}/api/v2/workspaces/{a}/builds", c.url()))
+        .header("Coder-Session-Token", c.owner_token())
+        .json(&json!({"transition": "pause"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
     assert_eq!(bad.json::<Value>().await.unwrap()["validations"][0]["field"], "transition");
 }
@@ -72,7 +83,9 @@ async fn extend_and_ttl_follow_coders_rules() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let http = reqwest::Client::new();
     let alice = c.with(|w| w.token_of("alice")).unwrap();
-    let put = |what: &str, body: Value| http.put(format!("{}/api/v2/workspaces/{a}/{what}", c.url())).header("Coder-Session-Token", &alice).json(&body).send();
+    let put = |what: &str, body: Value| {
+        http.put(format!("{}/api/v2/workspaces/{a}/{what}", c.url())).header("Coder-Session-Token", &alice).json(&body).send()
+    };
     let soon = (chrono::Utc::now() + chrono::Duration::seconds(5)).to_rfc3339();
     let r = put("extend", json!({"deadline": soon})).await.unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST, "less than 30 Coder minutes ahead (30 s at 60x)");
@@ -85,11 +98,22 @@ async fn extend_and_ttl_follow_coders_rules() {
     assert_eq!(r.json::<Value>().await.unwrap()["validations"][0]["detail"], "time until shutdown must be at least one minute");
     assert_eq!(put("ttl", json!({"ttl_ms": 31i64 * 24 * 3_600_000})).await.unwrap().status(), StatusCode::BAD_REQUEST);
     assert_eq!(put("ttl", json!({"ttl_ms": null})).await.unwrap().status(), StatusCode::NO_CONTENT);
-    let ws: Value = http.get(format!("{}/api/v2/workspaces/{a}", c.url())).header("Coder-Session-Token", &alice).send().await.unwrap().json().await.unwrap();
+    let ws: Value = http
+        .get(format!("{}/api/v2/workspaces/{a}", c.url()))
+        .header("Coder-Session-Token", &alice)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(ws.get("ttl_ms").is_none(), "omitted once autostop is off");
     assert!(ws["latest_build"]["deadline"].is_null());
     let r = put("extend", json!({"deadline": later})).await.unwrap();
-    assert_eq!((r.status(), r.json::<Value>().await.unwrap()["message"].clone()), (StatusCode::CONFLICT, json!("Workspace shutdown is manual.")));
+    assert_eq!(
+        (r.status(), r.json::<Value>().await.unwrap()["message"].clone()),
+        (StatusCode::CONFLICT, json!("Workspace shutdown is manual."))
+    );
 }
 
 #[tokio::test]
@@ -100,7 +124,13 @@ async fn a_pending_pods_agent_is_connecting_then_timeout() {
     settle().await;
     let b = c.with(|w| w.create_workspace("bob", "b", None)).unwrap();
     tokio::time::sleep(Duration::from_millis(60)).await;
-    let status = || c.with(|w| w.ws_index(b).and_then(|i| w.workspaces[i].latest()?.agent.clone()).map(|a| (w.agent_status(&a), a.lifecycle, a.first_connected_at.is_none())));
+    let status = || {
+        c.with(|w| {
+            w.ws_index(b)
+                .and_then(|i| w.workspaces[i].latest()?.agent.clone())
+                .map(|a| (w.agent_status(&a), a.lifecycle, a.first_connected_at.is_none()))
+        })
+    };
     assert_eq!(status(), Some(("connecting", "created", true)), "build succeeded, pod Pending");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(status(), Some(("timeout", "created", true)));

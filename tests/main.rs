@@ -1,8 +1,10 @@
 //! The one integration-test binary. Each module is one area; `common` holds shared helpers.
 
-mod common;
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod cli;
 mod coder_client;
+mod common;
 mod contract;
 mod decide;
 mod e2e;

@@ -38,9 +38,15 @@ impl Harness {
     pub async fn with_world(world: WorldConfig, mode: Mode, tune: impl FnOnce(&mut Policy)) -> Self {
         let coder = FakeCoder::start(world).await.unwrap();
         let exporter = FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.unwrap();
-        let retry = RetryPolicy { initial: Duration::from_millis(10), max_interval: Duration::from_millis(50), max_elapsed: Duration::from_millis(300) };
+        let retry = RetryPolicy {
+            initial: Duration::from_millis(10),
+            max_interval: Duration::from_millis(50),
+            max_elapsed: Duration::from_millis(300),
+        };
         let metrics = Arc::new(Metrics::new());
-        let client = CoderClient::new(&coder.url(), SessionToken::new(&coder.owner_token()).unwrap(), Duration::from_secs(2), retry).unwrap().with_observer(metrics.observer());
+        let client = CoderClient::new(&coder.url(), SessionToken::new(&coder.owner_token()).unwrap(), Duration::from_secs(2), retry)
+            .unwrap()
+            .with_observer(metrics.observer());
         let source = Sources::Exporters(ExporterSource::new(vec![exporter.url()], Ownership::default(), Duration::from_secs(1)).unwrap());
         let mut policy = Policy::defaults(INTERVAL);
         policy.thresholds.idle_after = Duration::from_millis(1200);
@@ -56,7 +62,9 @@ impl Harness {
     pub async fn workspace(&self, owner: &str, name: &str, load: Load) -> Uuid {
         let id = self.coder.with(|w| w.create_workspace(owner, name, None)).unwrap();
         for _ in 0..400 {
-            let ready = self.coder.with(|w| w.ws_index(id).and_then(|i| w.workspaces[i].latest()?.agent.clone()).is_some_and(|a| a.first_connected_at.is_some()));
+            let ready = self.coder.with(|w| {
+                w.ws_index(id).and_then(|i| w.workspaces[i].latest()?.agent.clone()).is_some_and(|a| a.first_connected_at.is_some())
+            });
             if ready {
                 self.coder.with(|w| w.set_load(id, load));
                 return id;
@@ -115,7 +123,9 @@ async fn enforce_stops_each_idle_workspace_exactly_once() {
     }
     assert_eq!((h.stops_by_admin(a), h.stops_by_admin(b), h.stops_by_admin(c)), (1, 1, 0));
     assert_eq!(h.posts(), 2);
-    let stopped = h.coder.with(|w| w.workspaces.iter().filter(|ws| ws.latest().is_some_and(|b| b.transition == "stop" && b.job.status == "succeeded")).count());
+    let stopped = h.coder.with(|w| {
+        w.workspaces.iter().filter(|ws| ws.latest().is_some_and(|b| b.transition == "stop" && b.job.status == "succeeded")).count()
+    });
     assert_eq!(stopped, 2, "both stop builds were followed to success");
 }
 

@@ -30,13 +30,21 @@ async fn one_failing_exporter_makes_only_its_gpus_unknown() {
     let good = exporter_with(ResponseTemplate::new(200).set_body_string(fixture("dcgm/exporter-4.8.txt"))).await;
     let empty = exporter_with(ResponseTemplate::new(200).set_body_string("")).await;
     let garbage = exporter_with(ResponseTemplate::new(200).set_body_string("<html>502 Bad Gateway</html>\n")).await;
-    let slow = exporter_with(ResponseTemplate::new(200).set_body_string(fixture("dcgm/exporter-4.8.txt")).set_delay(Duration::from_secs(3))).await;
+    let slow =
+        exporter_with(ResponseTemplate::new(200).set_body_string(fixture("dcgm/exporter-4.8.txt")).set_delay(Duration::from_secs(3))).await;
     let failing = exporter_with(ResponseTemplate::new(503)).await;
     let down = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://{}/metrics", l.local_addr().unwrap())
     }; // closed when `l` drops: connection refused
-    let urls = vec![format!("{}/metrics", good.uri()), format!("{}/metrics", empty.uri()), format!("{}/metrics", garbage.uri()), format!("{}/metrics", slow.uri()), format!("{}/metrics", failing.uri()), down.clone()];
+    let urls = vec![
+        format!("{}/metrics", good.uri()),
+        format!("{}/metrics", empty.uri()),
+        format!("{}/metrics", garbage.uri()),
+        format!("{}/metrics", slow.uri()),
+        format!("{}/metrics", failing.uri()),
+        down.clone(),
+    ];
     let started = std::time::Instant::now();
     let c = source(urls.clone()).collect(Utc::now()).await;
     assert!(started.elapsed() < Duration::from_secs(2), "scrapes run concurrently with a timeout ({:?})", started.elapsed());
@@ -75,8 +83,10 @@ fn prom(server: &MockServer, timeout: Duration) -> PrometheusSource {
 async fn prometheus_reads_history_with_one_query_per_signal() {
     let server = MockServer::start().await;
     let now = Utc::now().timestamp() as f64;
-    let labels = |name: &str| json!({"__name__": name, "UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6", "gpu": "0", "modelName": "NVIDIA L40S",
-        "pod": "dcgm-exporter-x7k2p", "namespace": "gpu-operator", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"), "exported_namespace": "coder"});
+    let labels = |name: &str| {
+        json!({"__name__": name, "UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6", "gpu": "0", "modelName": "NVIDIA L40S",
+        "pod": "dcgm-exporter-x7k2p", "namespace": "gpu-operator", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"), "exported_namespace": "coder"})
+    };
     for (signal, name, values) in [
         (Signal::GpuUtil, "DCGM_FI_DEV_GPU_UTIL", ["100", "100"]),
         (Signal::SmActive, "DCGM_FI_PROF_SM_ACTIVE", ["0.012", "NaN"]),
@@ -108,7 +118,9 @@ async fn prometheus_reads_history_with_one_query_per_signal() {
 async fn prometheus_errors_make_data_unknown_never_zero() {
     let server = MockServer::start().await;
     Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(422).set_body_json(json!({"status": "error", "errorType": "execution", "error": "query processing would load too many samples into memory"})))
+        .respond_with(ResponseTemplate::new(422).set_body_json(
+            json!({"status": "error", "errorType": "execution", "error": "query processing would load too many samples into memory"}),
+        ))
         .mount(&server)
         .await;
     let c = prom(&server, Duration::from_secs(2)).collect(Utc::now()).await;

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::world::{ApiError, Build, Load, NOT_FOUND, World, Workspace};
+use crate::world::{ApiError, Build, Load, NOT_FOUND, Workspace, World};
 
 /// Faults for requests whose path starts with a prefix.
 #[derive(Debug, Clone, Default)]
@@ -116,7 +116,12 @@ pub fn build_json(w: &World, ws: &Workspace, b: &Build) -> Value {
             "directory": "/home/coder", "expanded_directory": "/home/coder", "instance_id": ""
         });
         // Coder omits these while null (omitempty).
-        for (k, v) in [("first_connected_at", a.first_connected_at), ("last_connected_at", a.last_connected_at), ("started_at", a.first_connected_at), ("ready_at", a.first_connected_at)] {
+        for (k, v) in [
+            ("first_connected_at", a.first_connected_at),
+            ("last_connected_at", a.last_connected_at),
+            ("started_at", a.first_connected_at),
+            ("ready_at", a.first_connected_at),
+        ] {
             if let Some(t) = v {
                 agent[k] = json!(ts(t));
             }
@@ -234,7 +239,9 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
         }
         match status {
             0 => {
-                let stream = futures_util::stream::once(async { Err::<Bytes, std::io::Error>(std::io::Error::other("connection dropped by fault injection")) });
+                let stream = futures_util::stream::once(async {
+                    Err::<Bytes, std::io::Error>(std::io::Error::other("connection dropped by fault injection"))
+                });
                 return (StatusCode::OK, Body::from_stream(stream)).into_response();
             }
             u16::MAX => {}
@@ -244,7 +251,11 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
                 return (StatusCode::TOO_MANY_REQUESTS, [("Retry-After", retry_after)], body).into_response();
             }
             code => {
-                return (StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), axum::Json(json!({"message": "Internal error.", "detail": "injected fault"}))).into_response();
+                return (
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                    axum::Json(json!({"message": "Internal error.", "detail": "injected fault"})),
+                )
+                    .into_response();
             }
         }
     }
@@ -257,7 +268,11 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
     let caller = {
         let w = lock(&s.world);
         let Some(token) = token else {
-            return coder_error(ApiError { status: 401, message: "Cookie \"coder_session_token\" or query parameter must be provided.".into(), detail: String::new() });
+            return coder_error(ApiError {
+                status: 401,
+                message: "Cookie \"coder_session_token\" or query parameter must be provided.".into(),
+                detail: String::new(),
+            });
         };
         let Some(ui) = w.user_by_token(&token) else {
             return coder_error(ApiError { status: 401, message: signed_out.into(), detail: "API key is invalid.".into() });
@@ -283,7 +298,12 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
         if q.len() >= limit {
             let retry_after = window.as_secs().max(1).to_string();
             let body = axum::Json(json!({"message": format!("You've been rate limited for sending more than {limit} requests in 1m0s.")}));
-            return (StatusCode::TOO_MANY_REQUESTS, [("Retry-After", retry_after), ("X-RateLimit-Limit", limit.to_string()), ("X-RateLimit-Remaining", "0".to_string())], body).into_response();
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("Retry-After", retry_after), ("X-RateLimit-Limit", limit.to_string()), ("X-RateLimit-Remaining", "0".to_string())],
+                body,
+            )
+                .into_response();
         }
         q.push_back(now);
     }
@@ -354,7 +374,8 @@ async fn list_workspaces(State(s): State<CoderState>, Query(lq): Query<ListQuery
     for term in q.split_whitespace() {
         match term.split_once(':') {
             Some(("status", v)) => {
-                const VALID: [&str; 10] = ["pending", "starting", "running", "stopping", "stopped", "failed", "canceling", "canceled", "deleting", "deleted"];
+                const VALID: [&str; 10] =
+                    ["pending", "starting", "running", "stopping", "stopped", "failed", "canceling", "canceled", "deleting", "deleted"];
                 if !VALID.contains(&v) {
                     return (StatusCode::BAD_REQUEST, axum::Json(json!({"message": "Invalid workspace search query.", "validations": [{"field": "status", "detail": format!("Query param \"status\" has invalid value: \"{v}\" is not a valid workspace status")}]}))).into_response();
                 }
@@ -378,7 +399,8 @@ async fn list_workspaces(State(s): State<CoderState>, Query(lq): Query<ListQuery
     rows.sort_by_key(|ws| (!w.is_running(ws), w.users[ws.owner].username.to_lowercase(), ws.name.to_lowercase()));
     let count = rows.len();
     let offset = lq.offset.unwrap_or(0);
-    let page: Vec<Value> = rows.into_iter().skip(offset).take(lq.limit.filter(|l| *l > 0).unwrap_or(usize::MAX)).map(|ws| workspace_json(&w, ws)).collect();
+    let page: Vec<Value> =
+        rows.into_iter().skip(offset).take(lq.limit.filter(|l| *l > 0).unwrap_or(usize::MAX)).map(|ws| workspace_json(&w, ws)).collect();
     axum::Json(json!({"workspaces": page, "count": count})).into_response()
 }
 
@@ -481,11 +503,24 @@ async fn control(State(s): State<CoderState>, Path(rest): Path<String>, body: Op
         ("create", _) => w
             .create_workspace(body.owner.as_deref().unwrap_or("alice"), body.name.as_deref().unwrap_or("dev"), body.ttl_ms)
             .map(|id| json!({ "id": id })),
-        ("connect", Some(id)) => Ok(w.open_connection(id)).map(|_| json!({})),
-        ("disconnect", Some(id)) => Ok(w.close_connection(id)).map(|_| json!({})),
+        ("connect", Some(id)) => {
+            w.open_connection(id);
+            Ok(json!({}))
+        }
+        ("disconnect", Some(id)) => {
+            w.close_connection(id);
+            Ok(json!({}))
+        }
         ("load", Some(id)) => match body.load.as_deref().and_then(parse_load) {
-            Some(l) => Ok(w.set_load(id, l)).map(|_| json!({})),
-            None => Err(ApiError { status: 400, message: "load must be idle, memory-only, one-thread, matmul or phantom".into(), detail: String::new() }),
+            Some(l) => {
+                w.set_load(id, l);
+                Ok(json!({}))
+            }
+            None => Err(ApiError {
+                status: 400,
+                message: "load must be idle, memory-only, one-thread, matmul or phantom".into(),
+                detail: String::new(),
+            }),
         },
         (t @ ("start" | "stop"), Some(id)) => {
             let by = w.ws_index(id).map_or(0, |i| w.workspaces[i].owner);
@@ -501,8 +536,12 @@ async fn control(State(s): State<CoderState>, Path(rest): Path<String>, body: Op
 
 async fn events(State(s): State<CoderState>) -> Response {
     let w = lock(&s.world);
-    let list: Vec<Value> = w.events.iter().map(|e| json!({"at": ts(e.at), "workspace": e.workspace, "kind": e.kind, "detail": e.detail})).collect();
-    axum::Json(json!({ "events": list, "tokens": w.users.iter().map(|u| json!({"username": u.username, "owner": u.owner})).collect::<Vec<_>>() })).into_response()
+    let list: Vec<Value> =
+        w.events.iter().map(|e| json!({"at": ts(e.at), "workspace": e.workspace, "kind": e.kind, "detail": e.detail})).collect();
+    axum::Json(
+        json!({ "events": list, "tokens": w.users.iter().map(|u| json!({"username": u.username, "owner": u.owner})).collect::<Vec<_>>() }),
+    )
+    .into_response()
 }
 
 pub fn router(state: CoderState) -> Router {

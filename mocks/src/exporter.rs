@@ -54,7 +54,15 @@ pub struct ExporterConfig {
 
 impl Default for ExporterConfig {
     fn default() -> Self {
-        ExporterConfig { profiling: true, sm_active: true, names: Names::Legacy, mig: false, behaviour: Behaviour::Normal, hostname: "gpu-node-1".into(), gpus: Vec::new() }
+        ExporterConfig {
+            profiling: true,
+            sm_active: true,
+            names: Names::Legacy,
+            mig: false,
+            behaviour: Behaviour::Normal,
+            hostname: "gpu-node-1".into(),
+            gpus: Vec::new(),
+        }
     }
 }
 
@@ -73,16 +81,76 @@ struct Field {
 }
 
 const FIELDS: &[Field] = &[
-    Field { legacy: "DCGM_FI_DEV_SM_CLOCK", renamed: "DCGM_FI_DEV_SM_CLOCK", help: "SM clock frequency (in MHz).", double: false, profiling: false },
-    Field { legacy: "DCGM_FI_DEV_GPU_TEMP", renamed: "DCGM_FI_DEV_GPU_TEMP_CELSIUS", help: "GPU temperature (in C).", double: false, profiling: false },
-    Field { legacy: "DCGM_FI_DEV_POWER_USAGE", renamed: "DCGM_FI_DEV_BOARD_POWER_WATTS", help: "Power draw (in W).", double: true, profiling: false },
-    Field { legacy: "DCGM_FI_DEV_GPU_UTIL", renamed: "DCGM_FI_DEV_GPU_UTIL_RATIO", help: "GPU utilization (in %).", double: false, profiling: false },
-    Field { legacy: "DCGM_FI_DEV_FB_FREE", renamed: "DCGM_FI_DEV_FB_FREE", help: "Frame buffer memory free (in MiB).", double: false, profiling: false },
-    Field { legacy: "DCGM_FI_DEV_FB_USED", renamed: "DCGM_FI_DEV_FB_USED_BYTES", help: "Frame buffer memory used (in MiB).", double: false, profiling: false },
-    Field { legacy: "DCGM_FI_PROF_GR_ENGINE_ACTIVE", renamed: "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", help: "Ratio of time the graphics engine is active.", double: true, profiling: true },
-    Field { legacy: "DCGM_FI_PROF_SM_ACTIVE", renamed: "DCGM_FI_PROF_SM_UTIL_RATIO", help: "The ratio of cycles an SM has at least 1 warp assigned.", double: true, profiling: true },
-    Field { legacy: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", renamed: "DCGM_FI_PROF_TENSOR_UTIL_RATIO", help: "Ratio of cycles the tensor (HMMA) pipe is active.", double: true, profiling: true },
-    Field { legacy: "DCGM_FI_PROF_DRAM_ACTIVE", renamed: "DCGM_FI_PROF_DRAM_UTIL_RATIO", help: "Ratio of cycles the device memory interface is active sending or receiving data.", double: true, profiling: true },
+    Field {
+        legacy: "DCGM_FI_DEV_SM_CLOCK",
+        renamed: "DCGM_FI_DEV_SM_CLOCK",
+        help: "SM clock frequency (in MHz).",
+        double: false,
+        profiling: false,
+    },
+    Field {
+        legacy: "DCGM_FI_DEV_GPU_TEMP",
+        renamed: "DCGM_FI_DEV_GPU_TEMP_CELSIUS",
+        help: "GPU temperature (in C).",
+        double: false,
+        profiling: false,
+    },
+    Field {
+        legacy: "DCGM_FI_DEV_POWER_USAGE",
+        renamed: "DCGM_FI_DEV_BOARD_POWER_WATTS",
+        help: "Power draw (in W).",
+        double: true,
+        profiling: false,
+    },
+    Field {
+        legacy: "DCGM_FI_DEV_GPU_UTIL",
+        renamed: "DCGM_FI_DEV_GPU_UTIL_RATIO",
+        help: "GPU utilization (in %).",
+        double: false,
+        profiling: false,
+    },
+    Field {
+        legacy: "DCGM_FI_DEV_FB_FREE",
+        renamed: "DCGM_FI_DEV_FB_FREE",
+        help: "Frame buffer memory free (in MiB).",
+        double: false,
+        profiling: false,
+    },
+    Field {
+        legacy: "DCGM_FI_DEV_FB_USED",
+        renamed: "DCGM_FI_DEV_FB_USED_BYTES",
+        help: "Frame buffer memory used (in MiB).",
+        double: false,
+        profiling: false,
+    },
+    Field {
+        legacy: "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        renamed: "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",
+        help: "Ratio of time the graphics engine is active.",
+        double: true,
+        profiling: true,
+    },
+    Field {
+        legacy: "DCGM_FI_PROF_SM_ACTIVE",
+        renamed: "DCGM_FI_PROF_SM_UTIL_RATIO",
+        help: "The ratio of cycles an SM has at least 1 warp assigned.",
+        double: true,
+        profiling: true,
+    },
+    Field {
+        legacy: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        renamed: "DCGM_FI_PROF_TENSOR_UTIL_RATIO",
+        help: "Ratio of cycles the tensor (HMMA) pipe is active.",
+        double: true,
+        profiling: true,
+    },
+    Field {
+        legacy: "DCGM_FI_PROF_DRAM_ACTIVE",
+        renamed: "DCGM_FI_PROF_DRAM_UTIL_RATIO",
+        help: "Ratio of cycles the device memory interface is active sending or receiving data.",
+        double: true,
+        profiling: true,
+    },
 ];
 
 const FB_TOTAL_MIB: f64 = 22_731.0;
@@ -111,16 +179,52 @@ pub fn render(world: &World, cfg: &ExporterConfig) -> String {
             let zero = cfg.behaviour == Behaviour::AllZero;
             let value = match f.legacy {
                 _ if zero => 0.0,
-                "DCGM_FI_DEV_SM_CLOCK" => if r.util_percent > 0.0 { 1710.0 } else { 210.0 },
-                "DCGM_FI_DEV_GPU_TEMP" => if r.power_watts > 100.0 { 61.0 } else { 33.0 },
+                "DCGM_FI_DEV_SM_CLOCK" => {
+                    if r.util_percent > 0.0 {
+                        1710.0
+                    } else {
+                        210.0
+                    }
+                }
+                "DCGM_FI_DEV_GPU_TEMP" => {
+                    if r.power_watts > 100.0 {
+                        61.0
+                    } else {
+                        33.0
+                    }
+                }
                 "DCGM_FI_DEV_POWER_USAGE" => r.power_watts,
-                "DCGM_FI_DEV_GPU_UTIL" => if cfg.names == Names::V49 { r.util_percent / 100.0 } else { r.util_percent },
+                "DCGM_FI_DEV_GPU_UTIL" => {
+                    if cfg.names == Names::V49 {
+                        r.util_percent / 100.0
+                    } else {
+                        r.util_percent
+                    }
+                }
                 "DCGM_FI_DEV_FB_FREE" => FB_TOTAL_MIB - r.fb_used_mib,
-                "DCGM_FI_DEV_FB_USED" => if cfg.names == Names::V49 { r.fb_used_mib * 1_048_576.0 } else { r.fb_used_mib },
+                "DCGM_FI_DEV_FB_USED" => {
+                    if cfg.names == Names::V49 {
+                        r.fb_used_mib * 1_048_576.0
+                    } else {
+                        r.fb_used_mib
+                    }
+                }
                 "DCGM_FI_PROF_GR_ENGINE_ACTIVE" => r.gr_engine_active,
                 "DCGM_FI_PROF_SM_ACTIVE" => r.sm_active,
-                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" => if load == Load::Matmul { 0.412 } else { 0.0 },
-                _ => if load == Load::Matmul { 0.533 } else { 0.0 },
+                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" => {
+                    if load == Load::Matmul {
+                        0.412
+                    } else {
+                        0.0
+                    }
+                }
+                _ => {
+                    if load == Load::Matmul {
+                        0.533
+                    } else {
+                        0.0
+                    }
+                }
             };
             let (gpu, parent) = if cfg.mig { (slot / 2, slot / 2) } else { (slot, slot) };
             let uuid = world.gpu_uuids.get(parent * if cfg.mig { 2 } else { 1 }).cloned().unwrap_or_default();
@@ -137,7 +241,11 @@ pub fn render(world: &World, cfg: &ExporterConfig) -> String {
             if let Some((_, pod)) = holder {
                 let _ = write!(out, ",container=\"dev\",namespace=\"coder\",pod=\"{}\"", pod.name);
             }
-            let rendered = if f.double || (cfg.names == Names::V49 && f.legacy == "DCGM_FI_DEV_GPU_UTIL") { format!("{value:.6}") } else { format!("{}", value.round() as i64) };
+            let rendered = if f.double || (cfg.names == Names::V49 && f.legacy == "DCGM_FI_DEV_GPU_UTIL") {
+                format!("{value:.6}")
+            } else {
+                format!("{}", value.round() as i64)
+            };
             let _ = writeln!(out, "}} {rendered}");
         }
     }

@@ -43,7 +43,10 @@ async fn main() -> ExitCode {
     println!("fake Coder:         {}", coder.url());
     println!("fake dcgm-exporter: {}", exporter.url());
     println!("owner token file:   {}", token_file.display());
-    println!("create a workspace: curl -XPOST {}/control/create -H 'Content-Type: application/json' -d '{{\"owner\":\"alice\",\"name\":\"a\"}}'", coder.url());
+    println!(
+        "create a workspace: curl -XPOST {}/control/create -H 'Content-Type: application/json' -d '{{\"owner\":\"alice\",\"name\":\"a\"}}'",
+        coder.url()
+    );
     let _ = tokio::signal::ctrl_c().await;
     ExitCode::SUCCESS
 }

@@ -41,7 +41,13 @@ pub struct Reading {
 
 impl Load {
     pub fn reading(self) -> Reading {
-        let r = |util_percent, fb_used_mib, power_watts, gr_engine_active, sm_active| Reading { util_percent, fb_used_mib, power_watts, gr_engine_active, sm_active };
+        let r = |util_percent, fb_used_mib, power_watts, gr_engine_active, sm_active| Reading {
+            util_percent,
+            fb_used_mib,
+            power_watts,
+            gr_engine_active,
+            sm_active,
+        };
         match self {
             Load::Idle => r(0.0, 0.0, 24.3, 0.0, 0.0),
             Load::MemoryOnly => r(0.0, 19376.0, 89.1, 0.0, 0.0),
@@ -399,10 +405,8 @@ impl World {
         // Connected agents heartbeat.
         let now = Utc::now();
         for ws in &mut self.workspaces {
-            if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()) {
-                if agent.first_connected_at.is_some() {
-                    agent.last_connected_at = Some(now);
-                }
+            if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()).filter(|a| a.first_connected_at.is_some()) {
+                agent.last_connected_at = Some(now);
             }
         }
         if now_real >= self.next_refresh {
@@ -492,7 +496,8 @@ impl World {
     fn schedule_pods(&mut self) {
         loop {
             let Some(free) = self.gpu_holders.iter().position(Option::is_none) else { return };
-            let mut waiting: Vec<usize> = (0..self.workspaces.len()).filter(|&i| self.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none())).collect();
+            let mut waiting: Vec<usize> =
+                (0..self.workspaces.len()).filter(|&i| self.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none())).collect();
             if waiting.is_empty() {
                 return;
             }
@@ -613,7 +618,11 @@ impl World {
                     None
                 };
                 if let Some(detail) = detail {
-                    return Err(ApiError { status: 400, message: "Error updating workspace time until shutdown.".into(), detail: format!("ttl_ms: {detail}") });
+                    return Err(ApiError {
+                        status: 400,
+                        message: "Error updating workspace time until shutdown.".into(),
+                        detail: format!("ttl_ms: {detail}"),
+                    });
                 }
                 ws.ttl_ms = Some(t);
             }
@@ -624,7 +633,8 @@ impl World {
     /// Stop builds initiated by `user` for a workspace (tests count double stops with it).
     pub fn stop_builds_by(&self, ws_id: Uuid, user: &str) -> usize {
         let Some(ui) = self.user_index(user) else { return 0 };
-        self.ws_index(ws_id).map_or(0, |wi| self.workspaces[wi].builds.iter().filter(|b| b.transition == "stop" && b.initiator == ui).count())
+        self.ws_index(ws_id)
+            .map_or(0, |wi| self.workspaces[wi].builds.iter().filter(|b| b.transition == "stop" && b.initiator == ui).count())
     }
 
     /// The workspace whose pod holds GPU `g`, with its pod name and load.

@@ -144,9 +144,8 @@ impl CoderClient {
     /// `GET /api/v2/workspaces?q=status:running`: every running workspace in one request
     /// (no `limit` means all; offset paging is unstable while states change).
     pub async fn running_workspaces(&self) -> Result<Vec<Workspace>, CoderError> {
-        let resp: WorkspacesResponse = self
-            .call(Method::GET, "GET /api/v2/workspaces", "/api/v2/workspaces?q=status%3Arunning".into(), None::<&()>)
-            .await?;
+        let resp: WorkspacesResponse =
+            self.call(Method::GET, "GET /api/v2/workspaces", "/api/v2/workspaces?q=status%3Arunning".into(), None::<&()>).await?;
         Ok(resp.workspaces)
     }
 
@@ -220,7 +219,8 @@ impl CoderClient {
         let bytes = match resp.bytes().await {
             Ok(b) => b,
             Err(e) => {
-                let error = CoderError { kind: ErrorKind::Transport, endpoint, message: format!("reading the body failed: {}", error_chain(&e)) };
+                let error =
+                    CoderError { kind: ErrorKind::Transport, endpoint, message: format!("reading the body failed: {}", error_chain(&e)) };
                 return Attempt::Retry { error, after: None };
             }
         };
@@ -318,7 +318,10 @@ mod tests {
         let body = br#"{"message":"You are signed out or your session has expired. Please sign in again to continue.","detail":"API key expired at 2026-11-20"}"#;
         assert!(describe(StatusCode::UNAUTHORIZED, body).ends_with("continue.: API key expired at 2026-11-20"));
         let plain = b"\"X-Coder-Bypass-Ratelimit\" provided but user is not owner\n";
-        assert_eq!(describe(StatusCode::PRECONDITION_REQUIRED, plain), "HTTP 428: \"X-Coder-Bypass-Ratelimit\" provided but user is not owner");
+        assert_eq!(
+            describe(StatusCode::PRECONDITION_REQUIRED, plain),
+            "HTTP 428: \"X-Coder-Bypass-Ratelimit\" provided but user is not owner"
+        );
     }
 
     #[test]

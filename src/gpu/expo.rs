@@ -34,11 +34,7 @@ impl fmt::Display for ParseError {
 
 /// Parses every sample line, calling `wanted(name)` first so callers can skip series they do not
 /// use without scanning labels, then `on_sample` for each kept sample. Returns the bad lines.
-pub fn parse_filtered<'a>(
-    text: &'a str,
-    mut wanted: impl FnMut(&str) -> bool,
-    mut on_sample: impl FnMut(&Sample<'a>),
-) -> Vec<ParseError> {
+pub fn parse_filtered<'a>(text: &'a str, mut wanted: impl FnMut(&str) -> bool, mut on_sample: impl FnMut(&Sample<'a>)) -> Vec<ParseError> {
     let mut errors = Vec::new();
     let mut sample = Sample { name: "", labels: Vec::with_capacity(16), value: 0.0, timestamp_ms: None };
     for (index, raw) in text.split('\n').enumerate() {

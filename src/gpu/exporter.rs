@@ -60,7 +60,8 @@ async fn resolve_all(url: &str) -> Result<Vec<String>, String> {
 }
 
 async fn scrape(http: reqwest::Client, url: String) -> Result<String, String> {
-    let resp = http.get(&url).send().await.map_err(|e| if e.is_timeout() { "timed out".to_string() } else { format!("no response: {e}") })?;
+    let resp =
+        http.get(&url).send().await.map_err(|e| if e.is_timeout() { "timed out".to_string() } else { format!("no response: {e}") })?;
     let status = resp.status();
     if !status.is_success() {
         return Err(format!("HTTP {}", status.as_u16()));
@@ -96,7 +97,8 @@ impl GpuSource for ExporterSource {
             let source: Arc<str> = Arc::from(url.as_str());
             let (found, errors) = readings_from_exposition(&body, now, &source, &self.ownership);
             if found.is_empty() {
-                let why = errors.first().map_or("no DCGM GPU metrics in the response".to_string(), |e| format!("unparseable exposition ({e})"));
+                let why =
+                    errors.first().map_or("no DCGM GPU metrics in the response".to_string(), |e| format!("unparseable exposition ({e})"));
                 failures.push(SourceFailure { source: url, error: why });
                 continue;
             }

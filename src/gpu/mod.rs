@@ -2,8 +2,8 @@
 //! (dcgm-exporter scraped directly, or Prometheus), which GPU belongs to which workspace, and
 //! the per-workspace windows of samples the decisions read.
 
-pub mod exporter;
 pub mod expo;
+pub mod exporter;
 pub mod prometheus;
 pub mod signals;
 pub mod window;

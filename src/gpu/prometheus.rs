@@ -51,7 +51,13 @@ struct Series {
 impl PrometheusSource {
     pub fn new(base: &str, ownership: Ownership, range: Duration, step: Duration, timeout: Duration) -> Result<Self, String> {
         let http = reqwest::Client::builder().timeout(timeout).build().map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(PrometheusSource { http, base: base.trim_end_matches('/').to_string(), ownership, range, step: step.max(Duration::from_secs(1)) })
+        Ok(PrometheusSource {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            ownership,
+            range,
+            step: step.max(Duration::from_secs(1)),
+        })
     }
 
     /// `{__name__=~"LEGACY|RENAMED"}`: every name that carries the signal, in one query.
@@ -64,7 +70,12 @@ impl PrometheusSource {
 async fn query_range(http: reqwest::Client, base: String, query: String, start: f64, end: f64, step: f64) -> Result<Vec<Series>, String> {
     let url = format!("{base}/api/v1/query_range");
     let params = [("query", query), ("start", format!("{start:.3}")), ("end", format!("{end:.3}")), ("step", format!("{step}s"))];
-    let resp = http.get(&url).query(&params).send().await.map_err(|e| if e.is_timeout() { "timed out".to_string() } else { format!("no response: {e}") })?;
+    let resp = http
+        .get(&url)
+        .query(&params)
+        .send()
+        .await
+        .map_err(|e| if e.is_timeout() { "timed out".to_string() } else { format!("no response: {e}") })?;
     let status = resp.status();
     let body = resp.text().await.map_err(|e| format!("reading the body failed: {e}"))?;
     let envelope: Envelope = serde_json::from_str(&body).map_err(|_| format!("HTTP {}: not a Prometheus API response", status.as_u16()))?;
@@ -130,7 +141,7 @@ impl GpuSource for PrometheusSource {
             return Collection { readings: Vec::new(), failures, requests: Signal::ALL.len() };
         }
         let mut readings: Vec<GpuReading> = points.into_values().collect();
-        readings.sort_by(|a, b| a.at.cmp(&b.at));
+        readings.sort_by_key(|r| r.at);
         Collection { readings, failures, requests: Signal::ALL.len() }
     }
 

@@ -211,7 +211,11 @@ mod tests {
         assert_eq!(window(&[(0, 0.0), (60, 0.9), (120, 0.0), (180, 0.0)]).idle_since(active, gap), Some(t(120)));
         assert_eq!(window(&[(0, 0.0), (60, 0.9)]).idle_since(active, gap), None);
         assert_eq!(window(&[]).idle_since(active, gap), None);
-        assert_eq!(window(&[(0, 0.0), (60, 0.0), (600, 0.0), (660, 0.0)]).idle_since(active, gap), Some(t(600)), "a hole restarts the clock");
+        assert_eq!(
+            window(&[(0, 0.0), (60, 0.0), (600, 0.0), (660, 0.0)]).idle_since(active, gap),
+            Some(t(600)),
+            "a hole restarts the clock"
+        );
     }
 
     #[test]
