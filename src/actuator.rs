@@ -121,12 +121,12 @@ impl Actuator {
     }
 
     /// Acts on a pass's decisions: the stops chosen by the fleet rules, TTL restores, and due
-    /// retries of failed stops. `events[i]` describes `decisions[i]`.
+    /// retries of failed stops. `decisions[i]` is about `workspaces[i]`.
     pub async fn act(
         &mut self,
         now: DateTime<Utc>,
+        workspaces: &[Workspace],
         decisions: &[Decision],
-        events: &[AuditEvent],
         fleet: &FleetOutcome,
         shutdown: &watch::Receiver<bool>,
     ) -> ActReport {
@@ -138,7 +138,7 @@ impl Actuator {
                 if self.tracked.contains_key(id) {
                     report.skipped_in_flight.push(id.clone());
                 } else {
-                    to_stop.push(events[i].clone());
+                    to_stop.push(AuditEvent::new("decision", now, self.mode, &workspaces[i], &decisions[i]));
                 }
             }
             let due: Vec<AuditEvent> = self
@@ -168,9 +168,9 @@ impl Actuator {
                 }
                 report.would_stop.push(event.workspace_id);
             }
-            for (d, e) in decisions.iter().zip(events) {
+            for (ws, d) in workspaces.iter().zip(decisions) {
                 if let Some(ttl) = d.restore_ttl_ms {
-                    tracing::info!(event = "would_restore_ttl", workspace_id = %e.workspace_id, owner = %e.owner, ttl_ms = ttl, "would set the autostop TTL back");
+                    tracing::info!(event = "would_restore_ttl", workspace_id = %ws.id, owner = %ws.owner_name, ttl_ms = ttl, "would set the autostop TTL back");
                 }
             }
             return report;
@@ -183,16 +183,17 @@ impl Actuator {
             }
             self.stop(now, event, &mut report).await;
         }
-        for (d, e) in decisions.iter().zip(events) {
+        for (ws, d) in workspaces.iter().zip(decisions) {
             let Some(ttl) = d.restore_ttl_ms else { continue };
             if *shutdown.borrow() || d.verdict == Verdict::Reclaim {
                 continue;
             }
+            let e = AuditEvent::new("restore_ttl", now, self.mode, ws, d);
             match self.coder.set_ttl(&e.workspace_id, Some(ttl)).await {
                 Ok(()) => {
                     tracing::info!(event = "restore_ttl", workspace_id = %e.workspace_id, owner = %e.owner, ttl_ms = ttl, "set the autostop TTL back");
                     self.metrics.ttl_restores.inc();
-                    self.record(&AuditEvent { event: "restore_ttl", time: now, ..e.clone() });
+                    self.record(&e);
                     report.ttl_restored.push(e.workspace_id.clone());
                 }
                 Err(err) => {

@@ -12,6 +12,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::coder::types::Workspace;
+use crate::decide::Decision;
+use crate::metrics::Mode;
+
 /// One stop, would-stop or warning.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct AuditEvent {
@@ -31,6 +35,26 @@ pub struct AuditEvent {
     pub build_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_at: Option<DateTime<Utc>>,
+}
+
+impl AuditEvent {
+    pub fn new(event: &'static str, time: DateTime<Utc>, mode: Mode, ws: &Workspace, d: &Decision) -> Self {
+        AuditEvent {
+            time,
+            event,
+            mode: mode.as_str(),
+            workspace_id: ws.id.clone(),
+            workspace: ws.name.clone(),
+            owner: ws.owner_name.clone(),
+            template: ws.template_name.clone(),
+            reason: d.reason.as_str(),
+            message: d.message.clone(),
+            gpu_idle_seconds: d.gpu_idle.map(|g| g.num_seconds()),
+            connection_idle_seconds: d.connection_idle.num_seconds(),
+            build_id: None,
+            stop_at: d.stop_at,
+        }
+    }
 }
 
 pub struct AuditLog {

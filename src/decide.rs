@@ -3,13 +3,10 @@
 //! the stop cap, the circuit breaker). Pure: no I/O, no clock reads, no randomness, so every
 //! rule is table-tested. Missing data never leads to a stop.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
-use crate::gpu::GpuKey;
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
 use crate::policy::{Policy, ReclaimWhen, Thresholds};
@@ -111,24 +108,6 @@ impl Reason {
     }
 }
 
-/// The latest reading of one GPU, for the status document.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GpuSummary {
-    #[serde(flatten)]
-    pub key: GpuKey,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    pub samples: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_sample_at: Option<DateTime<Utc>>,
-    pub state: SampleState,
-    pub gpu_util: Option<f64>,
-    pub sm_active: Option<f64>,
-    pub gr_engine_active: Option<f64>,
-    pub fb_used_mib: Option<f64>,
-    pub power_watts: Option<f64>,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Decision {
     pub workspace_id: String,
@@ -143,7 +122,6 @@ pub struct Decision {
     pub stop_at: Option<DateTime<Utc>>,
     /// `restore_autostop`: the TTL to set back, when the user's is off or longer.
     pub restore_ttl_ms: Option<i64>,
-    pub gpus: Vec<GpuSummary>,
 }
 
 impl Decision {
@@ -213,7 +191,6 @@ fn dur(d: std::time::Duration) -> Duration {
 struct Builder<'a> {
     ws: &'a Workspace,
     connection_idle: Duration,
-    gpus: Vec<GpuSummary>,
 }
 
 impl Builder<'_> {
@@ -227,24 +204,7 @@ impl Builder<'_> {
             connection_idle: self.connection_idle,
             stop_at: None,
             restore_ttl_ms: None,
-            gpus: self.gpus,
         }
-    }
-}
-
-fn summarize(w: &GpuWindow, p: &Policy) -> GpuSummary {
-    let latest = w.latest().map(|s| s.values).unwrap_or_default();
-    GpuSummary {
-        key: w.key.clone(),
-        model: w.model.clone(),
-        samples: w.samples.len(),
-        last_sample_at: w.last_at(),
-        state: classify(&latest, p),
-        gpu_util: latest.get(Signal::GpuUtil),
-        sm_active: latest.get(Signal::SmActive),
-        gr_engine_active: latest.get(Signal::GrEngineActive),
-        fb_used_mib: latest.get(Signal::FbUsedMib),
-        power_watts: latest.get(Signal::PowerWatts),
     }
 }
 
@@ -260,16 +220,12 @@ fn agent_never_connected(ws: &Workspace) -> bool {
 pub fn decide(
     now: DateTime<Utc>,
     ws: &Workspace,
-    gpus: Option<&BTreeMap<GpuKey, GpuWindow>>,
+    gpus: Option<&[GpuWindow]>,
     policy: &Policy,
     prior_stop_at: Option<DateTime<Utc>>,
 ) -> Decision {
-    let windows: Vec<&GpuWindow> = gpus.map(|g| g.values().filter(|w| !w.samples.is_empty()).collect()).unwrap_or_default();
-    let b = Builder {
-        ws,
-        connection_idle: (now - ws.last_used_at).max(Duration::zero()),
-        gpus: windows.iter().map(|w| summarize(w, policy)).collect(),
-    };
+    let windows: Vec<&GpuWindow> = gpus.map(|g| g.iter().filter(|w| !w.samples.is_empty()).collect()).unwrap_or_default();
+    let b = Builder { ws, connection_idle: (now - ws.last_used_at).max(Duration::zero()) };
     let build = &ws.latest_build;
     if build.job.status.is_active() {
         return b.out(

@@ -92,7 +92,7 @@ impl<S: GpuSource> Reclaimer<S> {
     pub fn new(coder: CoderClient, source: S, policy: Policy, actuator: Actuator, state: Arc<State>) -> Self {
         let retain = chrono::Duration::from_std(policy.longest_lookback()).unwrap_or(chrono::Duration::MAX);
         Reclaimer {
-            windows: Windows::new(retain),
+            windows: Windows::new(retain, state.interval),
             coder,
             source,
             policy,
@@ -159,14 +159,11 @@ impl<S: GpuSource> Reclaimer<S> {
             .map(|ws| decide(now, ws, self.windows.get(&ws.id), &self.policy, self.warnings.get(&ws.id).copied()))
             .collect();
         let fleet = apply_fleet_rules(&mut decisions, &self.policy);
-        let events: Vec<AuditEvent> =
-            workspaces.iter().zip(&decisions).map(|(ws, d)| audit_event(now, ws, d, self.actuator.mode())).collect();
-
         let mut acted = ActReport::default();
         if act {
-            for (d, e) in decisions.iter().zip(&events) {
+            for (ws, d) in workspaces.iter().zip(&decisions) {
                 if d.verdict == Verdict::Warn && !self.warnings.contains_key(&d.workspace_id) {
-                    self.actuator.warned(AuditEvent { event: "warn", ..e.clone() });
+                    self.actuator.warned(AuditEvent::new("warn", now, self.actuator.mode(), ws, d));
                 }
             }
             self.warnings =
@@ -181,7 +178,7 @@ impl<S: GpuSource> Reclaimer<S> {
                 metrics.breaker_trips.inc();
             }
             self.actuator.forget_running(&workspaces);
-            acted = self.actuator.act(now, &decisions, &events, &fleet, shutdown).await;
+            acted = self.actuator.act(now, &workspaces, &decisions, &fleet, shutdown).await;
             self.actuator.follow(now).await;
         }
 
@@ -195,7 +192,11 @@ impl<S: GpuSource> Reclaimer<S> {
             mode: self.actuator.mode().as_str(),
             breaker: fleet.breaker.clone(),
             notes: Vec::new(),
-            workspaces: workspaces.iter().zip(&decisions).map(|(ws, d)| WorkspaceStatus::new(ws, d)).collect(),
+            workspaces: workspaces
+                .iter()
+                .zip(&decisions)
+                .map(|(ws, d)| WorkspaceStatus::new(ws, d, self.windows.get(&ws.id), &self.policy))
+                .collect(),
         };
         self.state.publish(doc);
         self.state.mark_good_pass();
@@ -246,23 +247,5 @@ impl<S: GpuSource> Reclaimer<S> {
             }
         }
         tracing::info!(event = "shutdown", "stopped");
-    }
-}
-
-fn audit_event(now: DateTime<Utc>, ws: &Workspace, d: &Decision, mode: Mode) -> AuditEvent {
-    AuditEvent {
-        time: now,
-        event: "decision",
-        mode: mode.as_str(),
-        workspace_id: ws.id.clone(),
-        workspace: ws.name.clone(),
-        owner: ws.owner_name.clone(),
-        template: ws.template_name.clone(),
-        reason: d.reason.as_str(),
-        message: d.message.clone(),
-        gpu_idle_seconds: d.gpu_idle.map(|g| g.num_seconds()),
-        connection_idle_seconds: d.connection_idle.num_seconds(),
-        build_id: None,
-        stop_at: d.stop_at,
     }
 }

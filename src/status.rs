@@ -5,7 +5,49 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::coder::types::Workspace;
-use crate::decide::{Decision, GpuSummary, Reason, Verdict, human};
+use crate::decide::{Decision, Reason, SampleState, Verdict, classify, human};
+use crate::gpu::GpuKey;
+use crate::gpu::signals::Signal;
+use crate::gpu::window::GpuWindow;
+use crate::policy::Policy;
+
+/// The latest reading of one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuSummary {
+    #[serde(flatten)]
+    pub key: GpuKey,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub samples: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_sample_at: Option<DateTime<Utc>>,
+    pub state: SampleState,
+    pub gpu_util: Option<f64>,
+    pub sm_active: Option<f64>,
+    pub gr_engine_active: Option<f64>,
+    pub fb_used_mib: Option<f64>,
+    pub power_watts: Option<f64>,
+}
+
+impl GpuSummary {
+    pub fn new(w: &GpuWindow, p: &Policy) -> Self {
+        let latest = w.latest().map(|s| s.values).unwrap_or_default();
+        // Rounded for people; the values are f32 underneath.
+        let show = |s: Signal| latest.get(s).map(|v| (v * 1e4).round() / 1e4);
+        GpuSummary {
+            key: w.key.clone(),
+            model: w.model.clone(),
+            samples: w.samples.len(),
+            last_sample_at: w.last_at(),
+            state: classify(&latest, p),
+            gpu_util: show(Signal::GpuUtil),
+            sm_active: show(Signal::SmActive),
+            gr_engine_active: show(Signal::GrEngineActive),
+            fb_used_mib: show(Signal::FbUsedMib),
+            power_watts: show(Signal::PowerWatts),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct StatusDocument {
@@ -37,7 +79,7 @@ pub struct WorkspaceStatus {
 }
 
 impl WorkspaceStatus {
-    pub fn new(ws: &Workspace, d: &Decision) -> Self {
+    pub fn new(ws: &Workspace, d: &Decision, gpus: Option<&[GpuWindow]>, policy: &Policy) -> Self {
         WorkspaceStatus {
             id: ws.id.clone(),
             name: ws.name.clone(),
@@ -50,7 +92,7 @@ impl WorkspaceStatus {
             connection_idle_seconds: d.connection_idle.num_seconds(),
             last_used_at: ws.last_used_at,
             stop_at: d.stop_at,
-            gpus: d.gpus.clone(),
+            gpus: gpus.map_or_else(Vec::new, |g| g.iter().map(|w| GpuSummary::new(w, policy)).collect()),
         }
     }
 

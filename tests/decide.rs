@@ -2,7 +2,6 @@
 //! 120 s per load), plus the fleet rules and a property: activity within `idle_after` is never
 //! reclaimed.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
@@ -54,7 +53,7 @@ fn values(load: (f64, f64, f64, f64, f64), fields: Fields) -> SignalValues {
 }
 
 /// One GPU sampled every minute from `from_min` minutes ago until now.
-fn gpu(points: impl IntoIterator<Item = (i64, SignalValues)>) -> BTreeMap<GpuKey, GpuWindow> {
+fn gpu(points: impl IntoIterator<Item = (i64, SignalValues)>) -> Vec<GpuWindow> {
     let key = GpuKey {
         uuid: "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6".into(),
         gpu_instance: None,
@@ -64,10 +63,10 @@ fn gpu(points: impl IntoIterator<Item = (i64, SignalValues)>) -> BTreeMap<GpuKey
     for (secs_ago, v) in points {
         w.push(GpuSample { at: now() - Duration::seconds(secs_ago), values: v });
     }
-    BTreeMap::from([(key, w)])
+    vec![w]
 }
 
-fn steady(load: (f64, f64, f64, f64, f64), fields: Fields, minutes: i64) -> BTreeMap<GpuKey, GpuWindow> {
+fn steady(load: (f64, f64, f64, f64, f64), fields: Fields, minutes: i64) -> Vec<GpuWindow> {
     gpu((0..=minutes).rev().map(|m| (m * 60, values(load, fields))))
 }
 
@@ -79,7 +78,7 @@ fn ws(last_used_ago: Duration) -> Workspace {
     running_workspace(WS_ID, now() - last_used_ago)
 }
 
-fn judge(w: &Workspace, g: &BTreeMap<GpuKey, GpuWindow>, p: &Policy) -> Decision {
+fn judge(w: &Workspace, g: &Vec<GpuWindow>, p: &Policy) -> Decision {
     decide(now(), w, Some(g), p, None)
 }
 
@@ -148,7 +147,7 @@ fn missing_or_doubtful_data_never_reclaims() {
     let p = policy();
     let away = ws(mins(60));
     let idle = |secs_ago: i64| (secs_ago, values(NOTHING, Fields::All));
-    let cases: Vec<(&str, BTreeMap<GpuKey, GpuWindow>, Reason)> = vec![
+    let cases: Vec<(&str, Vec<GpuWindow>, Reason)> = vec![
         ("a 10-minute hole in the samples", gpu((0..=40).rev().filter(|m| !(10..20).contains(m)).map(|m| idle(m * 60))), Reason::SampleGap),
         ("the newest sample is 5 minutes old", gpu((5..=40).rev().map(|m| idle(m * 60))), Reason::StaleData),
         ("two samples only", gpu([idle(60), idle(0)]), Reason::NoGpuData),
@@ -168,7 +167,7 @@ fn missing_or_doubtful_data_never_reclaims() {
         assert_eq!((d.verdict, d.reason), (Verdict::Unknown, reason), "{name}: {}", d.message);
     }
     let mut failed = steady(NOTHING, Fields::All, 40);
-    failed.values_mut().for_each(|w| w.source_failed = true);
+    failed.iter_mut().for_each(|w| w.source_failed = true);
     assert_eq!(judge(&away, &failed, &p).reason, Reason::StaleData, "its exporter failed this pass");
     // No series at all: skipped, unless the template is a GPU template, then unknown.
     let d = decide(now(), &away, None, &p, None);

@@ -166,10 +166,10 @@ fn the_realistic_legacy_fixture_maps_to_workspaces() {
     assert_eq!(readings.len(), 4, "GPU 0, GPU 1 and two MIG instances");
     let gpu0 = readings.iter().find(|r| r.key.uuid.starts_with("GPU-585834da")).unwrap();
     assert_eq!(gpu0.workspace_id.as_deref(), Some(WS_ID));
-    assert_eq!(gpu0.values.get(Signal::GpuUtil), Some(1.0), "100% becomes the ratio 1.0");
-    assert_eq!(gpu0.values.get(Signal::SmActive), Some(0.012));
-    assert_eq!(gpu0.values.get(Signal::FbUsedMib), Some(302.0));
-    assert_eq!(gpu0.values.get(Signal::PowerWatts), Some(90.0));
+    crate::common::assert_close(gpu0.values.get(Signal::GpuUtil), Some(1.0), "100% becomes the ratio 1.0");
+    crate::common::assert_close(gpu0.values.get(Signal::SmActive), Some(0.012), "");
+    crate::common::assert_close(gpu0.values.get(Signal::FbUsedMib), Some(302.0), "");
+    crate::common::assert_close(gpu0.values.get(Signal::PowerWatts), Some(90.0), "");
     assert_eq!(gpu0.model.as_deref(), Some("NVIDIA L40S"));
     let gpu1 = readings.iter().find(|r| r.key.uuid.starts_with("GPU-7f3e")).unwrap();
     assert_eq!((gpu1.workspace_id.as_deref(), gpu1.key.pod.as_deref()), (None, None), "no pod labels: nobody's");
@@ -190,11 +190,11 @@ fn the_49_names_normalise_to_the_same_units() {
     assert_eq!(readings.len(), 1);
     let r = &readings[0];
     assert_eq!(r.workspace_id.as_deref(), Some(WS_ID));
-    assert_eq!(r.values.get(Signal::GpuUtil), Some(1.0));
-    assert_eq!(r.values.get(Signal::FbUsedMib), Some(302.0), "bytes become MiB");
-    assert_eq!(r.values.get(Signal::SmActive), Some(0.012));
-    assert_eq!(r.values.get(Signal::GrEngineActive), Some(1.0));
-    assert_eq!(r.values.get(Signal::PowerWatts), Some(90.0));
+    crate::common::assert_close(r.values.get(Signal::GpuUtil), Some(1.0), "");
+    crate::common::assert_close(r.values.get(Signal::FbUsedMib), Some(302.0), "bytes become MiB");
+    crate::common::assert_close(r.values.get(Signal::SmActive), Some(0.012), "");
+    crate::common::assert_close(r.values.get(Signal::GrEngineActive), Some(1.0), "");
+    crate::common::assert_close(r.values.get(Signal::PowerWatts), Some(90.0), "");
 }
 
 #[test]
@@ -213,7 +213,7 @@ fn the_fake_exporter_renders_what_the_parser_expects() {
         let (readings, _) = readings_from_exposition(&text, Utc::now(), &src, &Ownership::default());
         assert_eq!(readings.len(), 2, "{cfg:?}");
         for r in &readings {
-            assert_eq!(r.values.get(Signal::PowerWatts), Some(24.3), "{cfg:?}: idle GPUs draw 24.3 W");
+            crate::common::assert_close(r.values.get(Signal::PowerWatts), Some(24.3), "{cfg:?}: idle GPUs draw 24.3 W");
             assert_eq!(r.values.get(Signal::SmActive).is_some(), cfg.profiling, "{cfg:?}");
             assert_eq!(r.values.get(Signal::GpuUtil).is_some(), !cfg.mig, "{cfg:?}");
         }

@@ -317,9 +317,11 @@ async fn a_workspace_restarted_right_after_its_stop_is_not_stopped_again() {
     for _ in 0..6 {
         let r = h.pass().await;
         if let Some(d) = r.decisions.iter().find(|d| d.workspace_id == a.to_string()) {
-            assert!(d.gpus.iter().all(|g| g.key.pod.as_deref() != Some(old_pod.as_str())), "the old session's samples are gone: {d:?}");
             verdicts.push(d.reason);
         }
+        let doc = h.state.status();
+        let entry = doc.workspaces.iter().find(|w| w.id == a.to_string()).unwrap();
+        assert!(entry.gpus.iter().all(|g| g.key.pod.as_deref() != Some(old_pod.as_str())), "the old session's samples are gone: {entry:?}");
     }
     assert_eq!(h.stops_by_admin(a), 1, "a fresh session is not judged by the old one's samples: {verdicts:?}");
 }

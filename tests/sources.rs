@@ -109,8 +109,8 @@ async fn prometheus_reads_history_with_one_query_per_signal() {
     assert_eq!(c.readings.len(), 2, "two timestamps for one GPU");
     assert!(c.readings.iter().all(|r| r.workspace_id.as_deref() == Some(WS_ID)), "exported_pod is the workload's pod, not the exporter's");
     let first = &c.readings[0];
-    assert_eq!(first.values.get(Signal::GpuUtil), Some(1.0));
-    assert_eq!(first.values.get(Signal::SmActive), Some(0.012));
+    crate::common::assert_close(first.values.get(Signal::GpuUtil), Some(1.0), "");
+    crate::common::assert_close(first.values.get(Signal::SmActive), Some(0.012), "");
     assert_eq!(c.readings[1].values.get(Signal::SmActive), None, "NaN is no reading, not zero");
 }
 

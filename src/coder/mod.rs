@@ -143,10 +143,59 @@ impl CoderClient {
 
     /// `GET /api/v2/workspaces?q=status:running`: every running workspace in one request
     /// (no `limit` means all; offset paging is unstable while states change).
+    ///
+    /// The body is parsed as it streams in (10,000 workspaces are about 50 MB of JSON), so only
+    /// the fields this service reads are ever held in memory.
     pub async fn running_workspaces(&self) -> Result<Vec<Workspace>, CoderError> {
-        let resp: WorkspacesResponse =
-            self.call(Method::GET, "GET /api/v2/workspaces", "/api/v2/workspaces?q=status%3Arunning".into(), None::<&()>).await?;
+        const ENDPOINT: &str = "GET /api/v2/workspaces";
+        let url = format!("{}/api/v2/workspaces?q=status%3Arunning", self.base);
+        let resp: WorkspacesResponse = retry(self.retry, || self.list_once(ENDPOINT, &url)).await?;
         Ok(resp.workspaces)
+    }
+
+    async fn list_once(&self, endpoint: &'static str, url: &str) -> Attempt<WorkspacesResponse, CoderError> {
+        let mut resp = match self.request(Method::GET, url).send().await {
+            Ok(r) => r,
+            Err(e) => return self.transport_failure(endpoint, &e),
+        };
+        let status = resp.status();
+        self.observe(endpoint, status.as_u16());
+        if !status.is_success() {
+            let after = retry_after(resp.headers());
+            let body = resp.bytes().await.unwrap_or_default();
+            return self.status_failure(endpoint, status, &body, after);
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+        let parser = tokio::task::spawn_blocking(move || {
+            serde_json::from_reader::<_, WorkspacesResponse>(std::io::BufReader::new(ChunkReader { rx, current: bytes::Bytes::new() }))
+        });
+        let mut stream_error = None;
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if tx.send(chunk).await.is_err() {
+                        break; // the parser stopped early: it has an error to report
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    stream_error = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let parsed = parser.await;
+        if let Some(e) = stream_error {
+            let message = format!("reading the body failed: {}", error_chain(&e));
+            return Attempt::Retry { error: CoderError { kind: ErrorKind::Transport, endpoint, message }, after: None };
+        }
+        let decode = |message: String| Attempt::Done(Err(CoderError { kind: ErrorKind::Decode, endpoint, message }));
+        match parsed {
+            Ok(Ok(list)) => Attempt::Done(Ok(list)),
+            Ok(Err(e)) => decode(format!("unexpected response body ({e}); is --coder-url a Coder deployment of v2.x?")),
+            Err(e) => decode(format!("the listing parser failed: {e}")),
+        }
     }
 
     /// `POST /api/v2/workspaces/{id}/builds {"transition":"stop"}`. 201 queues the build; 409 means
@@ -189,6 +238,36 @@ impl CoderClient {
         retry(self.retry, || self.try_once(method.clone(), endpoint, &url, body.as_deref())).await
     }
 
+    /// A request with the token, and the bypass header once the owner role is confirmed.
+    fn request(&self, method: Method, url: &str) -> reqwest::RequestBuilder {
+        let req = self.http.request(method, url).header(TOKEN_HEADER, self.token.expose()).header("Accept", "application/json");
+        if self.bypass_ratelimit.load(Ordering::Relaxed) { req.header(BYPASS_RATELIMIT_HEADER, "true") } else { req }
+    }
+
+    fn transport_failure<T>(&self, endpoint: &'static str, e: &reqwest::Error) -> Attempt<T, CoderError> {
+        self.observe(endpoint, 0);
+        let what = if e.is_timeout() { "timed out" } else { "no response" };
+        // reqwest's error text names the URL, which never holds the token (header only).
+        let error = CoderError { kind: ErrorKind::Transport, endpoint, message: format!("{what}: {}", error_chain(e)) };
+        Attempt::Retry { error, after: None }
+    }
+
+    /// A non-2xx answer: transient ones are retried (honouring `Retry-After`), others are final.
+    fn status_failure<T>(
+        &self,
+        endpoint: &'static str,
+        status: StatusCode,
+        body: &[u8],
+        after: Option<Duration>,
+    ) -> Attempt<T, CoderError> {
+        let error = CoderError { kind: classify(status), endpoint, message: describe(status, body) };
+        match status.as_u16() {
+            // A 500 on a stop is safe to retry: if the build was created, the retry gets a 409.
+            429 | 500 | 502 | 503 | 504 => Attempt::Retry { error, after },
+            _ => Attempt::Done(Err(error)),
+        }
+    }
+
     async fn try_once<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -196,22 +275,13 @@ impl CoderClient {
         url: &str,
         body: Option<&[u8]>,
     ) -> Attempt<T, CoderError> {
-        let mut req = self.http.request(method, url).header(TOKEN_HEADER, self.token.expose()).header("Accept", "application/json");
-        if self.bypass_ratelimit.load(Ordering::Relaxed) {
-            req = req.header(BYPASS_RATELIMIT_HEADER, "true");
-        }
+        let mut req = self.request(method, url);
         if let Some(body) = body {
             req = req.header("Content-Type", "application/json").body(body.to_vec());
         }
         let resp = match req.send().await {
             Ok(resp) => resp,
-            Err(e) => {
-                self.observe(endpoint, 0);
-                let what = if e.is_timeout() { "timed out" } else { "no response" };
-                // reqwest's error text names the URL, which never holds the token (header only).
-                let error = CoderError { kind: ErrorKind::Transport, endpoint, message: format!("{what}: {}", error_chain(&e)) };
-                return Attempt::Retry { error, after: None };
-            }
+            Err(e) => return self.transport_failure(endpoint, &e),
         };
         let status = resp.status();
         self.observe(endpoint, status.as_u16());
@@ -219,9 +289,8 @@ impl CoderClient {
         let bytes = match resp.bytes().await {
             Ok(b) => b,
             Err(e) => {
-                let error =
-                    CoderError { kind: ErrorKind::Transport, endpoint, message: format!("reading the body failed: {}", error_chain(&e)) };
-                return Attempt::Retry { error, after: None };
+                let message = format!("reading the body failed: {}", error_chain(&e));
+                return Attempt::Retry { error: CoderError { kind: ErrorKind::Transport, endpoint, message }, after: None };
             }
         };
         if status.is_success() {
@@ -232,18 +301,33 @@ impl CoderClient {
                 message: format!("unexpected response body ({e}); is --coder-url a Coder deployment of v2.x?"),
             }));
         }
-        let error = CoderError { kind: classify(status), endpoint, message: describe(status, &bytes) };
-        match status.as_u16() {
-            // A 500 on a stop is safe to retry: if the build was created, the retry gets a 409.
-            429 | 500 | 502 | 503 | 504 => Attempt::Retry { error, after: retry_after },
-            _ => Attempt::Done(Err(error)),
-        }
+        self.status_failure(endpoint, status, &bytes, retry_after)
     }
 
     fn observe(&self, endpoint: &'static str, status: u16) {
         if let Some(observer) = &self.observer {
             observer(endpoint, status);
         }
+    }
+}
+
+/// `std::io::Read` over body chunks arriving on a channel (for streaming JSON parsing).
+struct ChunkReader {
+    rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    current: bytes::Bytes,
+}
+
+impl std::io::Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
     }
 }
 

@@ -8,7 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+
+/// Scrapes in flight at once: bounds sockets and memory on large fleets (each body is parsed
+/// into readings inside its task and dropped there).
+const MAX_CONCURRENT_SCRAPES: usize = 32;
 
 use super::{Collection, GpuReading, GpuSource, Ownership, SourceFailure, readings_from_exposition};
 
@@ -59,6 +64,22 @@ async fn resolve_all(url: &str) -> Result<Vec<String>, String> {
     Ok(urls)
 }
 
+/// Parses one exporter's body into readings; an empty or unparseable body is a failure.
+fn read_exposition(url: &str, body: &str, now: DateTime<Utc>, ownership: &Ownership) -> Result<Vec<GpuReading>, String> {
+    if body.trim().is_empty() {
+        return Err("empty body (the exporter is reloading, or has no GPUs)".into());
+    }
+    let source: Arc<str> = Arc::from(url);
+    let (found, errors) = readings_from_exposition(body, now, &source, ownership);
+    if found.is_empty() {
+        return Err(errors.first().map_or("no DCGM GPU metrics in the response".to_string(), |e| format!("unparseable exposition ({e})")));
+    }
+    if !errors.is_empty() {
+        tracing::warn!(event = "scrape_malformed_lines", source = %url, count = errors.len(), first = %errors[0], "skipped malformed exposition lines");
+    }
+    Ok(found)
+}
+
 async fn scrape(http: reqwest::Client, url: String) -> Result<String, String> {
     let resp =
         http.get(&url).send().await.map_err(|e| if e.is_timeout() { "timed out".to_string() } else { format!("no response: {e}") })?;
@@ -72,40 +93,23 @@ async fn scrape(http: reqwest::Client, url: String) -> Result<String, String> {
 impl GpuSource for ExporterSource {
     async fn collect(&self, now: DateTime<Utc>) -> Collection {
         let (urls, mut failures) = self.expand().await;
+        let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_SCRAPES));
         let mut tasks = JoinSet::new();
         for url in urls.iter().cloned() {
-            let http = self.http.clone();
+            let (http, ownership, permits) = (self.http.clone(), self.ownership.clone(), permits.clone());
             tasks.spawn(async move {
-                let body = scrape(http, url.clone()).await;
-                (url, body)
+                let _permit = permits.acquire_owned().await;
+                let result = scrape(http, url.clone()).await.and_then(|body| read_exposition(&url, &body, now, &ownership));
+                (url, result)
             });
         }
         let mut readings: Vec<GpuReading> = Vec::new();
         while let Some(joined) = tasks.join_next().await {
-            let Ok((url, body)) = joined else { continue };
-            let body = match body {
-                Ok(b) => b,
-                Err(error) => {
-                    failures.push(SourceFailure { source: url, error });
-                    continue;
-                }
-            };
-            if body.trim().is_empty() {
-                failures.push(SourceFailure { source: url, error: "empty body (the exporter is reloading, or has no GPUs)".into() });
-                continue;
+            let Ok((url, result)) = joined else { continue };
+            match result {
+                Ok(found) => readings.extend(found),
+                Err(error) => failures.push(SourceFailure { source: url, error }),
             }
-            let source: Arc<str> = Arc::from(url.as_str());
-            let (found, errors) = readings_from_exposition(&body, now, &source, &self.ownership);
-            if found.is_empty() {
-                let why =
-                    errors.first().map_or("no DCGM GPU metrics in the response".to_string(), |e| format!("unparseable exposition ({e})"));
-                failures.push(SourceFailure { source: url, error: why });
-                continue;
-            }
-            if !errors.is_empty() {
-                tracing::warn!(event = "scrape_malformed_lines", source = %url, count = errors.len(), first = %errors[0], "skipped malformed exposition lines");
-            }
-            readings.extend(found);
         }
         Collection { readings, failures, requests: urls.len() }
     }

@@ -159,9 +159,7 @@ pub fn readings_from_exposition(
                 values: SignalValues::default(),
                 source: source.clone(),
             });
-            if sample.value.is_finite() {
-                reading.values.set(mapping.signal, sample.value * mapping.scale);
-            }
+            reading.values.set(mapping.signal, sample.value * mapping.scale);
         },
     );
     (by_gpu.into_values().collect(), errors)

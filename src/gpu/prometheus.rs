@@ -129,9 +129,7 @@ impl GpuSource for PrometheusSource {
                         values: SignalValues::default(),
                         source: source.clone(),
                     });
-                    if value.is_finite() {
-                        reading.values.set(signal, value * scale);
-                    }
+                    reading.values.set(signal, value * scale);
                 }
             }
         }

@@ -93,23 +93,41 @@ pub fn lookup(name: &str) -> Option<Mapping> {
     NAMES.iter().find(|m| m.name == name).copied()
 }
 
-/// One reading of every signal of one GPU; `None` where the exporter did not report it.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct SignalValues(pub [Option<f64>; SIGNAL_COUNT]);
+/// One reading of every signal of one GPU, in the canonical units; absent signals are `None`.
+/// Stored as `f32` with NaN for "absent" (28 bytes, not 112): windows hold tens of samples per
+/// GPU, and f32 is exact enough for ratios, MiB and watts.
+#[derive(Debug, Clone, Copy)]
+pub struct SignalValues([f32; SIGNAL_COUNT]);
+
+impl Default for SignalValues {
+    fn default() -> Self {
+        SignalValues([f32::NAN; SIGNAL_COUNT])
+    }
+}
+
+impl PartialEq for SignalValues {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.iter().zip(&other.0).all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+}
 
 impl SignalValues {
     pub fn get(&self, s: Signal) -> Option<f64> {
-        self.0[s.index()]
+        let v = self.0[s.index()];
+        (!v.is_nan()).then_some(f64::from(v))
     }
+    /// Records a finite value (non-finite values are ignored: they are no reading).
     pub fn set(&mut self, s: Signal, v: f64) {
-        self.0[s.index()] = Some(v);
+        if v.is_finite() {
+            self.0[s.index()] = v as f32;
+        }
     }
     pub fn with(mut self, s: Signal, v: f64) -> Self {
         self.set(s, v);
         self
     }
     pub fn is_empty(&self) -> bool {
-        self.0.iter().all(Option::is_none)
+        self.0.iter().all(|v| v.is_nan())
     }
 }
 
@@ -129,6 +147,17 @@ mod tests {
         assert_eq!(lookup("DCGM_FI_PROF_SM_UTIL_RATIO").unwrap().signal, Signal::SmActive);
         assert_eq!(lookup("DCGM_FI_DEV_SM_CLOCK"), None);
         assert_eq!(lookup("up"), None);
+    }
+
+    #[test]
+    fn values_round_trip_and_absent_is_none() {
+        let v = SignalValues::default().with(Signal::SmActive, 0.012).with(Signal::FbUsedMib, 19376.0).with(Signal::PowerWatts, f64::NAN);
+        assert_eq!(v.get(Signal::FbUsedMib), Some(19376.0));
+        assert!((v.get(Signal::SmActive).unwrap() - 0.012).abs() < 1e-7);
+        assert_eq!(v.get(Signal::PowerWatts), None);
+        assert_eq!(v.get(Signal::GpuUtil), None);
+        assert!(SignalValues::default().is_empty() && !v.is_empty());
+        assert_eq!(std::mem::size_of::<SignalValues>(), 28);
     }
 
     #[test]

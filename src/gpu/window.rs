@@ -3,7 +3,7 @@
 //! and since when a GPU has been continuously not compute-active. Memory is bounded: samples
 //! older than the longest rule needs are dropped, and so are workspaces that are gone.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
@@ -111,20 +111,34 @@ impl GpuWindow {
 #[derive(Debug, Default)]
 pub struct Windows {
     retain: Duration,
-    by_workspace: HashMap<String, BTreeMap<GpuKey, GpuWindow>>,
+    /// Samples a window holds at most (the look-back over the interval): reserved up front,
+    /// so a full window costs no more than its samples.
+    capacity: usize,
+    /// A workspace has a handful of GPUs: a Vec (not a map, whose empty node alone is ~2 KB).
+    by_workspace: HashMap<String, Vec<GpuWindow>>,
 }
 
 impl Windows {
-    /// `retain`: the longest span any rule looks back (plus a margin).
-    pub fn new(retain: Duration) -> Self {
-        Windows { retain, by_workspace: HashMap::new() }
+    /// `retain`: the longest span any rule looks back (plus a margin); `interval`: between samples.
+    pub fn new(retain: Duration, interval: std::time::Duration) -> Self {
+        let per_window = retain.to_std().map_or(64, |r| (r.as_secs_f64() / interval.as_secs_f64().max(0.001)).ceil() as usize + 2);
+        Windows { retain, capacity: per_window.clamp(4, 4096), by_workspace: HashMap::new() }
     }
 
     /// Adds a reading to its workspace's window. Readings with no workspace are ignored.
     pub fn record(&mut self, reading: &GpuReading) {
         let Some(ws) = &reading.workspace_id else { return };
         let gpus = self.by_workspace.entry(ws.clone()).or_default();
-        let window = gpus.entry(reading.key.clone()).or_insert_with(|| GpuWindow::new(reading.key.clone(), reading.source.clone()));
+        let index = match gpus.iter().position(|w| w.key == reading.key) {
+            Some(i) => i,
+            None => {
+                let mut w = GpuWindow::new(reading.key.clone(), reading.source.clone());
+                w.samples.reserve_exact(self.capacity);
+                gpus.push(w);
+                gpus.len() - 1
+            }
+        };
+        let window = &mut gpus[index];
         window.source = reading.source.clone();
         if window.model.is_none() {
             window.model.clone_from(&reading.model);
@@ -134,7 +148,7 @@ impl Windows {
 
     /// Flags every GPU last reported by a source that failed this pass (and clears the rest).
     pub fn mark_failed_sources(&mut self, failed: &HashSet<&str>) {
-        for window in self.by_workspace.values_mut().flat_map(|g| g.values_mut()) {
+        for window in self.by_workspace.values_mut().flat_map(|g| g.iter_mut()) {
             window.source_failed = failed.contains(window.source.as_ref());
         }
     }
@@ -146,7 +160,7 @@ impl Windows {
             if !live.contains(ws.as_str()) {
                 return false;
             }
-            gpus.retain(|_, w| {
+            gpus.retain_mut(|w| {
                 while w.samples.front().is_some_and(|s| s.at < cutoff) {
                     w.samples.pop_front();
                 }
@@ -161,8 +175,8 @@ impl Windows {
         self.by_workspace.remove(workspace_id);
     }
 
-    pub fn get(&self, workspace_id: &str) -> Option<&BTreeMap<GpuKey, GpuWindow>> {
-        self.by_workspace.get(workspace_id)
+    pub fn get(&self, workspace_id: &str) -> Option<&[GpuWindow]> {
+        self.by_workspace.get(workspace_id).map(Vec::as_slice)
     }
 
     pub fn workspace_count(&self) -> usize {
@@ -170,7 +184,7 @@ impl Windows {
     }
 
     pub fn sample_count(&self) -> usize {
-        self.by_workspace.values().flat_map(|g| g.values()).map(|w| w.samples.len()).sum()
+        self.by_workspace.values().flat_map(|g| g.iter()).map(|w| w.samples.len()).sum()
     }
 }
 
@@ -227,7 +241,7 @@ mod tests {
 
     #[test]
     fn memory_stays_bounded_and_gone_workspaces_are_dropped() {
-        let mut ws = Windows::new(Duration::seconds(600));
+        let mut ws = Windows::new(Duration::seconds(600), std::time::Duration::from_secs(10));
         let key = GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: None };
         for i in 0..10_000 {
             for id in ["a", "b"] {

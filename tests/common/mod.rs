@@ -49,3 +49,12 @@ pub fn pending_workspace(id: &str) -> Workspace {
     v["id"] = Value::String(id.into());
     serde_json::from_value(v).unwrap()
 }
+
+/// Readings are stored as f32: compare within its precision. `None` must match `None`.
+#[track_caller]
+pub fn assert_close(got: Option<f64>, want: Option<f64>, context: impl std::fmt::Debug) {
+    match (got, want) {
+        (Some(g), Some(w)) => assert!((g - w).abs() <= w.abs() * 1e-6 + 1e-7, "{got:?} != {want:?}: {context:?}"),
+        _ => assert_eq!(got, want, "{context:?}"),
+    }
+}

@@ -1,0 +1,140 @@
+//! One pass at fleet scale: 1,000 and 10,000 running workspaces, one GPU each (30 metrics per
+//! GPU), 8 GPUs per exporter, served by a child process so only the service is measured. Prints
+//! requests per pass, wall time, CPU time and peak RSS over 33 passes (windows full, as in
+//! steady state). Run: `cargo bench --bench pass`.
+
+// A measuring harness, not service code: failing loudly is what it should do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "synthetic.rs"]
+mod synthetic;
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::routing::get;
+use coder_gpu_reclaimer::actuator::{Actuator, Outputs};
+use coder_gpu_reclaimer::coder::{CoderClient, SessionToken};
+use coder_gpu_reclaimer::gpu::exporter::ExporterSource;
+use coder_gpu_reclaimer::gpu::{Ownership, Sources};
+use coder_gpu_reclaimer::metrics::{Metrics, Mode};
+use coder_gpu_reclaimer::policy::Policy;
+use coder_gpu_reclaimer::reclaim::{Reclaimer, State as AppState};
+use coder_gpu_reclaimer::retry::RetryPolicy;
+
+const GPUS_PER_NODE: usize = 8;
+
+struct Served {
+    listing: String,
+    nodes: Vec<String>,
+}
+
+/// Child mode: serve a listing and the exporters for `n` workspaces; print the port.
+async fn serve(n: usize) {
+    let fixture =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/coder/workspaces_running.json")).expect("fixture");
+    let list: serde_json::Value = serde_json::from_str(&fixture).expect("fixture json");
+    let alice = list["workspaces"].as_array().and_then(|w| w.iter().find(|w| w["name"] == "alice-gpu")).cloned().expect("alice-gpu");
+    let served = Arc::new(Served {
+        listing: synthetic::listing(&alice, n),
+        nodes: (0..n.div_ceil(GPUS_PER_NODE))
+            .map(|i| synthetic::exposition(i * GPUS_PER_NODE, GPUS_PER_NODE.min(n - i * GPUS_PER_NODE)))
+            .collect(),
+    });
+    let app = Router::new()
+        .route("/api/v2/workspaces", get(|State(s): State<Arc<Served>>| async move { s.listing.clone() }))
+        .route(
+            "/node/{i}/metrics",
+            get(|State(s): State<Arc<Served>>, Path(i): Path<usize>| async move { s.nodes.get(i).cloned().unwrap_or_default() }),
+        )
+        .with_state(served);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    println!("{}", listener.local_addr().expect("addr").port());
+    std::io::stdout().flush().ok();
+    axum::serve(listener, app).await.ok();
+}
+
+fn proc_status(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// CPU time of this process (user + system), from /proc/self/stat (clock ticks of 10 ms).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = after.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    // Fields after the command: state is skipped by the parse filter; utime and stime are the
+    // 14th and 15th fields of the line, i.e. indexes 10 and 11 of the numeric ones.
+    (f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0)) as f64 / 100.0
+}
+
+/// Child mode: measure passes against the server on `port`.
+async fn measure(n: usize, port: u16) {
+    let base = format!("http://127.0.0.1:{port}");
+    let nodes = n.div_ceil(GPUS_PER_NODE);
+    let urls: Vec<String> = (0..nodes).map(|i| format!("{base}/node/{i}/metrics")).collect();
+    let metrics = Arc::new(Metrics::new());
+    let token = SessionToken::new("benchkey01-benchsecret").expect("token");
+    let coder =
+        CoderClient::new(&base, token, Duration::from_secs(30), RetryPolicy::none()).expect("client").with_observer(metrics.observer());
+    let source = Sources::Exporters(ExporterSource::new(urls, Ownership::default(), Duration::from_secs(30)).expect("source"));
+    let interval = Duration::from_secs(60);
+    let policy = Policy::defaults(interval);
+    let state = Arc::new(AppState::new(metrics.clone(), Mode::Observe, interval));
+    let actuator = Actuator::new(Mode::Observe, coder.clone(), metrics.clone(), Outputs::default(), interval, 10);
+    let mut reclaimer = Reclaimer::new(coder, source, policy, actuator, state);
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    let rss_before = proc_status("VmRSS:");
+    let mut walls = Vec::new();
+    let mut requests = 0;
+    let cpu0 = cpu_seconds();
+    // With 60 s passes, the default 30 m look-back and a 3 m gap margin, a window holds at most
+    // 33 samples: 33 passes is the steady state's memory, not a cold start's. (The passes run
+    // back to back here, so pruning never drops a sample; more passes would overfill windows.)
+    const PASSES: usize = 33;
+    for _ in 0..PASSES {
+        let t = Instant::now();
+        let report = reclaimer.pass(true, &rx).await.expect("pass");
+        walls.push(t.elapsed().as_secs_f64());
+        requests = 1 + report.gpu_requests;
+        assert_eq!(report.workspaces.len(), n);
+    }
+    let cpu = (cpu_seconds() - cpu0) / PASSES as f64;
+    walls.sort_by(f64::total_cmp);
+    println!(
+        "{n:>6} workspaces | {requests:>5} requests/pass (1 listing + {nodes} exporters) | wall median {:>6.0} ms, max {:>6.0} ms | CPU {:>6.0} ms/pass | peak RSS {:>5.1} MiB (at start {:.1})",
+        walls[walls.len() / 2] * 1e3,
+        walls[walls.len() - 1] * 1e3,
+        cpu * 1e3,
+        proc_status("VmHWM:") as f64 / 1024.0,
+        rss_before as f64 / 1024.0
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    match args.get(1).map(String::as_str) {
+        Some("--serve") => return rt.block_on(serve(args[2].parse().expect("n"))),
+        Some("--measure") => return rt.block_on(measure(args[2].parse().expect("n"), args[3].parse().expect("port"))),
+        _ => {}
+    }
+    let exe = std::env::current_exe().expect("exe");
+    println!("one pass (gather, merge, decide, report) in observe mode; fake servers in a child process");
+    for n in [1_000usize, 10_000] {
+        let mut server = Command::new(&exe).args(["--serve", &n.to_string()]).stdout(Stdio::piped()).spawn().expect("server");
+        let mut port = String::new();
+        BufReader::new(server.stdout.take().expect("stdout")).read_line(&mut port).expect("port");
+        let status = Command::new(&exe).args(["--measure", &n.to_string(), port.trim()]).status().expect("measure");
+        let _ = server.kill();
+        let _ = server.wait();
+        assert!(status.success());
+    }
+}
