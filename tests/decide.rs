@@ -78,7 +78,7 @@ fn ws(last_used_ago: Duration) -> Workspace {
     running_workspace(WS_ID, now() - last_used_ago)
 }
 
-fn judge(w: &Workspace, g: &Vec<GpuWindow>, p: &Policy) -> Decision {
+fn judge(w: &Workspace, g: &[GpuWindow], p: &Policy) -> Decision {
     decide(now(), w, Some(g), p, None)
 }
 
