@@ -7,6 +7,7 @@ mod coder_client;
 mod common;
 mod contract;
 mod decide;
+mod deploy;
 mod e2e;
 mod expo;
 mod fakes;

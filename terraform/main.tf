@@ -1,0 +1,199 @@
+locals {
+  name = "coder-gpu-reclaimer"
+  labels = merge({
+    "app.kubernetes.io/name"       = local.name
+    "app.kubernetes.io/managed-by" = "terraform"
+  }, var.labels)
+  token_secret = var.coder_session_token_secret != null ? var.coder_session_token_secret : "${local.name}-token"
+  audit_path   = "/var/log/${local.name}/audit.jsonl"
+
+  # One to one onto the CLI of `coder-gpu-reclaimer run` (tests check every flag against it).
+  args = concat(
+    ["run",
+      "--coder-url", var.coder_url,
+      "--interval", var.interval,
+      "--idle-after", var.idle_after,
+      "--grace", var.grace,
+      "--reclaim-when", var.reclaim_when,
+      "--listen", "0.0.0.0:${var.listen_port}",
+      "--log-format", var.log_format,
+    "--config", "/etc/${local.name}/policy.toml"],
+    var.prometheus_url != null ? ["--prometheus-url", var.prometheus_url] : flatten([for u in var.dcgm_exporter_urls : ["--dcgm-exporter", u]]),
+    var.enforce ? ["--enforce"] : [],
+    var.audit_log ? ["--audit-log", local.audit_path] : [],
+    var.notify_webhook != null ? ["--notify-webhook", var.notify_webhook] : [],
+  )
+}
+
+resource "kubernetes_namespace_v1" "this" {
+  count = var.create_namespace ? 1 : 0
+  metadata {
+    name   = var.namespace
+    labels = local.labels
+  }
+}
+
+resource "kubernetes_secret_v1" "token" {
+  count = var.coder_session_token != null ? 1 : 0
+  metadata {
+    name      = local.token_secret
+    namespace = var.namespace
+    labels    = local.labels
+  }
+  data       = { token = var.coder_session_token }
+  depends_on = [kubernetes_namespace_v1.this]
+}
+
+resource "kubernetes_config_map_v1" "policy" {
+  metadata {
+    name      = "${local.name}-policy"
+    namespace = var.namespace
+    labels    = local.labels
+  }
+  data       = { "policy.toml" = var.policy_toml }
+  depends_on = [kubernetes_namespace_v1.this]
+}
+
+resource "kubernetes_deployment_v1" "this" {
+  metadata {
+    name      = local.name
+    namespace = var.namespace
+    labels    = local.labels
+  }
+  spec {
+    # One replica: two would each send stops. Recreate: never two at once during a rollout.
+    replicas = 1
+    strategy {
+      type = "Recreate"
+    }
+    selector {
+      match_labels = { "app.kubernetes.io/name" = local.name }
+    }
+    template {
+      metadata {
+        labels = local.labels
+        annotations = {
+          "checksum/policy" = sha256(var.policy_toml)
+        }
+      }
+      spec {
+        automount_service_account_token = false
+        security_context {
+          run_as_non_root = true
+          run_as_user     = 65532
+          run_as_group    = 65532
+          seccomp_profile {
+            type = "RuntimeDefault"
+          }
+        }
+        container {
+          name  = local.name
+          image = var.image
+          args  = local.args
+          env {
+            name = "CODER_SESSION_TOKEN"
+            value_from {
+              secret_key_ref {
+                name = local.token_secret
+                key  = "token"
+              }
+            }
+          }
+          port {
+            name           = "http"
+            container_port = var.listen_port
+          }
+          liveness_probe {
+            http_get {
+              path = "/healthz"
+              port = "http"
+            }
+            period_seconds = 20
+          }
+          readiness_probe {
+            http_get {
+              path = "/readyz"
+              port = "http"
+            }
+            period_seconds = 15
+          }
+          resources {
+            requests = var.resources.requests
+            limits   = var.resources.limits
+          }
+          security_context {
+            read_only_root_filesystem  = true
+            allow_privilege_escalation = false
+            capabilities {
+              drop = ["ALL"]
+            }
+          }
+          volume_mount {
+            name       = "policy"
+            mount_path = "/etc/${local.name}"
+            read_only  = true
+          }
+          volume_mount {
+            name       = "audit"
+            mount_path = "/var/log/${local.name}"
+          }
+        }
+        volume {
+          name = "policy"
+          config_map {
+            name = kubernetes_config_map_v1.policy.metadata[0].name
+          }
+        }
+        volume {
+          name = "audit"
+          empty_dir {}
+        }
+      }
+    }
+  }
+  depends_on = [kubernetes_secret_v1.token]
+}
+
+resource "kubernetes_service_v1" "this" {
+  metadata {
+    name      = local.name
+    namespace = var.namespace
+    labels    = local.labels
+  }
+  spec {
+    selector = { "app.kubernetes.io/name" = local.name }
+    port {
+      name        = "http"
+      port        = var.listen_port
+      target_port = "http"
+    }
+  }
+  depends_on = [kubernetes_namespace_v1.this]
+}
+
+resource "kubernetes_manifest" "service_monitor" {
+  count = var.service_monitor ? 1 : 0
+  manifest = {
+    apiVersion = "monitoring.coreos.com/v1"
+    kind       = "ServiceMonitor"
+    metadata = {
+      name      = local.name
+      namespace = var.namespace
+      labels    = merge(local.labels, var.service_monitor_labels)
+    }
+    spec = {
+      selector  = { matchLabels = { "app.kubernetes.io/name" = local.name } }
+      endpoints = [{ port = "http", path = "/metrics", interval = "30s" }]
+    }
+  }
+}
+
+resource "kubernetes_config_map_v1" "dcgm_counters" {
+  count = var.dcgm_counters_configmap ? 1 : 0
+  metadata {
+    name      = "dcgm-exporter-counters-with-sm-active"
+    namespace = var.dcgm_namespace
+    labels    = local.labels
+  }
+  data = { "default-counters.csv" = file("${path.module}/dcgm-counters.csv") }
+}

@@ -1,0 +1,152 @@
+variable "namespace" {
+  type        = string
+  description = "Namespace to deploy coder-gpu-reclaimer into."
+  default     = "coder-gpu-reclaimer"
+}
+
+variable "create_namespace" {
+  type        = bool
+  description = "Create the namespace (false when it already exists)."
+  default     = true
+}
+
+variable "image" {
+  type        = string
+  description = "Container image built from this repository's Dockerfile and pushed to your registry."
+}
+
+variable "coder_url" {
+  type        = string
+  description = "Coder's URL as seen from the cluster, e.g. http://coder.coder.svc.cluster.local or https://coder.example.com."
+}
+
+variable "coder_session_token" {
+  type        = string
+  description = "An owner's session token (`coder tokens create --lifetime 168h`). Leave null to use coder_session_token_secret."
+  default     = null
+  sensitive   = true
+}
+
+variable "coder_session_token_secret" {
+  type        = string
+  description = "Name of an existing Secret in the namespace with the token under the key `token` (instead of coder_session_token)."
+  default     = null
+}
+
+variable "dcgm_exporter_urls" {
+  type        = list(string)
+  description = "dcgm-exporter /metrics URLs. dns+http://SERVICE:9400/metrics scrapes every address of a headless Service."
+  default     = ["dns+http://nvidia-dcgm-exporter.gpu-operator.svc.cluster.local:9400/metrics"]
+}
+
+variable "prometheus_url" {
+  type        = string
+  description = "Read GPU history from this Prometheus instead of scraping the exporters (for large fleets)."
+  default     = null
+}
+
+variable "enforce" {
+  type        = bool
+  description = "Send stop builds. Off by default: the service observes and reports what it would stop."
+  default     = false
+}
+
+variable "interval" {
+  type        = string
+  description = "Time between passes."
+  default     = "60s"
+}
+
+variable "idle_after" {
+  type        = string
+  description = "A GPU idle this long, with no connection for as long, is reclaimed."
+  default     = "30m"
+}
+
+variable "grace" {
+  type        = string
+  description = "Warn for this long before stopping; activity meanwhile cancels."
+  default     = "0s"
+}
+
+variable "reclaim_when" {
+  type        = string
+  description = "always: reclaim every idle GPU; contended: only while someone waits for a GPU."
+  default     = "always"
+  validation {
+    condition     = contains(["always", "contended"], var.reclaim_when)
+    error_message = "reclaim_when must be \"always\" or \"contended\"."
+  }
+}
+
+variable "policy_toml" {
+  type        = string
+  description = "The policy file (TOML, see docs/policy.md). Empty: the defaults."
+  default     = ""
+}
+
+variable "notify_webhook" {
+  type        = string
+  description = "POST a JSON event (Slack-compatible `text`) on each warning and stop."
+  default     = null
+}
+
+variable "audit_log" {
+  type        = bool
+  description = "Keep an audit trail (one JSON line per stop or would-stop) on an emptyDir volume."
+  default     = true
+}
+
+variable "log_format" {
+  type        = string
+  description = "json or text."
+  default     = "json"
+}
+
+variable "listen_port" {
+  type        = number
+  description = "Port of /metrics, /healthz, /readyz and the status API."
+  default     = 9464
+}
+
+variable "resources" {
+  type = object({
+    requests = map(string)
+    limits   = map(string)
+  })
+  description = "Container resources. A pass over 10,000 workspaces peaks under 100 MiB (README, Speed and size)."
+  default = {
+    requests = { cpu = "50m", memory = "64Mi" }
+    limits   = { cpu = "1", memory = "256Mi" }
+  }
+}
+
+variable "service_monitor" {
+  type        = bool
+  description = "Create a prometheus-operator ServiceMonitor for /metrics."
+  default     = false
+}
+
+variable "service_monitor_labels" {
+  type        = map(string)
+  description = "Extra labels on the ServiceMonitor (e.g. the release label your Prometheus selects)."
+  default     = {}
+}
+
+variable "dcgm_counters_configmap" {
+  type        = bool
+  description = "Create a ConfigMap with dcgm-exporter's default counters plus DCGM_FI_PROF_SM_ACTIVE (see README)."
+  default     = true
+}
+
+variable "dcgm_namespace" {
+  type        = string
+  description = "Namespace of dcgm-exporter (where the counters ConfigMap goes)."
+  default     = "gpu-operator"
+}
+
+variable "labels" {
+  type        = map(string)
+  description = "Extra labels on every object."
+  default     = {}
+}
