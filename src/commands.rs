@@ -71,7 +71,7 @@ pub fn gpu_source(settings: &Settings) -> Result<Sources, AppError> {
     })
 }
 
-/// Resolves when SIGTERM or ctrl-c arrives, after setting `shutdown` to true.
+/// Sets `shutdown` to true when SIGTERM or ctrl-c arrives (in a task of its own).
 pub fn spawn_signal_handler(shutdown: watch::Sender<bool>) {
     tokio::spawn(async move {
         #[cfg(unix)]

@@ -103,10 +103,6 @@ impl<S: GpuSource> Reclaimer<S> {
         }
     }
 
-    pub fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
     /// Reads GPU sources only, adding samples to the windows (plan's sampling before a pass).
     pub async fn sample(&mut self) -> Vec<SourceFailure> {
         let collection = self.source.collect(Utc::now()).await;
@@ -171,7 +167,7 @@ impl<S: GpuSource> Reclaimer<S> {
             if let Some(why) = &fleet.breaker {
                 tracing::warn!(
                     event = "breaker_tripped",
-                    reclaimable = fleet.stop_order.len(),
+                    reclaimable = decisions.iter().filter(|d| d.verdict == Verdict::Reclaim).count(),
                     gpu_workspaces = fleet.gpu_workspaces,
                     "{why}"
                 );

@@ -71,8 +71,8 @@ async fn unknown_enum_values_parse_instead_of_failing_the_listing() {
     assert_eq!(ws.latest_build.status.as_str(), "unknown");
 }
 
-#[tokio::test]
-async fn start_up_calls_and_the_bypass_header_after_owner_confirmation() {
+/// A Coder that answers buildinfo and `users/me` (with the token) from fixtures.
+async fn coder_with_user(user_fixture: &str) -> MockServer {
     let server = MockServer::start().await;
     Mock::given(method("GET"))
         .and(path("/api/v2/buildinfo"))
@@ -82,9 +82,15 @@ async fn start_up_calls_and_the_bypass_header_after_owner_confirmation() {
     Mock::given(method("GET"))
         .and(path("/api/v2/users/me"))
         .and(header("Coder-Session-Token", TOKEN))
-        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/user_owner.json")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json(user_fixture)))
         .mount(&server)
         .await;
+    server
+}
+
+#[tokio::test]
+async fn start_up_calls_and_the_bypass_header_after_owner_confirmation() {
+    let server = coder_with_user("coder/user_owner.json").await;
     let key = fixture_json("coder/api_key.json");
     Mock::given(method("GET"))
         .and(path("/api/v2/users/me/keys/a1b2c3d4e5"))
@@ -108,17 +114,7 @@ async fn start_up_calls_and_the_bypass_header_after_owner_confirmation() {
 
 #[tokio::test]
 async fn a_member_token_is_refused_with_the_reason() {
-    let server = MockServer::start().await;
-    Mock::given(method("GET"))
-        .and(path("/api/v2/buildinfo"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/buildinfo.json")))
-        .mount(&server)
-        .await;
-    Mock::given(method("GET"))
-        .and(path("/api/v2/users/me"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/user_member.json")))
-        .mount(&server)
-        .await;
+    let server = coder_with_user("coder/user_member.json").await;
     let c = client(&server, RetryPolicy::none());
     let err = coder_gpu_reclaimer::startup::confirm_owner(&c, &SessionToken::new(TOKEN).unwrap()).await.unwrap_err();
     let msg = format!("{err:?}");

@@ -238,23 +238,17 @@ async fn the_fake_coder_answers_in_the_spec_shapes() {
     let key_id = token.split('-').next().unwrap().to_string();
     let key: Value = get(format!("/api/v2/users/me/keys/{key_id}")).await.json().await.unwrap();
     assert!(check(&spec, "codersdk.APIKey", &key).is_empty());
-    let resp = http
-        .post(format!("{}/api/v2/workspaces/{a}/builds", fake.url()))
-        .header("Coder-Session-Token", &token)
-        .json(&serde_json::json!({"transition": "stop"}))
-        .send()
-        .await
-        .unwrap();
+    let stop = || {
+        http.post(format!("{}/api/v2/workspaces/{a}/builds", fake.url()))
+            .header("Coder-Session-Token", &token)
+            .json(&serde_json::json!({"transition": "stop"}))
+            .send()
+    };
+    let resp = stop().await.unwrap();
     assert_eq!(resp.status().as_u16(), 201);
     let build: Value = resp.json().await.unwrap();
     assert!(check(&spec, "codersdk.WorkspaceBuild", &build).is_empty());
-    let again = http
-        .post(format!("{}/api/v2/workspaces/{a}/builds", fake.url()))
-        .header("Coder-Session-Token", &token)
-        .json(&serde_json::json!({"transition": "stop"}))
-        .send()
-        .await
-        .unwrap();
+    let again = stop().await.unwrap();
     assert_eq!(again.status().as_u16(), 409);
     let body: Value = again.json().await.unwrap();
     assert!(check(&spec, "codersdk.Response", &body).is_empty());

@@ -323,7 +323,8 @@ async fn all_zero_readings_trip_the_breaker() {
     }
     ex.set(|c| c.behaviour = Behaviour::AllZero);
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
-    svc.wait_event("breaker_tripped", Duration::from_secs(25)).await;
+    let tripped = svc.wait_event("breaker_tripped", Duration::from_secs(25)).await;
+    assert_eq!((tripped["reclaimable"].as_u64(), tripped["gpu_workspaces"].as_u64()), (Some(4), Some(4)), "{tripped}");
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(ids.iter().map(|id| coder.with(|w| w.stop_builds_by(*id, "admin"))).sum::<usize>(), 0);
 }
