@@ -36,6 +36,10 @@ impl Harness {
     }
 
     pub async fn with_world(world: WorldConfig, mode: Mode, tune: impl FnOnce(&mut Policy)) -> Self {
+        Self::with_outputs(world, mode, Outputs::default(), tune).await
+    }
+
+    pub async fn with_outputs(world: WorldConfig, mode: Mode, outputs: Outputs, tune: impl FnOnce(&mut Policy)) -> Self {
         let coder = FakeCoder::start(world).await.unwrap();
         let exporter = FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.unwrap();
         let retry = RetryPolicy {
@@ -52,7 +56,7 @@ impl Harness {
         policy.thresholds.idle_after = Duration::from_millis(1200);
         tune(&mut policy);
         let state = Arc::new(State::new(metrics.clone(), mode, INTERVAL));
-        let actuator = Actuator::new(mode, client.clone(), metrics, Outputs::default(), INTERVAL, policy.max_stops_per_pass);
+        let actuator = Actuator::new(mode, client.clone(), metrics, outputs, INTERVAL, policy.max_stops_per_pass);
         let reclaimer = Reclaimer::new(client, source, policy, actuator, state.clone());
         let (tx, stop) = watch::channel(false);
         Harness { coder, exporter, reclaimer, state, stop, _tx: tx }
@@ -319,4 +323,61 @@ async fn a_workspace_restarted_right_after_its_stop_is_not_stopped_again() {
         assert!(entry.gpus.iter().all(|g| g.key.pod.as_deref() != Some(old_pod.as_str())), "the old session's samples are gone: {entry:?}");
     }
     assert_eq!(h.stops_by_admin(a), 1, "a fresh session is not judged by the old one's samples: {verdicts:?}");
+}
+
+#[tokio::test]
+async fn the_audit_log_and_the_webhook_record_warnings_and_stops() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let hook = MockServer::start().await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&hook).await;
+    let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
+    let outputs = Outputs {
+        audit: Some(Arc::new(coder_gpu_reclaimer::audit::AuditLog::open(&path).unwrap())),
+        notifier: Some(coder_gpu_reclaimer::audit::Notifier::new(&hook.uri()).unwrap()),
+    };
+    let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
+    let mut h = Harness::with_outputs(world, Mode::Enforce, outputs, |p| p.thresholds.grace = Duration::from_millis(450)).await;
+    let a = h.workspace("alice", "a", Load::MemoryOnly).await;
+    for _ in 0..30 {
+        h.pass().await;
+        if h.stops_by_admin(a) == 1 {
+            break;
+        }
+    }
+    assert_eq!(h.stops_by_admin(a), 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // One line per stop, written before the next pass; warnings go to the webhook only.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let e = &lines[0];
+    assert_eq!(
+        (e["event"].as_str(), e["mode"].as_str(), e["reason"].as_str()),
+        (Some("stop_sent"), Some("enforce"), Some("memory-held-idle"))
+    );
+    assert_eq!((e["workspace"].as_str(), e["owner"].as_str(), e["template"].as_str()), (Some("a"), Some("alice"), Some("gpu-workspace")));
+    assert!(
+        e["build_id"].is_string() && e["gpu_idle_seconds"].is_number() && e["connection_idle_seconds"].is_number() && e["time"].is_string(),
+        "{e}"
+    );
+    let posts: Vec<serde_json::Value> =
+        hook.received_requests().await.unwrap().iter().map(|r| serde_json::from_slice(&r.body).unwrap()).collect();
+    let kinds: Vec<&str> = posts.iter().filter_map(|p| p["event"].as_str()).collect();
+    assert_eq!(kinds, vec!["warn", "stop_sent"], "{posts:?}");
+    assert!(posts[0]["text"].as_str().unwrap().starts_with("Workspace alice/a will be stopped to free its GPU: "), "{}", posts[0]["text"]);
+    assert!(posts[1]["stop_at"].is_string());
+    std::fs::remove_file(&path).ok();
+}
+
+#[tokio::test]
+async fn an_unreachable_webhook_never_blocks_a_stop() {
+    let dead = format!("http://{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap());
+    let outputs = Outputs { audit: None, notifier: Some(coder_gpu_reclaimer::audit::Notifier::new(&dead).unwrap()) };
+    let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
+    let mut h = Harness::with_outputs(world, Mode::Enforce, outputs, |_| {}).await;
+    let a = h.workspace("alice", "a", Load::Idle).await;
+    for _ in 0..20 {
+        h.pass().await;
+    }
+    assert_eq!(h.stops_by_admin(a), 1);
 }
