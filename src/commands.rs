@@ -156,14 +156,16 @@ pub async fn plan(args: PlanArgs) -> Result<String, AppError> {
     let actuator =
         Actuator::new(Mode::Observe, coder.clone(), metrics, Outputs::default(), settings.interval, settings.policy.max_stops_per_pass);
     let mut reclaimer = Reclaimer::new(coder, source, settings.policy.clone(), actuator, state.clone());
-    let step = Duration::from_secs(5).min(sample_for);
+    // One sample every 5 s: the default 15 s gives the 3 samples min_samples asks for.
+    let step = Duration::from_secs(5);
     if sampling && !sample_for.is_zero() {
         eprintln!("sampling the exporters for {} before deciding...", humantime::format_duration(sample_for));
         let mut waited = Duration::ZERO;
         while waited < sample_for {
             reclaimer.sample().await;
-            tokio::time::sleep(step).await;
-            waited += step;
+            let nap = step.min(sample_for - waited);
+            tokio::time::sleep(nap).await;
+            waited += nap;
         }
     }
     let (_tx, rx) = watch::channel(false);
