@@ -236,25 +236,15 @@ async fn extended_deadlines_and_disabled_autostop_do_not_protect_an_idle_gpu() {
     let b = coder.with(|w| w.create_workspace("bob", "b", Some(8 * 3_600_000))).unwrap();
     until(&coder, "both run", Duration::from_secs(5), |w| connected(w, a) && connected(w, b)).await;
     let http = reqwest::Client::new();
-    let alice = coder.with(|w| w.token_of("alice")).unwrap();
+    let put = |user: &str, path: String, body: Value| {
+        let token = coder.with(|w| w.token_of(user)).unwrap();
+        http.put(format!("{}{path}", coder.url())).header("Coder-Session-Token", token).json(&body).send()
+    };
     let far = (chrono::Utc::now() + chrono::Duration::hours(20)).to_rfc3339();
-    let r = http
-        .put(format!("{}/api/v2/workspaces/{a}/extend", coder.url()))
-        .header("Coder-Session-Token", &alice)
-        .json(&serde_json::json!({"deadline": far}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let bob = coder.with(|w| w.token_of("bob")).unwrap();
-    let r = http
-        .put(format!("{}/api/v2/workspaces/{b}/ttl", coder.url()))
-        .header("Coder-Session-Token", &bob)
-        .json(&serde_json::json!({"ttl_ms": null}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 204);
+    let r = put("alice", format!("/api/v2/workspaces/{a}/extend"), serde_json::json!({"deadline": far})).await.unwrap();
+    assert_eq!(r.status(), 200, "alice extended her deadline");
+    let r = put("bob", format!("/api/v2/workspaces/{b}/ttl"), serde_json::json!({"ttl_ms": null})).await.unwrap();
+    assert_eq!(r.status(), 204, "bob switched autostop off");
     let _svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
     until(&coder, "both stopped", Duration::from_secs(30), |w| w.stop_builds_by(a, "admin") == 1 && w.stop_builds_by(b, "admin") == 1)
         .await;
