@@ -11,8 +11,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::policy::ReclaimWhen;
 
 const AFTER_HELP: &str = "\
-The owner token is read from CODER_SESSION_TOKEN, or from the file named by --token-file /
-CODER_SESSION_TOKEN_FILE. It is never accepted as a flag value and never printed.
+The owner token is read from the file named by --token-file / CODER_SESSION_TOKEN_FILE, else
+from CODER_SESSION_TOKEN. It is never accepted as a flag value and never printed.
 
 Settings: a flag wins over its environment variable, which wins over the --config TOML file,
 which wins over the default. Durations are written like 90s, 30m, 4h.

@@ -179,13 +179,16 @@ impl Settings {
         let coder_url = coder_url.trim().trim_end_matches('/').to_string();
         check_url("--coder-url", &coder_url, "https://coder.example.com")?;
 
-        let token_file = args.token_file.clone().or_else(|| file.token_file.clone());
-        let token = match (token_env.filter(|t| !t.trim().is_empty()), token_file) {
-            (Some(t), _) => {
+        // An explicit --token-file (or CODER_SESSION_TOKEN_FILE) wins over CODER_SESSION_TOKEN,
+        // which wins over the config file's token_file.
+        let from_file = |path: &Path| SessionToken::from_file(path).map_err(|e| ConfigError(format!("--token-file: {e}")));
+        let token = match (&args.token_file, token_env.filter(|t| !t.trim().is_empty()), &file.token_file) {
+            (Some(path), _, _) => from_file(path)?,
+            (None, Some(t), _) => {
                 SessionToken::new(&t).map_err(|e| ConfigError(format!("CODER_SESSION_TOKEN: {e}: set it to an owner token")))?
             }
-            (None, Some(path)) => SessionToken::from_file(&path).map_err(|e| ConfigError(format!("--token-file: {e}")))?,
-            (None, None) => {
+            (None, None, Some(path)) => from_file(path)?,
+            (None, None, None) => {
                 return err(
                     "no session token: set CODER_SESSION_TOKEN, or pass --token-file PATH (make one as an owner with `coder tokens create --lifetime 168h`)",
                 );
@@ -355,6 +358,18 @@ mod tests {
         let s = Settings::resolve(&a, token()).unwrap();
         assert_eq!(s.policy.thresholds.idle_after, Duration::from_secs(600));
         assert_eq!(s.coder_url, "https://flag.example.com");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn an_explicit_token_file_wins_over_the_environment() {
+        let dir = std::env::temp_dir().join(format!("cgr-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("token");
+        std::fs::write(&path, "fileid0001-fromfile\n").unwrap();
+        let a = CommonArgs { token_file: Some(path.clone()), ..args() };
+        assert_eq!(Settings::resolve(&a, token()).unwrap().token.key_id(), Some("fileid0001"));
+        assert_eq!(Settings::resolve(&args(), token()).unwrap().token.key_id(), Some("abc123"));
         std::fs::remove_dir_all(&dir).ok();
     }
 
