@@ -189,6 +189,8 @@ async fn seed_story_idle_then_phantom() {
     assert_eq!(coder.with(|w| w.stop_builds_by(b, "admin")), 1);
     let stops = svc.events("stop_sent");
     assert_eq!(stops.len(), 2);
+    let secret = coder.owner_token().split_once('-').map(|(_, s)| s.to_string()).unwrap();
+    assert!(!svc.raw().contains(&secret), "the token never appears in the logs");
     assert_eq!(stops[0]["reason"], "idle");
     assert_eq!(stops[1]["reason"], "phantom-utilization");
 }
@@ -418,4 +420,23 @@ async fn plan_json_matches_the_status_api_and_check_passes() {
     let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", "http://127.0.0.1:9/metrics"], &token).await;
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("FAIL gpu source: http://127.0.0.1:9/metrics"), "{out}");
+}
+
+/// The README's first command: `demo` plays the seed story and exits 0 within a minute.
+#[tokio::test]
+async fn the_demo_plays_the_seed_story() {
+    let started = Instant::now();
+    let (code, out) = exit_of(&["demo"], "").await;
+    assert_eq!(code, 0, "{out}");
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+    for want in [
+        "b-notebook (bob)       waiting  waiting-for-gpu",
+        "a-train (alice)        reclaim  memory-held-idle",
+        "ACTION    stop build sent for a-train (alice)",
+        "b-notebook             gpu_assigned GPU 0",
+        "a-train (alice)        waiting  waiting-for-gpu",
+        "Done: 1 stop build sent for a-train",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in\n{out}");
+    }
 }
