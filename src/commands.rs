@@ -137,7 +137,7 @@ pub async fn run(args: RunArgs) -> Result<(), AppError> {
     let actuator =
         Actuator::new(mode, coder.clone(), metrics, Outputs { audit, notifier }, settings.interval, settings.policy.max_stops_per_pass);
     let reclaimer = Reclaimer::new(coder, source, settings.policy.clone(), actuator, state);
-    reclaimer.run(settings.interval, rx).await;
+    reclaimer.run(rx).await;
     match tokio::time::timeout(Duration::from_secs(5), server).await {
         Ok(Ok(Err(e))) => Err(AppError::Runtime(format!("the HTTP server failed: {e}"))),
         _ => Ok(()),
@@ -240,14 +240,20 @@ pub async fn check(args: CheckArgs) -> Result<bool, AppError> {
         }
     }
     let source = gpu_source(&settings)?;
+    // One line per URL actually read (a dns+ target stands for every address it resolved to).
     let collection = source.collect(chrono::Utc::now()).await;
-    for endpoint in source.endpoints() {
-        let failure =
-            collection.failures.iter().find(|f| f.source.contains(endpoint.trim_start_matches("dns+")) || endpoint.contains(&f.source));
-        match failure {
-            Some(f) => line(false, "gpu source", &format!("{endpoint}: {} (fix the URL or the exporter)", f.error)),
-            None => line(true, "gpu source", &format!("{endpoint}: {} GPU series", collection.readings.len())),
-        }
+    let mut series: std::collections::BTreeMap<&str, std::collections::HashSet<&crate::gpu::GpuKey>> = Default::default();
+    for r in &collection.readings {
+        series.entry(r.source.as_ref()).or_default().insert(&r.key);
+    }
+    for f in &collection.failures {
+        line(false, "gpu source", &format!("{}: {} (fix the URL or the exporter)", f.source, f.error));
+    }
+    for (url, gpus) in &series {
+        line(true, "gpu source", &format!("{url}: {} GPU series", gpus.len()));
+    }
+    if series.is_empty() && collection.failures.is_empty() {
+        line(false, "gpu source", "no GPU series at all: check the exporter URLs and that dcgm-exporter runs with --kubernetes");
     }
     if identity.is_some() {
         match coder.running_workspaces().await {

@@ -417,9 +417,18 @@ async fn plan_json_matches_the_status_api_and_check_passes() {
         out.contains("ok   token: belongs to \"admin\", an owner") && out.contains("ok   coverage: 1 of 2 running workspaces"),
         "{out}"
     );
+    assert!(out.contains(&format!("ok   gpu source: {}: 1 GPU series", ex.url())), "per source, not a total: {out}");
     let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", "http://127.0.0.1:9/metrics"], &token).await;
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("FAIL gpu source: http://127.0.0.1:9/metrics"), "{out}");
+    // A headless-Service name whose every address fails is a failure, not "ok".
+    let (code, out) = exit_of(
+        &["check", "--coder-url", &coder.url(), "--dcgm-exporter", "dns+http://localhost:9/metrics", "--dcgm-exporter", &ex.url()],
+        &token,
+    )
+    .await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(":9/metrics: no response") && !out.contains("ok   gpu source: dns+"), "{out}");
 }
 
 /// The README's first command: `demo` plays the seed story and exits 0 within a minute.

@@ -113,8 +113,4 @@ impl GpuSource for ExporterSource {
         }
         Collection { readings, failures, requests: urls.len() }
     }
-
-    fn endpoints(&self) -> Vec<String> {
-        self.targets.clone()
-    }
 }

@@ -61,8 +61,6 @@ pub struct Collection {
 /// decisions never know which one is configured.
 pub trait GpuSource: Send + Sync {
     fn collect(&self, now: DateTime<Utc>) -> impl Future<Output = Collection> + Send;
-    /// Human names of the configured endpoints (for `check` and logs).
-    fn endpoints(&self) -> Vec<String>;
 }
 
 /// The configured source.
@@ -76,12 +74,6 @@ impl GpuSource for Sources {
         match self {
             Sources::Exporters(s) => s.collect(now).await,
             Sources::Prometheus(s) => s.collect(now).await,
-        }
-    }
-    fn endpoints(&self) -> Vec<String> {
-        match self {
-            Sources::Exporters(s) => s.endpoints(),
-            Sources::Prometheus(s) => s.endpoints(),
         }
     }
 }

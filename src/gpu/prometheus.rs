@@ -142,8 +142,4 @@ impl GpuSource for PrometheusSource {
         readings.sort_by_key(|r| r.at);
         Collection { readings, failures, requests: Signal::ALL.len() }
     }
-
-    fn endpoints(&self) -> Vec<String> {
-        vec![self.base.clone()]
-    }
 }
