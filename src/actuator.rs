@@ -48,8 +48,6 @@ pub struct ActReport {
     pub would_stop: Vec<String>,
     pub build_active: Vec<String>,
     pub failed: Vec<String>,
-    pub skipped_in_flight: Vec<String>,
-    pub ttl_restored: Vec<String>,
 }
 
 pub struct Actuator {
@@ -135,9 +133,8 @@ impl Actuator {
         if fleet.breaker.is_none() {
             for &i in &fleet.stop_order {
                 let id = &decisions[i].workspace_id;
-                if self.tracked.contains_key(id) {
-                    report.skipped_in_flight.push(id.clone());
-                } else {
+                // Never a second stop while one is in flight.
+                if !self.tracked.contains_key(id) {
                     to_stop.push(AuditEvent::new("decision", now, self.mode, &workspaces[i], &decisions[i]));
                 }
             }
@@ -194,7 +191,6 @@ impl Actuator {
                     tracing::info!(event = "restore_ttl", workspace_id = %e.workspace_id, owner = %e.owner, ttl_ms = ttl, "set the autostop TTL back");
                     self.metrics.ttl_restores.inc();
                     self.record(&e);
-                    report.ttl_restored.push(e.workspace_id.clone());
                 }
                 Err(err) => {
                     tracing::warn!(event = "restore_ttl_failed", workspace_id = %e.workspace_id, error = %err, "could not set the autostop TTL back")

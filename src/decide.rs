@@ -23,7 +23,6 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 6] = [Verdict::Skip, Verdict::Waiting, Verdict::Unknown, Verdict::Keep, Verdict::Warn, Verdict::Reclaim];
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Skip => "skip",
@@ -62,27 +61,6 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 19] = [
-        Reason::NotRunning,
-        Reason::BuildActive,
-        Reason::Excluded,
-        Reason::NoGpu,
-        Reason::WaitingForGpu,
-        Reason::NoGpuData,
-        Reason::SampleGap,
-        Reason::StaleData,
-        Reason::MetricsDisagree,
-        Reason::GpuActive,
-        Reason::Connected,
-        Reason::WarmingUp,
-        Reason::NotIdleLongEnough,
-        Reason::NoContention,
-        Reason::Idle,
-        Reason::MemoryHeldIdle,
-        Reason::PhantomUtilization,
-        Reason::ConnectedButGpuIdle,
-        Reason::MaxLifetime,
-    ];
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::NotRunning => "not-running",

@@ -13,8 +13,8 @@ use crate::audit::AuditEvent;
 use crate::coder::types::Workspace;
 use crate::coder::{CoderClient, CoderError};
 use crate::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide};
+use crate::gpu::GpuSource;
 use crate::gpu::window::Windows;
-use crate::gpu::{GpuSource, SourceFailure};
 use crate::metrics::{Metrics, Mode, PassLabels, SourceLabels};
 use crate::policy::Policy;
 use crate::status::{StatusDocument, WorkspaceStatus};
@@ -22,7 +22,7 @@ use crate::status::{StatusDocument, WorkspaceStatus};
 /// What the loop and the HTTP server share.
 pub struct State {
     pub metrics: Arc<Metrics>,
-    pub status: RwLock<Arc<StatusDocument>>,
+    status: RwLock<Arc<StatusDocument>>,
     last_good_pass: Mutex<Option<Instant>>,
     pub interval: Duration,
 }
@@ -66,11 +66,10 @@ impl State {
 /// Everything one pass produced.
 #[derive(Debug)]
 pub struct PassReport {
-    pub now: DateTime<Utc>,
     pub workspaces: Vec<Workspace>,
     pub decisions: Vec<Decision>,
     pub fleet: FleetOutcome,
-    pub source_failures: Vec<SourceFailure>,
+    /// GPU source requests made this pass.
     pub gpu_requests: usize,
     pub acted: ActReport,
 }
@@ -104,12 +103,11 @@ impl<S: GpuSource> Reclaimer<S> {
     }
 
     /// Reads GPU sources only, adding samples to the windows (plan's sampling before a pass).
-    pub async fn sample(&mut self) -> Vec<SourceFailure> {
+    pub async fn sample(&mut self) {
         let collection = self.source.collect(Utc::now()).await;
         for r in &collection.readings {
             self.windows.record(r);
         }
-        collection.failures
     }
 
     /// One full pass. `act = false` decides and reports but never calls the actuator (plan).
@@ -209,13 +207,13 @@ impl<S: GpuSource> Reclaimer<S> {
             duration_ms = started.elapsed().as_millis() as u64,
             "pass done"
         );
-        Ok(PassReport { now, workspaces, decisions, fleet, source_failures: collection.failures, gpu_requests: collection.requests, acted })
+        Ok(PassReport { workspaces, decisions, fleet, gpu_requests: collection.requests, acted })
     }
 
-    /// Runs a pass every `interval` until shutdown. A pass in progress at shutdown may finish
-    /// its in-flight requests (the actuator starts no new stop) for at most 10 s.
-    pub async fn run(mut self, interval: Duration, mut shutdown: watch::Receiver<bool>) {
-        let mut ticker = tokio::time::interval(interval);
+    /// Runs a pass every interval (the `State`'s) until shutdown. A pass in progress at shutdown
+    /// may finish its in-flight requests (the actuator starts no new stop) for at most 10 s.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut ticker = tokio::time::interval(self.state.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

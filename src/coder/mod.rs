@@ -115,10 +115,6 @@ impl CoderClient {
         self
     }
 
-    pub fn base_url(&self) -> &str {
-        &self.base
-    }
-
     /// Sends `X-Coder-Bypass-Ratelimit: true` from now on. Call only after `me()` confirmed the
     /// owner role: Coder answers a non-owner's bypass header with a plain-text 428.
     pub fn enable_ratelimit_bypass(&self) {
