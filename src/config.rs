@@ -340,12 +340,27 @@ mod tests {
         assert_eq!(s.request_timeout, Duration::from_secs(10));
     }
 
+    /// Writes `contents` to a fresh file under the temp dir; the file is removed on drop.
+    struct TempFile(std::path::PathBuf);
+
+    impl TempFile {
+        fn new(name: &str, contents: &str) -> Self {
+            let path = std::env::temp_dir().join(format!("cgr-{}-{name}", std::process::id()));
+            std::fs::write(&path, contents).unwrap();
+            TempFile(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            std::fs::remove_file(&self.0).ok();
+        }
+    }
+
     #[test]
     fn file_beats_default_and_flag_beats_file() {
-        let dir = std::env::temp_dir().join(format!("cgr-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("policy.toml");
-        std::fs::write(&path, "idle_after = \"45m\"\ngrace = \"5m\"\ncoder_url = \"https://file.example.com\"\n").unwrap();
+        let file = TempFile::new("policy.toml", "idle_after = \"45m\"\ngrace = \"5m\"\ncoder_url = \"https://file.example.com\"\n");
+        let path = file.0.clone();
         let mut a = args();
         a.config = Some(path.clone());
         a.coder_url = None;
@@ -358,19 +373,14 @@ mod tests {
         let s = Settings::resolve(&a, token()).unwrap();
         assert_eq!(s.policy.thresholds.idle_after, Duration::from_secs(600));
         assert_eq!(s.coder_url, "https://flag.example.com");
-        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
     fn an_explicit_token_file_wins_over_the_environment() {
-        let dir = std::env::temp_dir().join(format!("cgr-token-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("token");
-        std::fs::write(&path, "fileid0001-fromfile\n").unwrap();
-        let a = CommonArgs { token_file: Some(path.clone()), ..args() };
+        let file = TempFile::new("token", "fileid0001-fromfile\n");
+        let a = CommonArgs { token_file: Some(file.0.clone()), ..args() };
         assert_eq!(Settings::resolve(&a, token()).unwrap().token.key_id(), Some("fileid0001"));
         assert_eq!(Settings::resolve(&args(), token()).unwrap().token.key_id(), Some("abc123"));
-        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -539,7 +539,7 @@ async fn events(State(s): State<CoderState>) -> Response {
     let list: Vec<Value> =
         w.events.iter().map(|e| json!({"at": ts(e.at), "workspace": e.workspace, "kind": e.kind, "detail": e.detail})).collect();
     axum::Json(
-        json!({ "events": list, "tokens": w.users.iter().map(|u| json!({"username": u.username, "owner": u.owner})).collect::<Vec<_>>() }),
+        json!({ "events": list, "users": w.users.iter().map(|u| json!({"username": u.username, "owner": u.owner})).collect::<Vec<_>>() }),
     )
     .into_response()
 }

@@ -140,7 +140,7 @@ impl CoderClient {
     /// `GET /api/v2/workspaces?q=status:running`: every running workspace in one request
     /// (no `limit` means all; offset paging is unstable while states change).
     ///
-    /// The body is parsed as it streams in (10,000 workspaces are about 50 MB of JSON), so only
+    /// The body is parsed as it streams in (10,000 workspaces are about 42 MB of JSON), so only
     /// the fields this service reads are ever held in memory.
     pub async fn running_workspaces(&self) -> Result<Vec<Workspace>, CoderError> {
         const ENDPOINT: &str = "GET /api/v2/workspaces";
@@ -183,14 +183,12 @@ impl CoderClient {
         drop(tx);
         let parsed = parser.await;
         if let Some(e) = stream_error {
-            let message = format!("reading the body failed: {}", error_chain(&e));
-            return Attempt::Retry { error: CoderError { kind: ErrorKind::Transport, endpoint, message }, after: None };
+            return body_failure(endpoint, &e);
         }
-        let decode = |message: String| Attempt::Done(Err(CoderError { kind: ErrorKind::Decode, endpoint, message }));
         match parsed {
             Ok(Ok(list)) => Attempt::Done(Ok(list)),
-            Ok(Err(e)) => decode(format!("unexpected response body ({e}); is --coder-url a Coder deployment of v2.x?")),
-            Err(e) => decode(format!("the listing parser failed: {e}")),
+            Ok(Err(e)) => Attempt::Done(Err(unexpected_body(endpoint, e))),
+            Err(e) => Attempt::Done(Err(unexpected_body(endpoint, format!("the parser task failed: {e}")))),
         }
     }
 
@@ -284,18 +282,11 @@ impl CoderClient {
         let retry_after = retry_after(resp.headers());
         let bytes = match resp.bytes().await {
             Ok(b) => b,
-            Err(e) => {
-                let message = format!("reading the body failed: {}", error_chain(&e));
-                return Attempt::Retry { error: CoderError { kind: ErrorKind::Transport, endpoint, message }, after: None };
-            }
+            Err(e) => return body_failure(endpoint, &e),
         };
         if status.is_success() {
             let bytes: &[u8] = if status == StatusCode::NO_CONTENT || bytes.is_empty() { b"null" } else { &bytes };
-            return Attempt::Done(serde_json::from_slice(bytes).map_err(|e| CoderError {
-                kind: ErrorKind::Decode,
-                endpoint,
-                message: format!("unexpected response body ({e}); is --coder-url a Coder deployment of v2.x?"),
-            }));
+            return Attempt::Done(serde_json::from_slice(bytes).map_err(|e| unexpected_body(endpoint, e)));
         }
         self.status_failure(endpoint, status, &bytes, retry_after)
     }
@@ -305,6 +296,18 @@ impl CoderClient {
             observer(endpoint, status);
         }
     }
+}
+
+/// The connection broke while the body was read: worth another try.
+fn body_failure<T>(endpoint: &'static str, e: &reqwest::Error) -> Attempt<T, CoderError> {
+    let message = format!("reading the body failed: {}", error_chain(e));
+    Attempt::Retry { error: CoderError { kind: ErrorKind::Transport, endpoint, message }, after: None }
+}
+
+/// A 2xx whose body is not what Coder sends: final.
+fn unexpected_body(endpoint: &'static str, e: impl fmt::Display) -> CoderError {
+    let message = format!("unexpected response body ({e}); is --coder-url a Coder deployment of v2.x?");
+    CoderError { kind: ErrorKind::Decode, endpoint, message }
 }
 
 /// `std::io::Read` over body chunks arriving on a channel (for streaming JSON parsing).
