@@ -17,13 +17,10 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::get;
-use coder_gpu_reclaimer::actuator::{Actuator, Outputs};
-use coder_gpu_reclaimer::coder::{CoderClient, SessionToken};
-use coder_gpu_reclaimer::gpu::exporter::ExporterSource;
-use coder_gpu_reclaimer::gpu::{Ownership, Sources};
-use coder_gpu_reclaimer::metrics::{Metrics, Mode};
-use coder_gpu_reclaimer::policy::Policy;
-use coder_gpu_reclaimer::reclaim::{Reclaimer, State as AppState};
+use coder_gpu_reclaimer::app::{Application, Role};
+use coder_gpu_reclaimer::coder::SessionToken;
+use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
+use coder_gpu_reclaimer::gpu::exporter::ExporterTarget;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 
 const GPUS_PER_NODE: usize = 8;
@@ -31,21 +28,30 @@ const GPUS_PER_NODE: usize = 8;
 struct Served {
     listing: String,
     nodes: Vec<String>,
+    buildinfo: String,
+    owner: String,
+}
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/tests/fixtures/coder/{name}", env!("CARGO_MANIFEST_DIR"))).expect("fixture")
 }
 
 /// Child mode: serve a listing and the exporters for `n` workspaces; print the port.
 async fn serve(n: usize) {
-    let fixture =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/coder/workspaces_running.json")).expect("fixture");
-    let list: serde_json::Value = serde_json::from_str(&fixture).expect("fixture json");
+    let list: serde_json::Value = serde_json::from_str(&fixture("workspaces_running.json")).expect("fixture json");
     let alice = list["workspaces"].as_array().and_then(|w| w.iter().find(|w| w["name"] == "alice-gpu")).cloned().expect("alice-gpu");
     let served = Arc::new(Served {
         listing: synthetic::listing(&alice, n),
         nodes: (0..n.div_ceil(GPUS_PER_NODE))
             .map(|i| synthetic::exposition(i * GPUS_PER_NODE, GPUS_PER_NODE.min(n - i * GPUS_PER_NODE)))
             .collect(),
+        buildinfo: fixture("buildinfo.json"),
+        owner: fixture("user_owner.json"),
     });
+    // Start-up reads buildinfo and users/me (the key lookup 404s: expiry unknown, a warning).
     let app = Router::new()
+        .route("/api/v2/buildinfo", get(|State(s): State<Arc<Served>>| async move { s.buildinfo.clone() }))
+        .route("/api/v2/users/me", get(|State(s): State<Arc<Served>>| async move { s.owner.clone() }))
         .route("/api/v2/workspaces", get(|State(s): State<Arc<Served>>| async move { s.listing.clone() }))
         .route(
             "/node/{i}/metrics",
@@ -79,17 +85,14 @@ fn cpu_seconds() -> f64 {
 async fn measure(n: usize, port: u16) {
     let base = format!("http://127.0.0.1:{port}");
     let nodes = n.div_ceil(GPUS_PER_NODE);
-    let urls: Vec<String> = (0..nodes).map(|i| format!("{base}/node/{i}/metrics")).collect();
-    let metrics = Arc::new(Metrics::new());
+    let targets: Vec<ExporterTarget> =
+        (0..nodes).map(|i| ExporterTarget::parse(&format!("{base}/node/{i}/metrics")).expect("target")).collect();
     let token = SessionToken::new("benchkey01-benchsecret").expect("token");
-    let coder =
-        CoderClient::new(&base, token, Duration::from_secs(30), RetryPolicy::none()).expect("client").with_observer(metrics.observer());
-    let source = Sources::Exporters(ExporterSource::new(urls, Ownership::default(), Duration::from_secs(30)).expect("source"));
-    let interval = Duration::from_secs(60);
-    let policy = Policy::defaults(interval);
-    let state = Arc::new(AppState::new(metrics.clone(), Mode::Observe, interval));
-    let actuator = Actuator::new(Mode::Observe, coder.clone(), metrics.clone(), Outputs::default(), interval, 10);
-    let mut reclaimer = Reclaimer::new(coder, source, policy, actuator, state);
+    let mut settings = Settings::new(base.parse().expect("url"), token, GpuSourceSettings::Exporters(targets));
+    settings.request_timeout = Duration::from_secs(30);
+    settings.api_retry = RetryPolicy::none();
+    // The same build as `run` (observe mode: the actuator only reports).
+    let mut app = Application::build(&settings, Role::Run).await.expect("build");
     let (_tx, rx) = tokio::sync::watch::channel(false);
     let rss_before = proc_status("VmRSS:");
     let mut walls = Vec::new();
@@ -101,7 +104,7 @@ async fn measure(n: usize, port: u16) {
     const PASSES: usize = 33;
     for _ in 0..PASSES {
         let t = Instant::now();
-        let report = reclaimer.pass(true, &rx).await.expect("pass");
+        let report = app.pass(&rx).await.expect("pass");
         walls.push(t.elapsed().as_secs_f64());
         requests = 1 + report.gpu_requests;
         assert_eq!(report.workspaces.len(), n);

@@ -1,7 +1,11 @@
-//! The actuator: the only code that sends stop builds (and TTL restores), and the one place
-//! observe mode is checked. It never sends a second stop while one is in flight, follows each
-//! stop build until its job is final, retries failed stops with backoff on later passes, and
-//! starts no new stop once shutdown began.
+//! The actuator: the only code with side effects toward Coder or people (stop builds, TTL
+//! restores, warnings, webhook events, audit lines), and the one place that reads the mode.
+//!
+//! It tracks every stop across passes, keyed by workspace: a stop build is followed until its
+//! job is final; a refused or failed stop backs off (doubling from one interval, at most 30 min)
+//! and is abandoned after `MAX_STOP_ATTEMPTS`; a stop whose reply was lost (a timeout, then 409,
+//! or the latest build being our stop) counts as sent, once. Tracking starts afresh when the
+//! workspace gets a new build. No new stop starts once shutdown began.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -9,27 +13,62 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use tokio::sync::watch;
 
-use crate::audit::{AuditEvent, AuditLog, Notifier};
-use crate::coder::types::{JobStatus, Workspace};
-use crate::coder::{CoderClient, StopOutcome};
-use crate::decide::{Decision, FleetOutcome, Verdict};
-use crate::metrics::{Metrics, Mode, StopFailureLabels, StopLabels};
+use crate::audit::{AuditEvent, AuditKind, AuditLog, Notifier};
+use crate::coder::types::{JobStatus, Transition, Workspace, WorkspaceBuild};
+use crate::coder::{CoderClient, ErrorKind, StopOutcome};
+use crate::decide::{Verdict, human};
+use crate::error::Error;
+use crate::evaluate::Evaluation;
+use crate::metrics::{Metrics, StopFailureLabels, StopLabels};
 use crate::retry::RetryPolicy;
 
-/// How many times a failed stop is retried before it is given up (and reported).
+/// How many times a stop is tried before it is abandoned (until the workspace's next build).
 pub const MAX_STOP_ATTEMPTS: u32 = 5;
+/// The longest wait between two attempts to stop one workspace.
+pub const MAX_STOP_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+/// Observe (report only) or enforce (send stop builds).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum Mode {
+    Observe,
+    Enforce,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Observe => "observe",
+            Mode::Enforce => "enforce",
+        }
+    }
+
+    /// The countdown of a warning, as people read it in the status API and the template's
+    /// metadata: only enforce mode promises a stop.
+    pub fn countdown(self, left: Duration) -> String {
+        match self {
+            Mode::Enforce => format!("stops in {} unless it becomes active", human(left)),
+            Mode::Observe => format!("would stop in {} unless it becomes active (observe mode: nothing is stopped)", human(left)),
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 enum StopState {
-    /// Queued; following `build_id` until its job is final.
+    /// Coder created `build_id`; following it until its job is final.
     InFlight { build_id: String },
-    /// The build failed or the POST was refused; try again at `retry_at`.
-    Failed { retry_at: DateTime<Utc> },
+    /// The POST was refused or the build failed; try again at `retry_at` if still eligible.
+    /// `failed_build` is our stop build that failed, if that is how it failed.
+    Failed { retry_at: DateTime<Utc>, failed_build: Option<String> },
+    /// Every attempt failed: nothing more until the workspace gets a new build.
+    Abandoned { since: DateTime<Utc> },
 }
 
 #[derive(Debug, Clone)]
 struct TrackedStop {
     event: AuditEvent,
+    /// The build the stop was decided on (the running start build): a different latest build
+    /// in the listing means a new session, and tracking starts afresh.
+    session: String,
     attempts: u32,
     state: StopState,
 }
@@ -41,6 +80,16 @@ pub struct Outputs {
     pub notifier: Option<Notifier>,
 }
 
+impl Outputs {
+    /// Opens the audit log and builds the webhook client named in the settings.
+    pub fn open(settings: &crate::config::Settings) -> Result<Self, Error> {
+        Ok(Outputs {
+            audit: settings.audit_log.as_deref().map(AuditLog::open).transpose()?.map(Arc::new),
+            notifier: settings.notify_webhook.clone().map(Notifier::new).transpose()?,
+        })
+    }
+}
+
 /// What `act` did this pass (for tests, logs and the demo).
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct ActReport {
@@ -48,16 +97,24 @@ pub struct ActReport {
     pub would_stop: Vec<String>,
     pub build_active: Vec<String>,
     pub failed: Vec<String>,
+    pub abandoned: Vec<String>,
+}
+
+/// One stop to attempt this pass.
+struct Candidate {
+    event: AuditEvent,
+    session: String,
 }
 
 pub struct Actuator {
     mode: Mode,
     coder: CoderClient,
     metrics: Arc<Metrics>,
-    audit: Option<Arc<AuditLog>>,
-    notifier: Option<Notifier>,
-    retry: RetryPolicy,
+    outputs: Outputs,
+    backoff: RetryPolicy,
     max_stops_per_pass: usize,
+    /// The token's user: stop builds it initiated are ours (a lost reply is recognised by it).
+    self_id: Option<String>,
     tracked: HashMap<String, TrackedStop>,
     /// Observe mode: workspaces already reported as would-stop in this idle episode.
     reported: HashSet<String>,
@@ -71,188 +128,247 @@ impl Actuator {
         outputs: Outputs,
         interval: std::time::Duration,
         max_stops_per_pass: usize,
+        self_id: Option<String>,
     ) -> Self {
-        // Failed stops wait one pass, then twice as long each time, at most 10 passes.
-        let retry = RetryPolicy { initial: interval, max_interval: interval * 10, max_elapsed: interval * 60 };
-        Actuator {
-            mode,
-            coder,
-            metrics,
-            audit: outputs.audit,
-            notifier: outputs.notifier,
-            retry,
-            max_stops_per_pass,
-            tracked: HashMap::new(),
-            reported: HashSet::new(),
-        }
+        // A failed stop waits one pass, then twice as long each time, at most 30 minutes.
+        let backoff =
+            RetryPolicy { initial: interval, max_interval: MAX_STOP_BACKOFF.max(interval), max_elapsed: std::time::Duration::ZERO };
+        Actuator { mode, coder, metrics, outputs, backoff, max_stops_per_pass, self_id, tracked: HashMap::new(), reported: HashSet::new() }
     }
 
     pub fn mode(&self) -> Mode {
         self.mode
     }
 
-    /// Stops whose build is still being followed or retried.
+    /// Stops being followed, retried later, or abandoned.
     pub fn tracked_count(&self) -> usize {
         self.tracked.len()
     }
 
-    /// A workspace that is running again (a succeeded start is its latest build) is no longer
-    /// ours to follow: the user started it, or the stop never took. Decide afresh.
-    pub fn forget_running(&mut self, running: &[Workspace]) {
-        for ws in running {
-            self.tracked.remove(&ws.id);
-        }
-    }
-
-    fn record(&self, event: &AuditEvent) {
-        if let Some(a) = &self.audit {
-            a.append(event);
-        }
-    }
-
-    /// Announces a warning (grace) once, when it begins.
-    pub fn warned(&self, event: AuditEvent) {
-        tracing::info!(event = "warn", workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, stop_at = ?event.stop_at, "{}", event.message);
-        if let Some(n) = &self.notifier {
-            n.send(&event);
-        }
-    }
-
-    /// Acts on a pass's decisions: the stops chosen by the fleet rules, TTL restores, and due
-    /// retries of failed stops. `decisions[i]` is about `workspaces[i]`.
-    pub async fn act(
-        &mut self,
-        now: DateTime<Utc>,
-        workspaces: &[Workspace],
-        decisions: &[Decision],
-        fleet: &FleetOutcome,
-        shutdown: &watch::Receiver<bool>,
-    ) -> ActReport {
-        let mut report = ActReport::default();
-        let mut to_stop: Vec<AuditEvent> = Vec::new();
-        if fleet.breaker.is_none() {
-            for &i in &fleet.stop_order {
-                let id = &decisions[i].workspace_id;
-                // Never a second stop while one is in flight.
-                if !self.tracked.contains_key(id) {
-                    to_stop.push(AuditEvent::new("decision", now, self.mode, &workspaces[i], &decisions[i]));
-                }
+    fn announce(&self, event: &AuditEvent, to_audit: bool) {
+        if to_audit {
+            if let Some(a) = &self.outputs.audit {
+                a.append(event);
             }
-            let due: Vec<AuditEvent> = self
-                .tracked
-                .values()
-                .filter(|t| matches!(t.state, StopState::Failed { retry_at } if retry_at <= now))
-                .map(|t| t.event.clone())
-                .collect();
-            to_stop.extend(due);
-            to_stop.truncate(self.max_stops_per_pass);
         }
+        if let Some(n) = &self.outputs.notifier {
+            n.send(event);
+        }
+    }
+
+    /// Acts on one evaluation: announces warnings that began, sends the stops the fleet rules
+    /// chose (or reports them in observe mode), retries due ones, restores TTLs, and follows
+    /// stop builds in flight.
+    pub async fn act(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) -> ActReport {
+        let now = eval.now;
+        let mut report = ActReport::default();
+        self.announce_warnings(eval);
 
         // The one place the mode is checked.
         if self.mode == Mode::Observe {
-            let current: HashSet<String> = to_stop.iter().map(|e| e.workspace_id.clone()).collect();
-            self.reported.retain(|id| current.contains(id));
-            for event in to_stop {
-                if !self.reported.insert(event.workspace_id.clone()) {
-                    continue;
-                }
-                let event = AuditEvent { event: "would_stop", mode: "observe", time: now, ..event };
-                tracing::info!(event = "would_stop", workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, "{}", event.message);
-                self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "observe" }).inc();
-                self.record(&event);
-                if let Some(n) = &self.notifier {
-                    n.send(&event);
-                }
-                report.would_stop.push(event.workspace_id);
-            }
-            for (ws, d) in workspaces.iter().zip(decisions) {
-                if let Some(ttl) = d.restore_ttl_ms {
-                    tracing::info!(event = "would_restore_ttl", workspace_id = %ws.id, owner = %ws.owner_name, ttl_ms = ttl, "would set the autostop TTL back");
-                }
-            }
+            self.observe(eval, &mut report);
             return report;
         }
 
-        for event in to_stop {
-            if *shutdown.borrow() {
-                tracing::info!(event = "stop_skipped_shutdown", workspace_id = %event.workspace_id, "shutting down: no new stop");
-                break;
-            }
-            self.stop(now, event, &mut report).await;
-        }
-        for (ws, d) in workspaces.iter().zip(decisions) {
-            let Some(ttl) = d.restore_ttl_ms else { continue };
-            if *shutdown.borrow() || d.verdict == Verdict::Reclaim {
-                continue;
-            }
-            let e = AuditEvent::new("restore_ttl", now, self.mode, ws, d);
-            match self.coder.set_ttl(&e.workspace_id, Some(ttl)).await {
-                Ok(()) => {
-                    tracing::info!(event = "restore_ttl", workspace_id = %e.workspace_id, owner = %e.owner, ttl_ms = ttl, "set the autostop TTL back");
-                    self.metrics.ttl_restores.inc();
-                    self.record(&e);
+        self.follow(now).await;
+        self.reconcile(now, &eval.workspaces);
+        if eval.fleet.breaker.is_none() {
+            let candidates = self.candidates(eval);
+            for c in candidates {
+                if *shutdown.borrow() {
+                    tracing::info!(event = "stop_skipped_shutdown", workspace_id = %c.event.workspace_id, "shutting down: no new stop");
+                    break;
                 }
-                Err(err) => {
-                    tracing::warn!(event = "restore_ttl_failed", workspace_id = %e.workspace_id, error = %err, "could not set the autostop TTL back")
-                }
+                self.stop(now, c, &mut report).await;
             }
         }
+        self.restore_ttls(eval, shutdown).await;
         report
     }
 
-    async fn stop(&mut self, now: DateTime<Utc>, event: AuditEvent, report: &mut ActReport) {
-        let id = event.workspace_id.clone();
-        let attempts = self.tracked.get(&id).map_or(0, |t| t.attempts) + 1;
-        match self.coder.stop_workspace(&id).await {
-            Ok(StopOutcome::Queued(build)) => {
-                let event = AuditEvent { event: "stop_sent", mode: "enforce", time: now, build_id: Some(build.id.clone()), ..event };
-                tracing::info!(event = "stop_sent", workspace_id = %id, owner = %event.owner, reason = event.reason, build_id = %build.id, attempt = attempts, "{}", event.message);
-                self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "enforce" }).inc();
-                self.record(&event);
-                if let Some(n) = &self.notifier {
-                    n.send(&event);
-                }
-                self.tracked.insert(id.clone(), TrackedStop { event, attempts, state: StopState::InFlight { build_id: build.id } });
-                report.stops_sent.push(id);
+    fn announce_warnings(&self, eval: &Evaluation) {
+        let kind = match self.mode {
+            Mode::Enforce => AuditKind::Warn,
+            Mode::Observe => AuditKind::WouldWarn,
+        };
+        for &i in &eval.new_warnings {
+            let event = AuditEvent::new(kind, eval.now, self.mode.as_str(), &eval.workspaces[i], &eval.decisions[i]);
+            tracing::info!(event = kind.as_str(), workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, stop_at = ?event.stop_at, "{}", event.text());
+            self.announce(&event, false);
+        }
+    }
+
+    /// Observe mode: report each would-stop once per idle episode, and would-be TTL restores.
+    fn observe(&mut self, eval: &Evaluation, report: &mut ActReport) {
+        let chosen: Vec<usize> = if eval.fleet.breaker.is_none() { eval.fleet.stop_order.clone() } else { Vec::new() };
+        let current: HashSet<&str> = chosen.iter().map(|&i| eval.decisions[i].workspace_id.as_str()).collect();
+        self.reported.retain(|id| current.contains(id.as_str()));
+        for i in chosen {
+            let (ws, d) = (&eval.workspaces[i], &eval.decisions[i]);
+            if !self.reported.insert(ws.id.clone()) {
+                continue;
             }
-            Ok(StopOutcome::BuildActive(msg)) => {
-                tracing::info!(event = "stop_deferred", workspace_id = %id, detail = %msg, "a build is already active; deciding again next pass");
-                self.tracked.remove(&id);
-                report.build_active.push(id);
-            }
-            Err(e) => {
-                tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %event.owner, error = %e, attempt = attempts, "the stop build was refused");
-                self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "rejected" }).inc();
-                self.fail(now, event, attempts);
-                report.failed.push(id);
+            let event = AuditEvent::new(AuditKind::WouldStop, eval.now, self.mode.as_str(), ws, d);
+            tracing::info!(event = "would_stop", workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, "{}", event.message);
+            self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "observe" }).inc();
+            self.announce(&event, true);
+            report.would_stop.push(event.workspace_id);
+        }
+        for (ws, d) in eval.workspaces.iter().zip(&eval.decisions) {
+            if let Some(ttl) = d.restore_ttl_ms {
+                tracing::info!(event = "would_restore_ttl", workspace_id = %ws.id, owner = %ws.owner_name, ttl_ms = ttl, "would set the autostop TTL back");
             }
         }
     }
 
-    fn fail(&mut self, now: DateTime<Utc>, event: AuditEvent, attempts: u32) {
-        let id = event.workspace_id.clone();
-        if attempts >= MAX_STOP_ATTEMPTS {
-            tracing::error!(event = "stop_abandoned", workspace_id = %id, owner = %event.owner, attempts, "giving up on stopping this workspace; look at its build log in Coder");
-            self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "abandoned" }).inc();
-            self.tracked.remove(&id);
+    /// Drops tracking of workspaces that got a new build (a new session: start afresh) and of
+    /// abandoned stops whose workspace has not been seen running for a day.
+    fn reconcile(&mut self, now: DateTime<Utc>, workspaces: &[Workspace]) {
+        let latest: HashMap<&str, &str> = workspaces.iter().map(|w| (w.id.as_str(), w.latest_build.id.as_str())).collect();
+        self.tracked.retain(|id, t| match latest.get(id.as_str()) {
+            Some(build) => *build == t.session,
+            None => !matches!(t.state, StopState::Abandoned { since } if now - since > Duration::days(1)),
+        });
+    }
+
+    /// The stops to attempt this pass, at most the cap: workspaces the fleet rules chose that
+    /// are not in flight, backing off or abandoned, then due retries of failed stop builds
+    /// (their workspace is no longer listed as running, so it has no decision this pass).
+    fn candidates(&self, eval: &Evaluation) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        for &i in &eval.fleet.stop_order {
+            let (ws, d) = (&eval.workspaces[i], &eval.decisions[i]);
+            let due = match self.tracked.get(&ws.id).map(|t| &t.state) {
+                None => true,
+                Some(StopState::Failed { retry_at, .. }) => *retry_at <= eval.now,
+                Some(StopState::InFlight { .. } | StopState::Abandoned { .. }) => false,
+            };
+            if due {
+                let event = AuditEvent::new(AuditKind::StopSent, eval.now, self.mode.as_str(), ws, d);
+                out.push(Candidate { event, session: ws.latest_build.id.clone() });
+            }
+        }
+        let listed: HashSet<&str> = eval.workspaces.iter().map(|w| w.id.as_str()).collect();
+        for (id, t) in &self.tracked {
+            if let StopState::Failed { retry_at, failed_build: Some(_) } = &t.state {
+                if *retry_at <= eval.now && !listed.contains(id.as_str()) {
+                    out.push(Candidate { event: AuditEvent { time: eval.now, ..t.event.clone() }, session: t.session.clone() });
+                }
+            }
+        }
+        out.truncate(self.max_stops_per_pass);
+        out
+    }
+
+    async fn stop(&mut self, now: DateTime<Utc>, c: Candidate, report: &mut ActReport) {
+        let id = c.event.workspace_id.clone();
+        let previous = self.tracked.get(&id).cloned();
+        let attempts = previous.as_ref().map_or(0, |t| t.attempts) + 1;
+        if let Some(StopState::Failed { failed_build: Some(failed), .. }) = previous.as_ref().map(|t| &t.state) {
+            // Retrying a failed stop build of a workspace that is not listed as running: only
+            // while nobody has built it since (its latest build is still our failed stop).
+            match self.coder.workspace(&id).await {
+                Ok(ws) if ws.latest_build.id == *failed => {}
+                Ok(_) => {
+                    tracing::info!(event = "stop_retry_dropped", workspace_id = %id, "the workspace was built again since the failed stop; deciding afresh");
+                    self.tracked.remove(&id);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(event = "stop_retry_deferred", workspace_id = %id, error = %e, "cannot read the workspace; retrying later");
+                    return;
+                }
+            }
+        }
+        let outcome = self.coder.stop_workspace(&id).await;
+        let lost_reply = match &outcome {
+            Ok(StopOutcome::BuildActive(_)) => true,
+            Err(e) => matches!(e.kind, ErrorKind::Transport | ErrorKind::Status(500..=599)),
+            Ok(StopOutcome::Queued(_)) => false,
+        };
+        // A timeout after Coder created the build, then a 409 on the retry, is still our stop:
+        // the latest build tells.
+        let ours = if lost_reply { self.our_stop_build(&id).await } else { None };
+        match (outcome, ours) {
+            (Ok(StopOutcome::Queued(build)), _) => self.sent(now, c, attempts, &build.id, false, report),
+            (_, Some(build)) => self.sent(now, c, attempts, &build.id, true, report),
+            (Ok(StopOutcome::BuildActive(msg)), None) => {
+                tracing::info!(event = "stop_deferred", workspace_id = %id, detail = %msg, "another build is active; deciding again next pass");
+                self.tracked.remove(&id);
+                report.build_active.push(id);
+            }
+            (Err(e), None) => {
+                tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %c.event.owner, error = %e, attempt = attempts, "the stop build was refused");
+                self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "rejected" }).inc();
+                self.fail(now, c.event, c.session, attempts, None, report);
+            }
+        }
+    }
+
+    /// The workspace's latest build, if it is a stop this service's user started.
+    async fn our_stop_build(&self, workspace_id: &str) -> Option<WorkspaceBuild> {
+        let ws = self.coder.workspace(workspace_id).await.ok()?;
+        let b = ws.latest_build;
+        let by_us = match (&self.self_id, &b.initiator_id) {
+            (Some(me), Some(initiator)) => me == initiator,
+            _ => true,
+        };
+        (b.transition == Transition::Stop && by_us).then_some(b)
+    }
+
+    /// Records a stop build Coder created: exactly once per build id.
+    fn sent(&mut self, now: DateTime<Utc>, c: Candidate, attempts: u32, build_id: &str, lost_reply: bool, report: &mut ActReport) {
+        let id = c.event.workspace_id.clone();
+        if self.tracked.get(&id).is_some_and(|t| t.state == StopState::InFlight { build_id: build_id.to_string() }) {
             return;
         }
-        let delay = Duration::from_std(self.retry.delay_for_attempt(attempts)).unwrap_or(Duration::MAX);
-        self.tracked.insert(id, TrackedStop { event, attempts, state: StopState::Failed { retry_at: now + delay } });
+        let event = AuditEvent { event: AuditKind::StopSent, time: now, build_id: Some(build_id.to_string()), ..c.event };
+        tracing::info!(event = "stop_sent", workspace_id = %id, owner = %event.owner, reason = event.reason, build_id = %build_id, attempt = attempts, reply_lost = lost_reply, "{}", event.message);
+        self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "enforce" }).inc();
+        self.announce(&event, true);
+        self.tracked.insert(
+            id.clone(),
+            TrackedStop { event, session: c.session, attempts, state: StopState::InFlight { build_id: build_id.to_string() } },
+        );
+        report.stops_sent.push(id);
+    }
+
+    fn fail(
+        &mut self,
+        now: DateTime<Utc>,
+        event: AuditEvent,
+        session: String,
+        attempts: u32,
+        failed_build: Option<String>,
+        report: &mut ActReport,
+    ) {
+        let id = event.workspace_id.clone();
+        if attempts >= MAX_STOP_ATTEMPTS {
+            let event = AuditEvent { event: AuditKind::StopAbandoned, time: now, attempts: Some(attempts), ..event };
+            tracing::error!(event = "stop_abandoned", workspace_id = %id, owner = %event.owner, attempts, "giving up on stopping this workspace until its next build; look at its build log and the token's permissions in Coder");
+            self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "abandoned" }).inc();
+            self.announce(&event, true);
+            self.tracked.insert(id.clone(), TrackedStop { event, session, attempts, state: StopState::Abandoned { since: now } });
+            report.abandoned.push(id);
+            return;
+        }
+        let delay = crate::duration::chrono(self.backoff.delay_for_attempt(attempts));
+        self.tracked
+            .insert(id.clone(), TrackedStop { event, session, attempts, state: StopState::Failed { retry_at: now + delay, failed_build } });
+        report.failed.push(id);
     }
 
     /// Follows every in-flight stop build: `stop_done` when its job succeeds, `stop_failed`
     /// (and a later retry) when it fails or is canceled.
-    pub async fn follow(&mut self, now: DateTime<Utc>) -> Vec<(String, JobStatus)> {
+    async fn follow(&mut self, now: DateTime<Utc>) {
         let in_flight: Vec<(String, String)> = self
             .tracked
             .iter()
             .filter_map(|(id, t)| match &t.state {
                 StopState::InFlight { build_id } => Some((id.clone(), build_id.clone())),
-                StopState::Failed { .. } => None,
+                _ => None,
             })
             .collect();
-        let mut finished = Vec::new();
         for (id, build_id) in in_flight {
             let build = match self.coder.workspace_build(&build_id).await {
                 Ok(b) => b,
@@ -272,10 +388,31 @@ impl Actuator {
                 let error = build.job.error.unwrap_or_default();
                 tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %tracked.event.owner, build_id = %build_id, job_status = status.as_str(), error = %error, "the stop build did not succeed; retrying later");
                 self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "build_failed" }).inc();
-                self.fail(now, tracked.event, tracked.attempts);
+                let mut ignored = ActReport::default();
+                self.fail(now, tracked.event, tracked.session, tracked.attempts, Some(build_id), &mut ignored);
             }
-            finished.push((id, status));
         }
-        finished
+    }
+
+    async fn restore_ttls(&self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) {
+        for (ws, d) in eval.workspaces.iter().zip(&eval.decisions) {
+            let Some(ttl) = d.restore_ttl_ms else { continue };
+            if *shutdown.borrow() || d.verdict == Verdict::Reclaim {
+                continue;
+            }
+            match self.coder.set_ttl(&ws.id, Some(ttl)).await {
+                Ok(()) => {
+                    let e = AuditEvent::new(AuditKind::RestoreTtl, eval.now, self.mode.as_str(), ws, d);
+                    tracing::info!(event = "restore_ttl", workspace_id = %e.workspace_id, owner = %e.owner, ttl_ms = ttl, "set the autostop TTL back");
+                    self.metrics.ttl_restores.inc();
+                    if let Some(a) = &self.outputs.audit {
+                        a.append(&e);
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(event = "restore_ttl_failed", workspace_id = %ws.id, error = %err, "could not set the autostop TTL back")
+                }
+            }
+        }
     }
 }

@@ -1,7 +1,9 @@
-//! The audit trail and notifications: one JSON line per stop or would-stop, appended and
-//! flushed at once (`--audit-log`), and a JSON event POSTed on each warning and stop
-//! (`--notify-webhook`, Slack-compatible `text`). Coder itself cannot message another user.
-//! Webhook failures are logged and never block a stop.
+//! Where stop events go besides the logs: the audit trail (one JSON line per stop, would-stop,
+//! abandoned stop and TTL restore, appended and flushed at once: `--audit-log`) and the webhook
+//! (a JSON event on each warning and stop, Slack-compatible `text`: `--notify-webhook`). Coder
+//! itself cannot message another user. Only the actuator calls these; the texts say "would"
+//! whenever the event's kind is an observe-mode one, so no text promises a stop that cannot
+//! happen. Webhook failures are logged and never block a stop.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -10,18 +12,67 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use reqwest::Url;
 use serde::Serialize;
 
 use crate::coder::types::Workspace;
 use crate::decide::Decision;
-use crate::metrics::Mode;
+use crate::duration::human;
+use crate::error::Error;
 
-/// One stop, would-stop or warning.
+/// What happened. The observe-mode kinds (`would_*`) are what enforce mode would have done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditKind {
+    /// A grace period began: the stop follows unless the workspace becomes active.
+    Warn,
+    WouldWarn,
+    StopSent,
+    WouldStop,
+    /// Every attempt to stop failed; nothing more is tried until the workspace's next build.
+    StopAbandoned,
+    RestoreTtl,
+    WouldRestoreTtl,
+}
+
+impl AuditKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditKind::Warn => "warn",
+            AuditKind::WouldWarn => "would_warn",
+            AuditKind::StopSent => "stop_sent",
+            AuditKind::WouldStop => "would_stop",
+            AuditKind::StopAbandoned => "stop_abandoned",
+            AuditKind::RestoreTtl => "restore_ttl",
+            AuditKind::WouldRestoreTtl => "would_restore_ttl",
+        }
+    }
+
+    /// The sentence a person reads, e.g. in Slack.
+    fn headline(self, e: &AuditEvent) -> String {
+        let left = e.stop_at.map(|t| human(t - e.time));
+        match (self, left) {
+            (AuditKind::Warn, Some(left)) => format!("will be stopped in {left} to free its GPU unless it becomes active"),
+            (AuditKind::Warn, None) => "will be stopped to free its GPU unless it becomes active".into(),
+            (AuditKind::WouldWarn, Some(left)) => {
+                format!("would be stopped in {left} to free its GPU (observe mode: nothing will be stopped)")
+            }
+            (AuditKind::WouldWarn, None) => "would be stopped to free its GPU (observe mode: nothing will be stopped)".into(),
+            (AuditKind::StopSent, _) => "was stopped to free its GPU".into(),
+            (AuditKind::WouldStop, _) => "would be stopped to free its GPU (observe mode: nothing was stopped)".into(),
+            (AuditKind::StopAbandoned, _) => "could not be stopped; the reclaimer gave up until its next build".into(),
+            (AuditKind::RestoreTtl, _) => "had its autostop TTL set back".into(),
+            (AuditKind::WouldRestoreTtl, _) => "would have its autostop TTL set back (observe mode)".into(),
+        }
+    }
+}
+
+/// One event about one workspace.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct AuditEvent {
     pub time: DateTime<Utc>,
-    /// `would_stop`, `stop_sent`, `warn`, `restore_ttl`, `would_restore_ttl`.
-    pub event: &'static str,
+    pub event: AuditKind,
+    /// `observe` or `enforce`.
     pub mode: &'static str,
     pub workspace_id: String,
     pub workspace: String,
@@ -35,14 +86,16 @@ pub struct AuditEvent {
     pub build_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
 }
 
 impl AuditEvent {
-    pub fn new(event: &'static str, time: DateTime<Utc>, mode: Mode, ws: &Workspace, d: &Decision) -> Self {
+    pub fn new(event: AuditKind, time: DateTime<Utc>, mode: &'static str, ws: &Workspace, d: &Decision) -> Self {
         AuditEvent {
             time,
             event,
-            mode: mode.as_str(),
+            mode,
             workspace_id: ws.id.clone(),
             workspace: ws.name.clone(),
             owner: ws.owner_name.clone(),
@@ -53,7 +106,13 @@ impl AuditEvent {
             connection_idle_seconds: d.connection_idle.num_seconds(),
             build_id: None,
             stop_at: d.stop_at,
+            attempts: None,
         }
+    }
+
+    /// "Workspace alice/train was stopped to free its GPU: GPU idle 41m, no connection for 38m".
+    pub fn text(&self) -> String {
+        format!("Workspace {}/{} {}: {}", self.owner, self.workspace, self.event.headline(self), self.message)
     }
 }
 
@@ -64,11 +123,10 @@ pub struct AuditLog {
 
 impl AuditLog {
     /// Opens (creating) the file for appending. Fails at start-up, not at the first stop.
-    pub fn open(path: &Path) -> Result<Self, String> {
-        let file =
-            OpenOptions::new().create(true).append(true).open(path).map_err(|e| {
-                format!("--audit-log {}: cannot open it for appending ({e}); fix the path or its permissions", path.display())
-            })?;
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        let file = OpenOptions::new().create(true).append(true).open(path).map_err(|e| {
+            Error::config(format!("--audit-log {}: cannot open it for appending ({e}); fix the path or its permissions", path.display()))
+        })?;
         Ok(AuditLog { path: path.to_path_buf(), file: Mutex::new(file) })
     }
 
@@ -88,7 +146,7 @@ impl AuditLog {
 #[derive(Clone)]
 pub struct Notifier {
     http: reqwest::Client,
-    url: String,
+    url: Url,
 }
 
 #[derive(Serialize)]
@@ -99,33 +157,26 @@ struct WebhookBody<'a> {
 }
 
 impl Notifier {
-    pub fn new(url: &str) -> Result<Self, String> {
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!("--notify-webhook {url:?} is not an http(s) URL: pass e.g. https://hooks.slack.com/services/..."));
-        }
-        let http =
-            reqwest::Client::builder().timeout(Duration::from_secs(5)).build().map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Notifier { http, url: url.to_string() })
+    pub fn new(url: Url) -> Result<Self, Error> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| Error::runtime(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Notifier { http, url })
     }
 
     /// Fire and forget: runs in its own task so a slow webhook never delays a stop.
     pub fn send(&self, event: &AuditEvent) {
-        let what = match event.event {
-            "warn" => "will be stopped to free its GPU",
-            "stop_sent" => "was stopped to free its GPU",
-            _ => "would be stopped to free its GPU (observe mode)",
-        };
-        let text = format!("Workspace {}/{} {what}: {}", event.owner, event.workspace, event.message);
-        let Ok(body) = serde_json::to_vec(&WebhookBody { text, event }) else { return };
+        let Ok(body) = serde_json::to_vec(&WebhookBody { text: event.text(), event }) else { return };
         let (http, url) = (self.http.clone(), self.url.clone());
         tokio::spawn(async move {
-            let result = http.post(&url).header("Content-Type", "application/json").body(body).send().await;
+            let result = http.post(url).header("Content-Type", "application/json").body(body).send().await;
             match result {
                 Ok(r) if r.status().is_success() => {}
                 Ok(r) => {
                     tracing::warn!(event = "notify_failed", status = r.status().as_u16(), "the notification webhook refused the event")
                 }
-                Err(e) => tracing::warn!(event = "notify_failed", error = %e, "the notification webhook is unreachable"),
+                Err(e) => tracing::warn!(event = "notify_failed", error = %e.without_url(), "the notification webhook is unreachable"),
             }
         });
     }

@@ -1,6 +1,7 @@
 //! The command line, as clap sees it: raw flags only. `config` validates them, with the
-//! environment and the config file, into `Settings` once. The Terraform module's flags are
-//! checked against `Cli::command()`, so this is the single source of truth for flag names.
+//! environment and the config file, into `Settings` once; nothing downstream reads a raw flag.
+//! The Terraform module's flags are checked against `Cli::command()`, so this is the single
+//! source of truth for flag names.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -60,10 +61,6 @@ pub enum OutputFormat {
     Json,
 }
 
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim()).map_err(|e| format!("{e} (write durations like 90s, 30m, 4h)"))
-}
-
 #[derive(Debug, Clone, Default, Args)]
 pub struct CommonArgs {
     /// Coder's URL, e.g. https://coder.example.com [required]
@@ -87,15 +84,15 @@ pub struct CommonArgs {
     pub config: Option<PathBuf>,
 
     /// Time between passes [default: 60s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub interval: Option<Duration>,
 
     /// A GPU idle this long, with no connection for as long, is reclaimed [default: 30m]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub idle_after: Option<Duration>,
 
     /// Warn for this long before stopping; activity meanwhile cancels [default: 0s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub grace: Option<Duration>,
 
     /// Reclaim every idle GPU, or only while someone waits for one [default: always]
@@ -103,7 +100,7 @@ pub struct CommonArgs {
     pub reclaim_when: Option<ReclaimWhen>,
 
     /// Timeout of each HTTP request to Coder and the GPU sources [default: 10s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub request_timeout: Option<Duration>,
 
     /// Log format [default: json for run, text otherwise]
@@ -116,6 +113,13 @@ pub struct RunArgs {
     #[command(flatten)]
     pub common: CommonArgs,
 
+    #[command(flatten)]
+    pub options: RunOptions,
+}
+
+/// The flags only `run` has.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RunOptions {
     /// Send stop builds. Without it the service only logs and reports what it would stop.
     #[arg(long)]
     pub enforce: bool,
@@ -143,7 +147,7 @@ pub struct PlanArgs {
     pub output: OutputFormat,
 
     /// With exporters, sample this long before deciding (one scrape is one sample) [default: 15s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub sample_for: Option<Duration>,
 }
 

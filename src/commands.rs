@@ -1,75 +1,23 @@
-//! The subcommands `run`, `plan` and `check`: build the pieces from `Settings` and run them.
-//! Returns `AppError` so `main` can map failures to exit codes (2 configuration, 1 runtime).
+//! The subcommands `run`, `plan` and `check`, each from resolved `Settings`. `run` and `plan`
+//! build the service with `app::Application::build`; `check` builds the clients alone and reports
+//! each check as a line instead of failing at the first.
 
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::actuator::{Actuator, Outputs};
-use crate::audit::{AuditLog, Notifier};
-use crate::cli::{CheckArgs, CommonArgs, OutputFormat, PlanArgs, RunArgs};
-use crate::coder::CoderClient;
-use crate::config::{ConfigError, GpuSourceSettings, Settings};
-use crate::gpu::exporter::ExporterSource;
-use crate::gpu::prometheus::PrometheusSource;
-use crate::gpu::{GpuSource, Sources};
-use crate::metrics::{Metrics, Mode};
-use crate::reclaim::{Reclaimer, State};
+use crate::actuator::Mode;
+use crate::app::{Application, Role, coder_client, gpu_source};
+use crate::cli::OutputFormat;
+use crate::config::Settings;
+use crate::error::Error;
+use crate::gpu::{GpuKey, GpuSource, Sources};
+use crate::metrics::Metrics;
 use crate::retry::RetryPolicy;
-use crate::startup::{StartupError, confirm_owner};
-
-#[derive(Debug)]
-pub enum AppError {
-    /// Exit 2: the operator must change a setting.
-    Config(String),
-    /// Exit 1: something failed at run time.
-    Runtime(String),
-}
-
-impl From<ConfigError> for AppError {
-    fn from(e: ConfigError) -> Self {
-        AppError::Config(e.0)
-    }
-}
-
-impl From<StartupError> for AppError {
-    fn from(e: StartupError) -> Self {
-        match e {
-            StartupError::Config(m) => AppError::Config(m),
-            StartupError::Runtime(m) => AppError::Runtime(m),
-        }
-    }
-}
-
-pub fn resolve(common: &CommonArgs) -> Result<Settings, AppError> {
-    Ok(Settings::resolve(common, std::env::var("CODER_SESSION_TOKEN").ok())?)
-}
-
-pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>, retry: RetryPolicy) -> Result<CoderClient, AppError> {
-    Ok(CoderClient::new(&settings.coder_url, settings.token.clone(), settings.request_timeout, retry)
-        .map_err(AppError::Runtime)?
-        .with_observer(metrics.observer()))
-}
-
-pub fn gpu_source(settings: &Settings) -> Result<Sources, AppError> {
-    Ok(match &settings.gpu {
-        GpuSourceSettings::Exporters(urls) => Sources::Exporters(
-            ExporterSource::new(urls.clone(), settings.ownership.clone(), settings.request_timeout).map_err(AppError::Runtime)?,
-        ),
-        GpuSourceSettings::Prometheus(url) => Sources::Prometheus(
-            PrometheusSource::new(
-                url,
-                settings.ownership.clone(),
-                settings.policy.longest_lookback(),
-                settings.interval,
-                settings.request_timeout,
-            )
-            .map_err(AppError::Runtime)?,
-        ),
-    })
-}
+use crate::startup::confirm_owner;
 
 /// Sets `shutdown` to true when SIGTERM or ctrl-c arrives (in a task of its own).
 pub fn spawn_signal_handler(shutdown: watch::Sender<bool>) {
@@ -95,30 +43,13 @@ pub fn spawn_signal_handler(shutdown: watch::Sender<bool>) {
     });
 }
 
-pub async fn run(args: RunArgs) -> Result<(), AppError> {
-    let settings = resolve(&args.common)?;
-    let file = &settings.file;
-    let audit_path = args.audit_log.clone().or_else(|| file.audit_log.clone());
-    let audit = audit_path.map(|p| AuditLog::open(&p).map(Arc::new)).transpose().map_err(AppError::Config)?;
-    let webhook = args.notify_webhook.clone().or_else(|| file.notify_webhook.clone());
-    let notifier = webhook.map(|u| Notifier::new(&u)).transpose().map_err(AppError::Config)?;
-    let listen = match args.listen {
-        Some(a) => a,
-        None => match &file.listen {
-            Some(s) => {
-                s.parse().map_err(|e| AppError::Config(format!("listen = {s:?} in the config file: {e}; write e.g. \"0.0.0.0:9464\"")))?
-            }
-            None => ([0, 0, 0, 0], 9464).into(),
-        },
-    };
-    let mode = if args.enforce { Mode::Enforce } else { Mode::Observe };
-    let metrics = Arc::new(Metrics::new());
-    let coder = coder_client(&settings, &metrics, RetryPolicy::for_api_calls())?;
-    let source = gpu_source(&settings)?;
-    let listener = TcpListener::bind(listen).await.map_err(|e| {
-        AppError::Config(format!("--listen {listen}: cannot bind ({e}); choose a free address, e.g. --listen 127.0.0.1:9464"))
-    })?;
-    let bound = listener.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?;
+pub async fn run(settings: Settings) -> Result<(), Error> {
+    let listen = settings.listen;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| Error::config(format!("--listen {listen}: cannot bind ({e}); choose a free address, e.g. --listen 127.0.0.1:9464")))?;
+    let bound = listener.local_addr().map_err(|e| Error::runtime(e.to_string()))?;
+    let mode = settings.mode;
     tracing::info!(event = "starting", mode = mode.as_str(), listen = %bound, settings = %settings.summary(), "coder-gpu-reclaimer starting");
     if mode == Mode::Observe {
         tracing::info!(
@@ -126,51 +57,31 @@ pub async fn run(args: RunArgs) -> Result<(), AppError> {
             "observe mode: decisions are logged and reported, nothing is stopped (pass --enforce to act)"
         );
     }
-    let identity = confirm_owner(&coder, &settings.token).await?;
-    if let Some(exp) = identity.token_expires_at {
-        metrics.token_expiry.set(exp.timestamp() as f64);
-    }
-    let state = Arc::new(State::new(metrics.clone(), mode, settings.interval));
+    let app = Application::build(&settings, Role::Run).await?;
     let (tx, rx) = watch::channel(false);
     spawn_signal_handler(tx);
-    let server = tokio::spawn(crate::serve::serve(listener, state.clone(), rx.clone()));
-    let actuator =
-        Actuator::new(mode, coder.clone(), metrics, Outputs { audit, notifier }, settings.interval, settings.policy.max_stops_per_pass);
-    let reclaimer = Reclaimer::new(coder, source, settings.policy.clone(), actuator, state);
-    reclaimer.run(rx).await;
-    match tokio::time::timeout(Duration::from_secs(5), server).await {
-        Ok(Ok(Err(e))) => Err(AppError::Runtime(format!("the HTTP server failed: {e}"))),
-        _ => Ok(()),
-    }
+    app.serve_and_run(listener, rx).await
 }
 
-pub async fn plan(args: PlanArgs) -> Result<String, AppError> {
-    let settings = resolve(&args.common)?;
-    let metrics = Arc::new(Metrics::new());
-    let coder = coder_client(&settings, &metrics, RetryPolicy::for_api_calls())?;
-    let source = gpu_source(&settings)?;
-    confirm_owner(&coder, &settings.token).await?;
-    let sampling = matches!(source, Sources::Exporters(_));
-    let sample_for = args.sample_for.unwrap_or(Duration::from_secs(15));
-    let state = Arc::new(State::new(metrics.clone(), Mode::Observe, settings.interval));
-    let actuator =
-        Actuator::new(Mode::Observe, coder.clone(), metrics, Outputs::default(), settings.interval, settings.policy.max_stops_per_pass);
-    let mut reclaimer = Reclaimer::new(coder, source, settings.policy.clone(), actuator, state.clone());
+pub async fn plan(settings: Settings, output: OutputFormat, sample_for: Option<Duration>) -> Result<String, Error> {
+    let mut app = Application::build(&settings, Role::Plan).await?;
+    let sampling = matches!(app.evaluator.source(), Sources::Exporters(_));
+    let sample_for = sample_for.unwrap_or(Duration::from_secs(15));
     // One sample every 5 s: the default 15 s gives the 3 samples min_samples asks for.
     let step = Duration::from_secs(5);
     if sampling && !sample_for.is_zero() {
         eprintln!("sampling the exporters for {} before deciding...", humantime::format_duration(sample_for));
         let mut waited = Duration::ZERO;
         while waited < sample_for {
-            reclaimer.sample().await;
+            app.evaluator.sample().await;
             let nap = step.min(sample_for - waited);
             tokio::time::sleep(nap).await;
             waited += nap;
         }
     }
     let (_tx, rx) = watch::channel(false);
-    reclaimer.pass(false, &rx).await.map_err(|e| AppError::Runtime(e.to_string()))?;
-    let mut doc = state.status().as_ref().clone();
+    app.pass(&rx).await.map_err(|e| Error::runtime(e.to_string()))?;
+    let mut doc = app.state.status().as_ref().clone();
     doc.mode = "plan";
     let idle_after = settings.policy.thresholds.idle_after;
     if sampling && sample_for < idle_after {
@@ -180,24 +91,25 @@ pub async fn plan(args: PlanArgs) -> Result<String, AppError> {
             humantime::format_duration(idle_after)
         ));
     }
-    Ok(match args.output {
-        OutputFormat::Json => serde_json::to_string_pretty(&doc).map_err(|e| AppError::Runtime(e.to_string()))? + "\n",
+    Ok(match output {
+        OutputFormat::Json => serde_json::to_string_pretty(&doc).map_err(|e| Error::runtime(e.to_string()))? + "\n",
         OutputFormat::Table => doc.table(),
     })
 }
 
-/// Prints one line per check; `Ok(true)` when every check passed.
-pub async fn check(args: CheckArgs) -> Result<bool, AppError> {
+/// Prints one line per check; `true` when every check passed. `settings` is the outcome of
+/// resolving them: a failure there is the first failed line.
+pub async fn check(settings: Result<Settings, Error>) -> bool {
     let mut all_ok = true;
     let mut line = |ok: bool, what: &str, detail: &str| {
         all_ok &= ok;
         println!("{} {what}: {detail}", if ok { "ok  " } else { "FAIL" });
     };
-    let settings = match resolve(&args.common) {
+    let mut settings = match settings {
         Ok(s) => s,
-        Err(AppError::Config(m)) | Err(AppError::Runtime(m)) => {
-            line(false, "settings", &m);
-            return Ok(false);
+        Err(e) => {
+            line(false, "settings", e.message());
+            return false;
         }
     };
     line(true, "settings", &settings.summary());
@@ -215,16 +127,22 @@ pub async fn check(args: CheckArgs) -> Result<bool, AppError> {
     );
     let metrics = Arc::new(Metrics::new());
     // A person is waiting: give up on an unreachable Coder after a few seconds.
-    let quick = RetryPolicy { max_elapsed: Duration::from_secs(3), ..RetryPolicy::for_api_calls() };
-    let coder = coder_client(&settings, &metrics, quick)?;
+    settings.api_retry = RetryPolicy { max_elapsed: Duration::from_secs(3), ..settings.api_retry };
+    let (coder, source) = match (coder_client(&settings, &metrics), gpu_source(&settings)) {
+        (Ok(c), Ok(s)) => (c, s),
+        (Err(e), _) | (_, Err(e)) => {
+            line(false, "clients", e.message());
+            return false;
+        }
+    };
     let identity = match confirm_owner(&coder, &settings.token).await {
         Ok(id) => {
             line(true, "coder", &format!("{} reachable, version {}", settings.coder_url, id.coder_version));
             line(true, "token", &format!("belongs to {:?}, an owner", id.username));
             Some(id)
         }
-        Err(StartupError::Config(m)) | Err(StartupError::Runtime(m)) => {
-            line(false, "coder", &m);
+        Err(e) => {
+            line(false, "coder", e.message());
             None
         }
     };
@@ -239,10 +157,9 @@ pub async fn check(args: CheckArgs) -> Result<bool, AppError> {
             }
         }
     }
-    let source = gpu_source(&settings)?;
     // One line per URL actually read (a dns+ target stands for every address it resolved to).
     let collection = source.collect(chrono::Utc::now()).await;
-    let mut series: std::collections::BTreeMap<&str, std::collections::HashSet<&crate::gpu::GpuKey>> = Default::default();
+    let mut series: BTreeMap<&str, HashSet<&GpuKey>> = BTreeMap::new();
     for r in &collection.readings {
         series.entry(r.source.as_ref()).or_default().insert(&r.key);
     }
@@ -258,13 +175,12 @@ pub async fn check(args: CheckArgs) -> Result<bool, AppError> {
     if identity.is_some() {
         match coder.running_workspaces().await {
             Ok(ws) => {
-                let mapped: std::collections::HashSet<&str> =
-                    collection.readings.iter().filter_map(|r| r.workspace_id.as_deref()).collect();
+                let mapped: HashSet<&str> = collection.readings.iter().filter_map(|r| r.workspace_id.as_deref()).collect();
                 let covered = ws.iter().filter(|w| mapped.contains(w.id.as_str())).count();
                 line(true, "coverage", &format!("{covered} of {} running workspaces have GPU series mapped to them", ws.len()));
             }
             Err(e) => line(false, "coverage", &format!("cannot list workspaces: {e}")),
         }
     }
-    Ok(all_ok)
+    all_ok
 }

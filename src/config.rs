@@ -1,50 +1,28 @@
 //! Settings: the config file's shape, and the one place raw flags, the environment and the file
-//! are validated into `Settings` (flag > env > file > default). Every error names the setting
-//! and the fix; they exit 2.
+//! are validated into `Settings` (flag > env > file > default). After `Settings::resolve`, no raw
+//! value remains: URLs are parsed URLs, an exporter target is a URL or a `dns+` name, the log
+//! format, listen address, audit log and webhook are decided. Every error names the setting and
+//! the fix, and is an `Error::Config` (exit 2).
 
-use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use reqwest::Url;
 use serde::Deserialize;
 
-use crate::cli::{CommonArgs, LogFormat};
+use crate::actuator::Mode;
+use crate::cli::{CommonArgs, LogFormat, RunOptions};
 use crate::coder::SessionToken;
+use crate::error::Error;
 use crate::gpu::Ownership;
+use crate::gpu::exporter::ExporterTarget;
+use crate::http::http_url;
 use crate::policy::{Policy, ReclaimWhen, Rule};
+use crate::retry::RetryPolicy;
 
-/// A usage or configuration error (exit code 2).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ConfigError(pub String);
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
-    Err(ConfigError(msg.into()))
-}
-
-/// `serde(with)` for optional humantime durations written as strings ("30m").
-pub mod opt_duration {
-    use super::*;
-    use serde::{Deserializer, Serializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let s: Option<String> = Option::deserialize(d)?;
-        s.map(|s| crate::cli::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))).transpose()
-    }
-
-    pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match v {
-            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
-            None => s.serialize_none(),
-        }
-    }
+fn err<T>(msg: impl Into<String>) -> Result<T, Error> {
+    Err(Error::Config(msg.into()))
 }
 
 /// The `--config` TOML file. Every key is optional; unknown keys are errors.
@@ -59,25 +37,25 @@ pub struct FileConfig {
     pub namespace: Option<String>,
     /// A series label whose value is the workspace id (instead of finding it in the pod name).
     pub workspace_id_label: Option<String>,
-    #[serde(default, with = "opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub interval: Option<Duration>,
-    #[serde(default, with = "opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub request_timeout: Option<Duration>,
     pub log_format: Option<LogFormat>,
     pub listen: Option<String>,
     pub audit_log: Option<PathBuf>,
     pub notify_webhook: Option<String>,
 
-    #[serde(default, with = "opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub idle_after: Option<Duration>,
-    #[serde(default, with = "opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub grace: Option<Duration>,
     pub reclaim_when: Option<ReclaimWhen>,
-    #[serde(default, with = "opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub connected_idle_after: Option<Duration>,
-    #[serde(default, with = "opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub max_lifetime: Option<Duration>,
-    #[serde(default, with = "opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub restore_autostop: Option<Duration>,
     pub gpu_templates: Option<Vec<String>>,
     pub sm_active_min: Option<f64>,
@@ -86,9 +64,9 @@ pub struct FileConfig {
     pub empty_memory_mib: Option<f64>,
     pub memory_held_mib: Option<f64>,
     pub min_samples: Option<usize>,
-    #[serde(default, with = "opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub max_sample_gap: Option<Duration>,
-    #[serde(default, with = "opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub stale_after: Option<Duration>,
     pub max_stops_per_pass: Option<usize>,
     pub max_idle_fraction: Option<f64>,
@@ -97,19 +75,19 @@ pub struct FileConfig {
 }
 
 impl FileConfig {
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+    pub fn load(path: &Path) -> Result<Self, Error> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError(format!("--config {}: cannot read it ({e}); fix the path or unset CODER_GPU_RECLAIMER_CONFIG", path.display()))
+            Error::config(format!("--config {}: cannot read it ({e}); fix the path or unset CODER_GPU_RECLAIMER_CONFIG", path.display()))
         })?;
-        Self::parse(&text).map_err(|e| ConfigError(format!("--config {}: {}", path.display(), e.0)))
+        Self::parse(&text).map_err(|e| Error::config(format!("--config {}: {e}", path.display())))
     }
 
     /// Parses the TOML text; errors name the key and the line.
-    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+    pub fn parse(text: &str) -> Result<Self, Error> {
         toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
             let msg = e.message().trim().to_string();
-            ConfigError(match line {
+            Error::Config(match line {
                 Some(l) => {
                     let source = text.lines().nth(l - 1).unwrap_or("").trim();
                     format!("line {l} ({source}): {msg}")
@@ -123,51 +101,62 @@ impl FileConfig {
 /// Where GPU readings come from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GpuSourceSettings {
-    Exporters(Vec<String>),
-    Prometheus(String),
+    Exporters(Vec<ExporterTarget>),
+    Prometheus(Url),
 }
 
-/// Validated settings shared by `run`, `plan` and `check`.
+/// Validated settings: what `run`, `plan`, `check`, the demo, the tests and the benchmark build
+/// the service from (`app::Application::build`).
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub coder_url: String,
+    pub coder_url: Url,
     pub token: SessionToken,
     pub gpu: GpuSourceSettings,
     pub ownership: Ownership,
     pub interval: Duration,
     pub request_timeout: Duration,
-    pub log_format: Option<LogFormat>,
+    pub log_format: LogFormat,
+    pub listen: SocketAddr,
+    pub audit_log: Option<PathBuf>,
+    pub notify_webhook: Option<Url>,
+    /// `run --enforce`; observe otherwise (and always for `plan` and `check`).
+    pub mode: Mode,
     pub policy: Policy,
-    pub file: FileConfig,
+    /// Retries of one Coder call inside a pass (not a flag; tests shorten it).
+    pub api_retry: RetryPolicy,
 }
 
-fn check_url(setting: &str, url: &str, example: &str) -> Result<(), ConfigError> {
-    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")).or_else(|| url.strip_prefix("dns+http://"));
-    match rest {
-        Some(r) if !r.is_empty() && !r.starts_with('/') => Ok(()),
-        _ => err(format!("{setting} {url:?} is not an http(s) URL: pass e.g. {example}")),
-    }
-}
-
-fn ratio(setting: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
-    match v {
-        None => Ok(default),
-        Some(x) if (0.0..=1.0).contains(&x) => Ok(x),
-        Some(x) => err(format!("{setting} = {x} is out of range: write a ratio between 0 and 1, e.g. {default}")),
-    }
-}
-
-fn non_negative(setting: &str, v: Option<f64>, default: f64) -> Result<f64, ConfigError> {
-    match v {
-        None => Ok(default),
-        Some(x) if x >= 0.0 && x.is_finite() => Ok(x),
-        Some(x) => err(format!("{setting} = {x} must be a number of 0 or more, e.g. {default}")),
-    }
-}
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9464);
 
 impl Settings {
-    /// Resolves everything. `token_env` is CODER_SESSION_TOKEN's value (read by the caller).
-    pub fn resolve(args: &CommonArgs, token_env: Option<String>) -> Result<Settings, ConfigError> {
+    /// Defaults around the three things nothing can default: Coder, the token, the GPU source.
+    pub fn new(coder_url: Url, token: SessionToken, gpu: GpuSourceSettings) -> Self {
+        Settings {
+            coder_url,
+            token,
+            gpu,
+            ownership: Ownership::default(),
+            interval: DEFAULT_INTERVAL,
+            request_timeout: Duration::from_secs(10),
+            log_format: LogFormat::Text,
+            listen: DEFAULT_LISTEN,
+            audit_log: None,
+            notify_webhook: None,
+            mode: Mode::Observe,
+            policy: Policy::defaults(DEFAULT_INTERVAL),
+            api_retry: RetryPolicy::for_api_calls(),
+        }
+    }
+
+    /// Resolves everything. `run` is `Some` for the `run` command's own flags; `token_env` is
+    /// CODER_SESSION_TOKEN's value (read by the caller); `default_log_format` is the command's.
+    pub fn resolve(
+        args: &CommonArgs,
+        run: Option<&RunOptions>,
+        token_env: Option<String>,
+        default_log_format: LogFormat,
+    ) -> Result<Settings, Error> {
         let file = match &args.config {
             Some(path) => FileConfig::load(path)?,
             None => FileConfig::default(),
@@ -176,16 +165,15 @@ impl Settings {
         let Some(coder_url) = coder_url else {
             return err("CODER_URL is not set: pass --coder-url https://coder.example.com");
         };
-        let coder_url = coder_url.trim().trim_end_matches('/').to_string();
-        check_url("--coder-url", &coder_url, "https://coder.example.com")?;
+        let coder_url = http_url("--coder-url", coder_url.trim().trim_end_matches('/'), "https://coder.example.com")?;
 
         // An explicit --token-file (or CODER_SESSION_TOKEN_FILE) wins over CODER_SESSION_TOKEN,
         // which wins over the config file's token_file.
-        let from_file = |path: &Path| SessionToken::from_file(path).map_err(|e| ConfigError(format!("--token-file: {e}")));
+        let from_file = |path: &Path| SessionToken::from_file(path).map_err(|e| Error::config(format!("--token-file: {e}")));
         let token = match (&args.token_file, token_env.filter(|t| !t.trim().is_empty()), &file.token_file) {
             (Some(path), _, _) => from_file(path)?,
             (None, Some(t), _) => {
-                SessionToken::new(&t).map_err(|e| ConfigError(format!("CODER_SESSION_TOKEN: {e}: set it to an owner token")))?
+                SessionToken::new(&t).map_err(|e| Error::config(format!("CODER_SESSION_TOKEN: {e}: set it to an owner token")))?
             }
             (None, None, Some(path)) => from_file(path)?,
             (None, None, None) => {
@@ -213,18 +201,12 @@ impl Settings {
                 );
             }
             (true, Some(p)) => {
-                check_url("--prometheus-url", &p, "http://prometheus:9090")?;
-                GpuSourceSettings::Prometheus(p.trim_end_matches('/').to_string())
+                GpuSourceSettings::Prometheus(http_url("--prometheus-url", p.trim_end_matches('/'), "http://prometheus:9090")?)
             }
-            (false, None) => {
-                for u in &exporters {
-                    check_url("--dcgm-exporter", u, "http://10.0.0.7:9400/metrics")?;
-                }
-                GpuSourceSettings::Exporters(exporters)
-            }
+            (false, None) => GpuSourceSettings::Exporters(exporters.iter().map(|u| ExporterTarget::parse(u)).collect::<Result<_, _>>()?),
         };
 
-        let interval = args.interval.or(file.interval).unwrap_or(Duration::from_secs(60));
+        let interval = args.interval.or(file.interval).unwrap_or(DEFAULT_INTERVAL);
         if interval < Duration::from_secs(1) {
             return err("--interval must be at least 1s, e.g. --interval 60s");
         }
@@ -233,6 +215,21 @@ impl Settings {
             return err("--request-timeout must be more than 0s, e.g. --request-timeout 10s");
         }
         let policy = build_policy(args, &file, interval)?;
+        let run = run.cloned().unwrap_or_default();
+        let listen = match (run.listen, &file.listen) {
+            (Some(a), _) => a,
+            (None, Some(s)) => s
+                .trim()
+                .parse()
+                .map_err(|e| Error::config(format!("listen = {s:?} in the config file: {e}; write e.g. \"0.0.0.0:9464\"")))?,
+            (None, None) => DEFAULT_LISTEN,
+        };
+        let notify_webhook = run
+            .notify_webhook
+            .or_else(|| file.notify_webhook.clone())
+            .filter(|s| !s.trim().is_empty())
+            .map(|u| http_url("--notify-webhook", &u, "https://hooks.slack.com/services/..."))
+            .transpose()?;
         Ok(Settings {
             coder_url,
             token,
@@ -240,16 +237,22 @@ impl Settings {
             ownership: Ownership { namespace: file.namespace.clone(), workspace_id_label: file.workspace_id_label.clone() },
             interval,
             request_timeout,
-            log_format: args.log_format.or(file.log_format),
+            log_format: args.log_format.or(file.log_format).unwrap_or(default_log_format),
+            listen,
+            audit_log: run.audit_log.or_else(|| file.audit_log.clone()),
+            notify_webhook,
+            mode: if run.enforce { Mode::Enforce } else { Mode::Observe },
             policy,
-            file,
+            api_retry: RetryPolicy::for_api_calls(),
         })
     }
 
     /// A one-line, secret-free summary (for `check` and the start-up log).
     pub fn summary(&self) -> String {
         let gpu = match &self.gpu {
-            GpuSourceSettings::Exporters(e) => format!("dcgm_exporters={}", e.join(",")),
+            GpuSourceSettings::Exporters(e) => {
+                format!("dcgm_exporters={}", e.iter().map(ToString::to_string).collect::<Vec<_>>().join(","))
+            }
             GpuSourceSettings::Prometheus(p) => format!("prometheus_url={p}"),
         };
         let t = &self.policy.thresholds;
@@ -259,7 +262,7 @@ impl Settings {
         };
         format!(
             "coder_url={} {gpu} interval={} idle_after={} grace={} reclaim_when={when} rules={}",
-            self.coder_url,
+            self.coder_url.as_str().trim_end_matches('/'),
             humantime::format_duration(self.interval),
             humantime::format_duration(t.idle_after),
             humantime::format_duration(t.grace),
@@ -268,14 +271,36 @@ impl Settings {
     }
 }
 
+fn ratio(setting: &str, v: Option<f64>, default: f64) -> Result<f64, Error> {
+    match v {
+        None => Ok(default),
+        Some(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        Some(x) => err(format!("{setting} = {x} is out of range: write a ratio between 0 and 1, e.g. {default}")),
+    }
+}
+
+fn non_negative(setting: &str, v: Option<f64>, default: f64) -> Result<f64, Error> {
+    match v {
+        None => Ok(default),
+        Some(x) if x >= 0.0 && x.is_finite() => Ok(x),
+        Some(x) => err(format!("{setting} = {x} must be a number of 0 or more, e.g. {default}")),
+    }
+}
+
 /// The policy from defaults, the file, then flags.
-pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) -> Result<Policy, ConfigError> {
+pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) -> Result<Policy, Error> {
     let mut p = Policy::defaults(interval);
     let t = &mut p.thresholds;
     t.idle_after = args.idle_after.or(file.idle_after).unwrap_or(t.idle_after);
     t.grace = args.grace.or(file.grace).unwrap_or(t.grace);
     t.connected_idle_after = file.connected_idle_after;
     t.max_lifetime = file.max_lifetime;
+    let longest = [("idle_after", Some(t.idle_after)), ("grace", Some(t.grace)), ("connected_idle_after", t.connected_idle_after)];
+    for (name, d) in longest.into_iter().chain([("max_lifetime", t.max_lifetime)]) {
+        if d.is_some_and(|d| d > crate::duration::MAX) {
+            return err(format!("{name} is longer than a year: write a shorter duration, like 30m or 8h"));
+        }
+    }
     if t.idle_after.is_zero() {
         return err("idle_after must be more than 0s, e.g. --idle-after 30m");
     }
@@ -330,10 +355,14 @@ mod tests {
         Some("abc123-secret".into())
     }
 
+    fn resolve(a: &CommonArgs, token: Option<String>) -> Result<Settings, Error> {
+        Settings::resolve(a, None, token, LogFormat::Text)
+    }
+
     #[test]
     fn defaults_apply_when_nothing_is_set() {
-        let s = Settings::resolve(&args(), token()).unwrap();
-        assert_eq!(s.coder_url, "https://coder.example.com");
+        let s = resolve(&args(), token()).unwrap();
+        assert_eq!(s.coder_url.as_str(), "https://coder.example.com/");
         assert_eq!(s.interval, Duration::from_secs(60));
         assert_eq!(s.policy.thresholds.idle_after, Duration::from_secs(1800));
         assert_eq!(s.policy.max_sample_gap, Duration::from_secs(180));
@@ -364,23 +393,23 @@ mod tests {
         let mut a = args();
         a.config = Some(path.clone());
         a.coder_url = None;
-        let s = Settings::resolve(&a, token()).unwrap();
+        let s = resolve(&a, token()).unwrap();
         assert_eq!(s.policy.thresholds.idle_after, Duration::from_secs(45 * 60));
         assert_eq!(s.policy.thresholds.grace, Duration::from_secs(300));
-        assert_eq!(s.coder_url, "https://file.example.com");
+        assert_eq!(s.coder_url.as_str(), "https://file.example.com/");
         a.idle_after = Some(Duration::from_secs(600));
         a.coder_url = Some("https://flag.example.com".into());
-        let s = Settings::resolve(&a, token()).unwrap();
+        let s = resolve(&a, token()).unwrap();
         assert_eq!(s.policy.thresholds.idle_after, Duration::from_secs(600));
-        assert_eq!(s.coder_url, "https://flag.example.com");
+        assert_eq!(s.coder_url.as_str(), "https://flag.example.com/");
     }
 
     #[test]
     fn an_explicit_token_file_wins_over_the_environment() {
         let file = TempFile::new("token", "fileid0001-fromfile\n");
         let a = CommonArgs { token_file: Some(file.0.clone()), ..args() };
-        assert_eq!(Settings::resolve(&a, token()).unwrap().token.key_id(), Some("fileid0001"));
-        assert_eq!(Settings::resolve(&args(), token()).unwrap().token.key_id(), Some("abc123"));
+        assert_eq!(resolve(&a, token()).unwrap().token.key_id(), Some("fileid0001"));
+        assert_eq!(resolve(&args(), token()).unwrap().token.key_id(), Some("abc123"));
     }
 
     #[test]
@@ -392,6 +421,17 @@ mod tests {
                 token(),
                 "--coder-url \"coder.example.com\" is not an http(s) URL",
             ),
+            (
+                CommonArgs { coder_url: Some("dns+http://coder.coder.svc:80".into()), ..args() },
+                token(),
+                "--coder-url \"dns+http://coder.coder.svc:80\" is not an http(s) URL",
+            ),
+            (
+                CommonArgs { dcgm_exporters: vec!["dns+ftp://x:1/metrics".into()], ..args() },
+                token(),
+                "--dcgm-exporter \"ftp://x:1/metrics\" is not an http(s) URL",
+            ),
+            (CommonArgs { idle_after: Some(crate::duration::MAX), grace: Some(Duration::from_secs(u64::MAX)), ..args() }, token(), "grace"),
             (args(), None, "no session token: set CODER_SESSION_TOKEN"),
             (CommonArgs { dcgm_exporters: vec![], ..args() }, token(), "no GPU source: pass --dcgm-exporter"),
             (CommonArgs { prometheus_url: Some("http://p:9090".into()), ..args() }, token(), "choose one GPU source"),
@@ -405,22 +445,46 @@ mod tests {
             ),
         ];
         for (a, tok, want) in cases {
-            let got = Settings::resolve(&a, tok).unwrap_err().0;
+            let got = resolve(&a, tok).unwrap_err().message().to_string();
             assert!(got.contains(want), "got {got:?}, want it to contain {want:?}");
             assert!(!got.contains("secret"), "an error must not echo the token: {got}");
         }
     }
 
     #[test]
+    fn run_settings_resolve_once_from_flags_and_file() {
+        let file = TempFile::new(
+            "run.toml",
+            "log_format = \"text\"\nlisten = \"127.0.0.1:9999\"\nnotify_webhook = \"https://hooks.example.com/x\"\naudit_log = \"/tmp/a.jsonl\"\n",
+        );
+        let a = CommonArgs { config: Some(file.0.clone()), ..args() };
+        let s = Settings::resolve(&a, Some(&RunOptions { enforce: true, ..RunOptions::default() }), token(), LogFormat::Json).unwrap();
+        assert_eq!(s.log_format, LogFormat::Text, "the file's log_format wins over the command's default");
+        assert_eq!(s.listen.to_string(), "127.0.0.1:9999");
+        assert_eq!(s.notify_webhook.as_ref().map(Url::as_str), Some("https://hooks.example.com/x"));
+        assert_eq!(s.audit_log.as_deref(), Some(Path::new("/tmp/a.jsonl")));
+        assert_eq!(s.mode, Mode::Enforce);
+        let flags = RunOptions { listen: Some("127.0.0.1:1".parse().unwrap()), ..RunOptions::default() };
+        let s = Settings::resolve(&a, Some(&flags), token(), LogFormat::Json).unwrap();
+        assert_eq!((s.listen.port(), s.mode), (1, Mode::Observe), "a flag beats the file");
+        let s = Settings::resolve(&args(), None, token(), LogFormat::Json).unwrap();
+        assert_eq!((s.log_format, s.listen), (LogFormat::Json, DEFAULT_LISTEN));
+        assert!(matches!(
+            ExporterTarget::parse("dns+http://dcgm.gpu:9400/metrics").unwrap(),
+            ExporterTarget::Dns(u) if u.as_str() == "http://dcgm.gpu:9400/metrics"
+        ));
+    }
+
+    #[test]
     fn file_errors_name_the_key_and_line() {
-        let e = FileConfig::parse("idle_after = \"30m\"\nidle_aftr = \"1h\"\n").unwrap_err().0;
+        let e = FileConfig::parse("idle_after = \"30m\"\nidle_aftr = \"1h\"\n").unwrap_err().to_string();
         assert!(e.starts_with("line 2 (idle_aftr = \"1h\"):") && e.contains("unknown field"), "{e}");
-        let e = FileConfig::parse("\n\ngrace = \"soon\"\n").unwrap_err().0;
+        let e = FileConfig::parse("\n\ngrace = \"soon\"\n").unwrap_err().to_string();
         assert!(e.starts_with("line 3 (grace = \"soon\"):") && e.contains("\"soon\" is not a duration"), "{e}");
-        let e = FileConfig::parse("[[rule]]\ntemplate = \"gpu-*\"\nexmpt = true\n").unwrap_err().0;
+        let e = FileConfig::parse("[[rule]]\ntemplate = \"gpu-*\"\nexmpt = true\n").unwrap_err().to_string();
         assert!(e.starts_with("line 3 (exmpt = true):"), "{e}");
         let f = FileConfig::parse("max_idle_fraction = 1.5\n").unwrap();
-        let e = build_policy(&args(), &f, Duration::from_secs(60)).unwrap_err().0;
+        let e = build_policy(&args(), &f, Duration::from_secs(60)).unwrap_err().to_string();
         assert!(e.contains("max_idle_fraction = 1.5 is out of range"), "{e}");
     }
 }

@@ -7,6 +7,8 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
+use crate::duration::chrono as dur;
+pub use crate::duration::human;
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
 use crate::policy::{Policy, ReclaimWhen, Thresholds};
@@ -151,21 +153,6 @@ fn disagrees(v: &SignalValues, p: &Policy) -> bool {
     matches!((util, gr), (Some(u), Some(g)) if u >= p.disagree_util_min && g <= p.disagree_gr_engine_max)
 }
 
-/// Renders a duration for people: `45s`, `12m`, `2h05m`, `3d4h`.
-pub fn human(d: Duration) -> String {
-    let s = d.num_seconds().max(0);
-    match s {
-        0..=119 => format!("{s}s"),
-        120..=3599 => format!("{}m", s / 60),
-        3600..=86_399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
-        _ => format!("{}d{}h", s / 86_400, (s % 86_400) / 3600),
-    }
-}
-
-fn dur(d: std::time::Duration) -> Duration {
-    Duration::from_std(d).unwrap_or(Duration::MAX)
-}
-
 struct Builder<'a> {
     ws: &'a Workspace,
     connection_idle: Duration,
@@ -243,8 +230,9 @@ pub fn decide(
         let stop_at = prior_stop_at.unwrap_or(now + dur(th.grace));
         d.stop_at = Some(stop_at);
         if now < stop_at {
+            // The countdown is for people; its wording depends on the mode, so the report and
+            // the actuator phrase it from `stop_at` (decisions do not know the mode).
             d.verdict = Verdict::Warn;
-            d.message = format!("{}; stops in {} unless it becomes active", d.message, human(stop_at - now));
         }
     }
     if let Some(restore) = policy.restore_autostop {

@@ -6,32 +6,29 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mocks::{ExporterConfig, FakeCoder, FakeExporter, Load, WorldConfig};
 use tokio::sync::watch;
 
-use crate::actuator::{Actuator, Outputs};
+use crate::actuator::Mode;
+use crate::app::{Application, Role};
 use crate::cli::DemoArgs;
-use crate::coder::{CoderClient, SessionToken};
-use crate::commands::AppError;
+use crate::coder::SessionToken;
+use crate::config::{GpuSourceSettings, Settings};
 use crate::decide::{Verdict, human};
-use crate::gpu::exporter::ExporterSource;
-use crate::gpu::{Ownership, Sources};
-use crate::metrics::{Metrics, Mode};
+use crate::error::Error;
+use crate::gpu::exporter::ExporterTarget;
+use crate::http::http_url;
 use crate::policy::Policy;
-use crate::reclaim::{Reclaimer, State};
-use crate::retry::RetryPolicy;
-use crate::startup::confirm_owner;
 
 const SCALE: f64 = 60.0;
 const INTERVAL: Duration = Duration::from_secs(1);
 const IDLE_AFTER: Duration = Duration::from_secs(10);
 const DEADLINE: Duration = Duration::from_secs(55);
 
-fn runtime(e: impl std::fmt::Display) -> AppError {
-    AppError::Runtime(format!("demo: {e}"))
+fn runtime(e: impl std::fmt::Display) -> Error {
+    Error::runtime(format!("demo: {e}"))
 }
 
 struct Timeline {
@@ -58,7 +55,7 @@ enum Stage {
     ABack,
 }
 
-pub async fn run(args: DemoArgs) -> Result<(), AppError> {
+pub async fn run(args: DemoArgs) -> Result<(), Error> {
     let world = WorldConfig {
         gpus: 1,
         scale: SCALE,
@@ -79,18 +76,15 @@ pub async fn run(args: DemoArgs) -> Result<(), AppError> {
     );
 
     let token = SessionToken::new(&coder.owner_token()).map_err(runtime)?;
-    let metrics = Arc::new(Metrics::new());
-    let client = CoderClient::new(&coder.url(), token.clone(), Duration::from_secs(5), RetryPolicy::for_api_calls())
-        .map_err(runtime)?
-        .with_observer(metrics.observer());
-    confirm_owner(&client, &token).await.map_err(|e| runtime(format!("{e:?}")))?;
-    let source =
-        Sources::Exporters(ExporterSource::new(vec![exporter.url()], Ownership::default(), Duration::from_secs(2)).map_err(runtime)?);
-    let mut policy = Policy::defaults(INTERVAL);
-    policy.thresholds.idle_after = IDLE_AFTER;
-    let state = Arc::new(State::new(metrics.clone(), Mode::Enforce, INTERVAL));
-    let actuator = Actuator::new(Mode::Enforce, client.clone(), metrics, Outputs::default(), INTERVAL, policy.max_stops_per_pass);
-    let mut reclaimer = Reclaimer::new(client, source, policy, actuator, state);
+    let exporter_url = ExporterTarget::Url(http_url("demo", &exporter.url(), "").map_err(runtime)?);
+    let mut settings =
+        Settings::new(http_url("demo", &coder.url(), "").map_err(runtime)?, token, GpuSourceSettings::Exporters(vec![exporter_url]));
+    settings.interval = INTERVAL;
+    settings.request_timeout = Duration::from_secs(5);
+    settings.mode = Mode::Enforce;
+    settings.policy = Policy::defaults(INTERVAL);
+    settings.policy.thresholds.idle_after = IDLE_AFTER;
+    let mut app = Application::build(&settings, Role::Run).await.map_err(runtime)?;
     let (_stop_tx, stop_rx) = watch::channel(false);
 
     let mut tl = Timeline { started: Instant::now(), out: String::new() };
@@ -156,7 +150,7 @@ pub async fn run(args: DemoArgs) -> Result<(), AppError> {
             _ => {}
         }
 
-        let report = reclaimer.pass(true, &stop_rx).await.map_err(runtime)?;
+        let report = app.pass(&stop_rx).await.map_err(runtime)?;
         let names: HashMap<&str, String> =
             report.workspaces.iter().map(|w| (w.id.as_str(), format!("{} ({})", w.name, w.owner_name))).collect();
         let events: Vec<String> = coder.with(|w| {

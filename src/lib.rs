@@ -2,6 +2,7 @@
 //! See ARCHITECTURE.md for the map of modules and the invariants they keep.
 
 pub mod actuator;
+pub mod app;
 pub mod audit;
 pub mod cli;
 pub mod coder;
@@ -9,10 +10,14 @@ pub mod commands;
 pub mod config;
 pub mod decide;
 pub mod demo;
+pub mod duration;
+pub mod error;
+pub mod evaluate;
 pub mod gpu;
+pub mod http;
 pub mod metrics;
 pub mod policy;
-pub mod reclaim;
+pub mod report;
 pub mod retry;
 pub mod serve;
 pub mod startup;

@@ -1,11 +1,14 @@
-//! The command line only: parse, set up logging, run the subcommand, map its outcome to an exit
-//! code (0 fine, 1 runtime failure, 2 usage or configuration error).
+//! The command line only: parse the flags, resolve them into `Settings` once, set up logging as
+//! the settings say, run the subcommand, and map the outcome to an exit code (0 fine, 1 runtime
+//! failure, 2 usage or configuration error: `Error::exit_code`).
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use coder_gpu_reclaimer::cli::{Cli, Command, LogFormat};
-use coder_gpu_reclaimer::commands::{self, AppError};
+use coder_gpu_reclaimer::commands;
+use coder_gpu_reclaimer::config::Settings;
+use coder_gpu_reclaimer::error::Error;
 
 fn init_logging(format: LogFormat, level: tracing::Level) {
     let builder = tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).with_target(false);
@@ -13,6 +16,36 @@ fn init_logging(format: LogFormat, level: tracing::Level) {
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
         LogFormat::Text => builder.with_ansi(false).try_init(),
     };
+}
+
+fn token_env() -> Option<String> {
+    std::env::var("CODER_SESSION_TOKEN").ok()
+}
+
+async fn run_command(command: Command) -> Result<bool, Error> {
+    match command {
+        Command::Run(args) => {
+            let settings = Settings::resolve(&args.common, Some(&args.options), token_env(), LogFormat::Json)?;
+            init_logging(settings.log_format, tracing::Level::INFO);
+            commands::run(settings).await.map(|_| true)
+        }
+        Command::Plan(args) => {
+            let settings = Settings::resolve(&args.common, None, token_env(), LogFormat::Text)?;
+            init_logging(settings.log_format, tracing::Level::WARN);
+            let out = commands::plan(settings, args.output, args.sample_for).await?;
+            print!("{out}");
+            Ok(true)
+        }
+        Command::Check(args) => {
+            let settings = Settings::resolve(&args.common, None, token_env(), LogFormat::Text);
+            init_logging(settings.as_ref().map_or(LogFormat::Text, |s| s.log_format), tracing::Level::WARN);
+            Ok(commands::check(settings).await)
+        }
+        Command::Demo(args) => {
+            init_logging(LogFormat::Text, tracing::Level::WARN);
+            coder_gpu_reclaimer::demo::run(args).await.map(|_| true)
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -30,39 +63,12 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Run(args) => {
-                init_logging(args.common.log_format.unwrap_or(LogFormat::Json), tracing::Level::INFO);
-                commands::run(args).await.map(|_| true)
-            }
-            Command::Plan(args) => {
-                init_logging(args.common.log_format.unwrap_or(LogFormat::Text), tracing::Level::WARN);
-                commands::plan(args).await.map(|out| {
-                    print!("{out}");
-                    true
-                })
-            }
-            Command::Check(args) => {
-                init_logging(args.common.log_format.unwrap_or(LogFormat::Text), tracing::Level::WARN);
-                commands::check(args).await
-            }
-            Command::Demo(args) => {
-                init_logging(LogFormat::Text, tracing::Level::WARN);
-                coder_gpu_reclaimer::demo::run(args).await.map(|_| true)
-            }
-        }
-    });
-    match result {
+    match runtime.block_on(run_command(cli.command)) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
-        Err(AppError::Config(msg)) => {
-            eprintln!("error: {msg}");
-            ExitCode::from(2)
-        }
-        Err(AppError::Runtime(msg)) => {
-            eprintln!("error: {msg}");
-            ExitCode::from(1)
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

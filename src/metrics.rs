@@ -14,22 +14,6 @@ use prometheus_client::registry::Registry;
 
 use crate::decide::{Reason, Verdict};
 
-/// Observe (report only) or enforce (send stop builds).
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub enum Mode {
-    Observe,
-    Enforce,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Observe => "observe",
-            Mode::Enforce => "enforce",
-        }
-    }
-}
-
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PassLabels {
     pub result: &'static str,

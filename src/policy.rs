@@ -70,13 +70,13 @@ pub struct Rule {
     pub workspace: Option<String>,
     #[serde(default)]
     pub exempt: bool,
-    #[serde(default, with = "crate::config::opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub idle_after: Option<Duration>,
-    #[serde(default, with = "crate::config::opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub grace: Option<Duration>,
-    #[serde(default, with = "crate::config::opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub connected_idle_after: Option<Duration>,
-    #[serde(default, with = "crate::config::opt_duration")]
+    #[serde(default, with = "crate::duration::opt")]
     pub max_lifetime: Option<Duration>,
 }
 

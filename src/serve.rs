@@ -13,7 +13,7 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::reclaim::State;
+use crate::report::State;
 
 /// The status route; the workspace template's metadata script calls it (tests check the match).
 pub const WORKSPACE_ROUTE: &str = "/api/v1/workspaces/{id}";

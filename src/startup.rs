@@ -5,19 +5,13 @@
 use chrono::{DateTime, Utc};
 
 use crate::coder::{CoderClient, ErrorKind, SessionToken};
-
-/// Why start-up failed, and which exit code that deserves.
-#[derive(Debug)]
-pub enum StartupError {
-    /// The token is wrong for this job (not an owner, expired): exit 2, the operator must fix it.
-    Config(String),
-    /// Coder is unreachable or failing: exit 1, it may pass.
-    Runtime(String),
-}
+use crate::error::Error;
 
 #[derive(Debug, Clone)]
 pub struct Identity {
     pub coder_version: String,
+    /// The token's user: stop builds it initiated are this service's own.
+    pub user_id: String,
     pub username: String,
     pub token_expires_at: Option<DateTime<Utc>>,
 }
@@ -25,15 +19,17 @@ pub struct Identity {
 /// Warn when the token expires within this.
 pub const EXPIRY_WARNING: chrono::Duration = chrono::Duration::hours(48);
 
-pub async fn confirm_owner(coder: &CoderClient, token: &SessionToken) -> Result<Identity, StartupError> {
+/// A wrong token (expired, not an owner) is a configuration error (exit 2): the operator must
+/// fix it. An unreachable or failing Coder is a runtime error (exit 1): it may pass.
+pub async fn confirm_owner(coder: &CoderClient, token: &SessionToken) -> Result<Identity, Error> {
     let classify = |e: crate::coder::CoderError| match e.kind {
-        ErrorKind::Unauthorized | ErrorKind::NoPermission => StartupError::Config(e.to_string()),
-        _ => StartupError::Runtime(e.to_string()),
+        ErrorKind::Unauthorized | ErrorKind::NoPermission => Error::Config(e.to_string()),
+        _ => Error::Runtime(e.to_string()),
     };
     let info = coder.buildinfo().await.map_err(classify)?;
     let me = coder.me().await.map_err(classify)?;
     if !me.is_owner() {
-        return Err(StartupError::Config(format!(
+        return Err(Error::Config(format!(
             "the session token belongs to {:?}, who is not an owner: only owners may stop other users' workspaces; create the token as a user with the owner role (`coder tokens create --lifetime 168h`)",
             me.username
         )));
@@ -61,5 +57,5 @@ pub async fn confirm_owner(coder: &CoderClient, token: &SessionToken) -> Result<
         }
     }
     tracing::info!(event = "coder_connected", coder_version = %info.version, user = %me.username, token_expires_at = ?token_expires_at, "connected to Coder as an owner");
-    Ok(Identity { coder_version: info.version, username: me.username, token_expires_at })
+    Ok(Identity { coder_version: info.version, user_id: me.id, username: me.username, token_expires_at })
 }

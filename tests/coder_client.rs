@@ -20,7 +20,7 @@ fn quick_retry() -> RetryPolicy {
 }
 
 fn client(server: &MockServer, retry: RetryPolicy) -> CoderClient {
-    CoderClient::new(&server.uri(), SessionToken::new(TOKEN).unwrap(), Duration::from_millis(800), retry).unwrap()
+    CoderClient::new(&crate::common::url(&server.uri()), SessionToken::new(TOKEN).unwrap(), Duration::from_millis(800), retry).unwrap()
 }
 
 fn coder_error(status: u16, message: &str, detail: &str) -> ResponseTemplate {
@@ -293,8 +293,13 @@ async fn follows_a_build_and_sets_a_ttl() {
 
 #[test]
 fn the_client_debug_output_hides_the_token() {
-    let c = CoderClient::new("https://coder.example.com", SessionToken::new(TOKEN).unwrap(), Duration::from_secs(1), RetryPolicy::none())
-        .unwrap();
+    let c = CoderClient::new(
+        &crate::common::url("https://coder.example.com"),
+        SessionToken::new(TOKEN).unwrap(),
+        Duration::from_secs(1),
+        RetryPolicy::none(),
+    )
+    .unwrap();
     let dbg = format!("{c:?}");
     assert!(!dbg.contains("5up3rs3cr3t") && dbg.contains("redacted"), "{dbg}");
 }

@@ -197,8 +197,13 @@ async fn every_request_body_fits_its_schema() {
         .respond_with(ResponseTemplate::new(201).set_body_json(fixture_json("coder/workspace_build_stop_queued.json")))
         .mount(&server)
         .await;
-    let client =
-        CoderClient::new(&server.uri(), SessionToken::new("abc-def").unwrap(), Duration::from_secs(2), RetryPolicy::none()).unwrap();
+    let client = CoderClient::new(
+        &crate::common::url(&server.uri()),
+        SessionToken::new("abc-def").unwrap(),
+        Duration::from_secs(2),
+        RetryPolicy::none(),
+    )
+    .unwrap();
     client.stop_workspace(crate::common::WS_ID).await.unwrap();
     client.set_ttl(crate::common::WS_ID, Some(8 * 3_600_000)).await.ok();
     client.set_ttl(crate::common::WS_ID, None).await.ok();

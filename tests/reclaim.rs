@@ -3,29 +3,29 @@
 //! stop across passes, the cap, the breaker, a failed listing, a failed stop build, and what the
 //! status API and /metrics serve.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use coder_gpu_reclaimer::actuator::{Actuator, Outputs};
-use coder_gpu_reclaimer::coder::{CoderClient, SessionToken};
-use coder_gpu_reclaimer::decide::{Reason, Verdict};
-use coder_gpu_reclaimer::gpu::exporter::ExporterSource;
-use coder_gpu_reclaimer::gpu::{Ownership, Sources};
-use coder_gpu_reclaimer::metrics::{Metrics, Mode};
+use coder_gpu_reclaimer::actuator::Mode;
+use coder_gpu_reclaimer::app::{Application, PassReport, Role};
+use coder_gpu_reclaimer::coder::SessionToken;
+use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
+use coder_gpu_reclaimer::decide::{Decision, Reason, Verdict};
+use coder_gpu_reclaimer::gpu::exporter::ExporterTarget;
 use coder_gpu_reclaimer::policy::Policy;
-use coder_gpu_reclaimer::reclaim::{PassReport, Reclaimer, State};
 use coder_gpu_reclaimer::retry::RetryPolicy;
 use mocks::{Behaviour, ExporterConfig, FakeCoder, FakeExporter, Fault, Load, WorldConfig};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-const INTERVAL: Duration = Duration::from_millis(150);
+use crate::common::url;
 
+pub const INTERVAL: Duration = Duration::from_millis(150);
+
+/// The real service, built by `Application::build` like `run`, against the fakes in-process.
 pub struct Harness {
     pub coder: FakeCoder,
     pub exporter: FakeExporter,
-    pub reclaimer: Reclaimer<Sources>,
-    pub state: Arc<State>,
+    pub app: Application,
     stop: watch::Receiver<bool>,
     _tx: watch::Sender<bool>,
 }
@@ -36,30 +36,37 @@ impl Harness {
     }
 
     pub async fn with_world(world: WorldConfig, mode: Mode, tune: impl FnOnce(&mut Policy)) -> Self {
-        Self::with_outputs(world, mode, Outputs::default(), tune).await
+        Self::build(world, |s| {
+            s.mode = mode;
+            tune(&mut s.policy);
+        })
+        .await
     }
 
-    pub async fn with_outputs(world: WorldConfig, mode: Mode, outputs: Outputs, tune: impl FnOnce(&mut Policy)) -> Self {
+    /// Settings as `run` would resolve them, pointed at the fakes; `tune` changes any of them.
+    pub async fn build(world: WorldConfig, tune: impl FnOnce(&mut Settings)) -> Self {
         let coder = FakeCoder::start(world).await.unwrap();
         let exporter = FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.unwrap();
-        let retry = RetryPolicy {
+        let token = SessionToken::new(&coder.owner_token()).unwrap();
+        let gpu = GpuSourceSettings::Exporters(vec![ExporterTarget::Url(url(&exporter.url()))]);
+        let mut settings = Settings::new(url(&coder.url()), token, gpu);
+        settings.interval = INTERVAL;
+        settings.request_timeout = Duration::from_secs(2);
+        settings.api_retry = RetryPolicy {
             initial: Duration::from_millis(10),
             max_interval: Duration::from_millis(50),
             max_elapsed: Duration::from_millis(300),
         };
-        let metrics = Arc::new(Metrics::new());
-        let client = CoderClient::new(&coder.url(), SessionToken::new(&coder.owner_token()).unwrap(), Duration::from_secs(2), retry)
-            .unwrap()
-            .with_observer(metrics.observer());
-        let source = Sources::Exporters(ExporterSource::new(vec![exporter.url()], Ownership::default(), Duration::from_secs(1)).unwrap());
-        let mut policy = Policy::defaults(INTERVAL);
-        policy.thresholds.idle_after = Duration::from_millis(1200);
-        tune(&mut policy);
-        let state = Arc::new(State::new(metrics.clone(), mode, INTERVAL));
-        let actuator = Actuator::new(mode, client.clone(), metrics, outputs, INTERVAL, policy.max_stops_per_pass);
-        let reclaimer = Reclaimer::new(client, source, policy, actuator, state.clone());
+        settings.policy = Policy::defaults(INTERVAL);
+        settings.policy.thresholds.idle_after = Duration::from_millis(1200);
+        tune(&mut settings);
+        let app = Application::build(&settings, Role::Run).await.unwrap();
         let (tx, stop) = watch::channel(false);
-        Harness { coder, exporter, reclaimer, state, stop, _tx: tx }
+        Harness { coder, exporter, app, stop, _tx: tx }
+    }
+
+    pub fn state(&self) -> &coder_gpu_reclaimer::report::State {
+        &self.app.state
     }
 
     /// Creates a running workspace for `owner` whose pod holds a GPU, with `load`.
@@ -78,10 +85,16 @@ impl Harness {
         panic!("workspace {name} never got its GPU");
     }
 
+    /// One full pass (evaluate, act, report), then an interval's sleep.
     pub async fn pass(&mut self) -> PassReport {
-        let r = self.reclaimer.pass(true, &self.stop).await.unwrap();
+        let r = self.app.pass(&self.stop).await.unwrap();
         tokio::time::sleep(INTERVAL).await;
         r
+    }
+
+    /// Evaluates only: decisions, no action (as `plan` does).
+    pub async fn evaluate(&mut self) -> Vec<Decision> {
+        self.app.evaluator.evaluate().await.map_err(|(e, _)| e).unwrap().decisions
     }
 
     pub fn posts(&self) -> usize {
@@ -93,8 +106,8 @@ impl Harness {
     }
 }
 
-fn verdict(r: &PassReport, id: Uuid) -> (Verdict, Reason) {
-    let d = r.decisions.iter().find(|d| d.workspace_id == id.to_string()).unwrap();
+fn verdict(decisions: &[Decision], id: Uuid) -> (Verdict, Reason) {
+    let d = decisions.iter().find(|d| d.workspace_id == id.to_string()).unwrap();
     (d.verdict, d.reason)
 }
 
@@ -110,7 +123,7 @@ async fn observe_mode_reports_but_never_posts() {
     }
     assert_eq!(h.posts(), 0, "observe mode sends no stop build");
     assert_eq!(reported, 1, "one would-stop per idle episode, not one per pass");
-    let doc = h.state.status();
+    let doc = h.state().status();
     assert_eq!(doc.mode, "observe");
     let entry = doc.workspaces.iter().find(|w| w.id == idle.to_string()).unwrap();
     assert_eq!((entry.verdict, entry.reason), (Verdict::Reclaim, Reason::Idle));
@@ -141,7 +154,7 @@ async fn a_409_is_decided_again_next_pass() {
     let a = h.workspace("alice", "a", Load::Idle).await;
     // Wait until it is reclaimable, then make the stop race with the owner's own build.
     for _ in 0..12 {
-        let r = h.reclaimer.pass(false, &h.stop).await.unwrap();
+        let r = h.evaluate().await;
         tokio::time::sleep(INTERVAL).await;
         if verdict(&r, a).0 == Verdict::Reclaim {
             break;
@@ -181,7 +194,7 @@ async fn a_failed_stop_build_is_retried_on_a_later_pass() {
     assert_eq!(h.stops_by_admin(a), 2, "the failed stop was retried once, then succeeded");
     let freed = h.coder.with(|w| w.gpu_holders.iter().all(Option::is_none));
     assert!(freed, "the GPU is free after the retry");
-    assert!(h.state.metrics.encode().contains("coder_gpu_reclaimer_stop_failures_total{kind=\"build_failed\"} 1"));
+    assert!(h.state().metrics.encode().contains("coder_gpu_reclaimer_stop_failures_total{kind=\"build_failed\"} 1"));
 }
 
 #[tokio::test]
@@ -215,8 +228,8 @@ async fn the_breaker_holds_when_every_exporter_reads_zero() {
     }
     assert!(tripped > 0, "the breaker tripped");
     assert_eq!(h.posts(), 0, "a broken exporter stops nobody");
-    assert!(h.state.metrics.encode().contains(&format!("coder_gpu_reclaimer_breaker_trips_total {tripped}")));
-    assert!(h.state.status().breaker.is_some());
+    assert!(h.state().metrics.encode().contains(&format!("coder_gpu_reclaimer_breaker_trips_total {tripped}")));
+    assert!(h.state().status().breaker.is_some());
 }
 
 #[tokio::test]
@@ -225,7 +238,7 @@ async fn a_failed_listing_stops_nothing() {
     let a = h.workspace("alice", "a", Load::Idle).await;
     // Decide without acting until the workspace is reclaimable...
     for _ in 0..20 {
-        let r = h.reclaimer.pass(false, &h.stop).await.unwrap();
+        let r = h.evaluate().await;
         if verdict(&r, a).0 == Verdict::Reclaim {
             break;
         }
@@ -234,10 +247,10 @@ async fn a_failed_listing_stops_nothing() {
     // ...then the listing fails: the pass errs and nothing is stopped.
     h.coder.set_fault("/api/v2/workspaces", Fault { fail_next: 1000, status: 500, ..Fault::default() });
     for _ in 0..3 {
-        assert!(h.reclaimer.pass(true, &h.stop).await.is_err());
+        assert!(h.app.pass(&h.stop).await.is_err());
     }
     assert_eq!(h.posts(), 0, "no stop while the listing fails");
-    assert!(h.state.metrics.encode().contains("coder_gpu_reclaimer_passes_total{result=\"failed\"} 3"));
+    assert!(h.state().metrics.encode().contains("coder_gpu_reclaimer_passes_total{result=\"failed\"} 3"));
 }
 
 #[tokio::test]
@@ -249,7 +262,7 @@ async fn the_status_api_and_metrics_serve_what_they_promise() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (_tx, rx) = watch::channel(false);
-    tokio::spawn(coder_gpu_reclaimer::serve::serve(listener, h.state.clone(), rx));
+    tokio::spawn(coder_gpu_reclaimer::serve::serve(listener, h.app.state.clone(), rx));
     let http = reqwest::Client::new();
     let get = |p: &str| http.get(format!("http://{addr}{p}")).send();
     assert_eq!(get("/readyz").await.unwrap().status(), 503, "not ready before the first pass");
@@ -296,7 +309,7 @@ async fn a_workspace_restarted_right_after_its_stop_is_not_stopped_again() {
     let a = h.workspace("alice", "a", Load::Idle).await;
     let old_pod = h.coder.with(|w| w.ws_index(a).and_then(|i| w.workspaces[i].pod.as_ref().map(|p| p.name.clone()))).unwrap();
     for _ in 0..30 {
-        h.reclaimer.pass(true, &h.stop).await.unwrap();
+        h.app.pass(&h.stop).await.unwrap();
         if h.stops_by_admin(a) == 1 {
             break;
         }
@@ -318,7 +331,7 @@ async fn a_workspace_restarted_right_after_its_stop_is_not_stopped_again() {
         if let Some(d) = r.decisions.iter().find(|d| d.workspace_id == a.to_string()) {
             verdicts.push(d.reason);
         }
-        let doc = h.state.status();
+        let doc = h.state().status();
         let entry = doc.workspaces.iter().find(|w| w.id == a.to_string()).unwrap();
         assert!(entry.gpus.iter().all(|g| g.key.pod.as_deref() != Some(old_pod.as_str())), "the old session's samples are gone: {entry:?}");
     }
@@ -332,12 +345,14 @@ async fn the_audit_log_and_the_webhook_record_warnings_and_stops() {
     let hook = MockServer::start().await;
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&hook).await;
     let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
-    let outputs = Outputs {
-        audit: Some(Arc::new(coder_gpu_reclaimer::audit::AuditLog::open(&path).unwrap())),
-        notifier: Some(coder_gpu_reclaimer::audit::Notifier::new(&hook.uri()).unwrap()),
-    };
     let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
-    let mut h = Harness::with_outputs(world, Mode::Enforce, outputs, |p| p.thresholds.grace = Duration::from_millis(450)).await;
+    let mut h = Harness::build(world, |s| {
+        s.mode = Mode::Enforce;
+        s.audit_log = Some(path.clone());
+        s.notify_webhook = Some(url(&hook.uri()));
+        s.policy.thresholds.grace = Duration::from_millis(450);
+    })
+    .await;
     let a = h.workspace("alice", "a", Load::MemoryOnly).await;
     for _ in 0..30 {
         h.pass().await;
@@ -364,7 +379,7 @@ async fn the_audit_log_and_the_webhook_record_warnings_and_stops() {
         hook.received_requests().await.unwrap().iter().map(|r| serde_json::from_slice(&r.body).unwrap()).collect();
     let kinds: Vec<&str> = posts.iter().filter_map(|p| p["event"].as_str()).collect();
     assert_eq!(kinds, vec!["warn", "stop_sent"], "{posts:?}");
-    assert!(posts[0]["text"].as_str().unwrap().starts_with("Workspace alice/a will be stopped to free its GPU: "), "{}", posts[0]["text"]);
+    assert!(posts[0]["text"].as_str().unwrap().starts_with("Workspace alice/a will be stopped in "), "{}", posts[0]["text"]);
     assert!(posts[1]["stop_at"].is_string());
     std::fs::remove_file(&path).ok();
 }
@@ -372,9 +387,12 @@ async fn the_audit_log_and_the_webhook_record_warnings_and_stops() {
 #[tokio::test]
 async fn an_unreachable_webhook_never_blocks_a_stop() {
     let dead = format!("http://{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap());
-    let outputs = Outputs { audit: None, notifier: Some(coder_gpu_reclaimer::audit::Notifier::new(&dead).unwrap()) };
     let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
-    let mut h = Harness::with_outputs(world, Mode::Enforce, outputs, |_| {}).await;
+    let mut h = Harness::build(world, |s| {
+        s.mode = Mode::Enforce;
+        s.notify_webhook = Some(url(&dead));
+    })
+    .await;
     let a = h.workspace("alice", "a", Load::Idle).await;
     for _ in 0..20 {
         h.pass().await;

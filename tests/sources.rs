@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use coder_gpu_reclaimer::gpu::exporter::ExporterSource;
+use coder_gpu_reclaimer::gpu::exporter::{ExporterSource, ExporterTarget};
 use coder_gpu_reclaimer::gpu::prometheus::PrometheusSource;
 use coder_gpu_reclaimer::gpu::signals::Signal;
 use coder_gpu_reclaimer::gpu::{GpuSource, Ownership};
@@ -22,7 +22,8 @@ async fn exporter_with(resp: ResponseTemplate) -> MockServer {
 }
 
 fn source(urls: Vec<String>) -> ExporterSource {
-    ExporterSource::new(urls, Ownership::default(), Duration::from_millis(500)).unwrap()
+    ExporterSource::new(urls.iter().map(|u| ExporterTarget::parse(u).unwrap()).collect(), Ownership::default(), Duration::from_millis(500))
+        .unwrap()
 }
 
 #[tokio::test]
@@ -76,7 +77,14 @@ fn matrix(series: serde_json::Value) -> ResponseTemplate {
 }
 
 fn prom(server: &MockServer, timeout: Duration) -> PrometheusSource {
-    PrometheusSource::new(&server.uri(), Ownership::default(), Duration::from_secs(1800), Duration::from_secs(60), timeout).unwrap()
+    PrometheusSource::new(
+        &crate::common::url(&server.uri()),
+        Ownership::default(),
+        Duration::from_secs(1800),
+        Duration::from_secs(60),
+        timeout,
+    )
+    .unwrap()
 }
 
 #[tokio::test]

@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use reqwest::{Method, StatusCode};
+use reqwest::{Method, StatusCode, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::error::Error;
 use crate::retry::{Attempt, RetryPolicy, retry};
 pub use token::SessionToken;
 use types::*;
@@ -93,16 +94,16 @@ impl fmt::Debug for CoderClient {
 }
 
 impl CoderClient {
-    pub fn new(base_url: &str, token: SessionToken, timeout: Duration, retry: RetryPolicy) -> Result<Self, String> {
+    pub fn new(base_url: &Url, token: SessionToken, timeout: Duration, retry: RetryPolicy) -> Result<Self, Error> {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .user_agent(concat!("coder-gpu-reclaimer/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            .map_err(|e| Error::runtime(format!("cannot build the HTTP client: {e}")))?;
         Ok(CoderClient {
             http,
-            base: base_url.trim_end_matches('/').to_string(),
+            base: base_url.as_str().trim_end_matches('/').to_string(),
             token,
             bypass_ratelimit: Arc::new(AtomicBool::new(false)),
             retry,
@@ -190,6 +191,12 @@ impl CoderClient {
             Ok(Err(e)) => Attempt::Done(Err(unexpected_body(endpoint, e))),
             Err(e) => Attempt::Done(Err(unexpected_body(endpoint, format!("the parser task failed: {e}")))),
         }
+    }
+
+    /// `GET /api/v2/workspaces/{id}`: one workspace, its latest build included.
+    pub async fn workspace(&self, workspace_id: &str) -> Result<Workspace, CoderError> {
+        let path = format!("/api/v2/workspaces/{}", encode_path(workspace_id));
+        self.call(Method::GET, "GET /api/v2/workspaces/{workspace}", path, None::<&()>).await
     }
 
     /// `POST /api/v2/workspaces/{id}/builds {"transition":"stop"}`. 201 queues the build; 409 means

@@ -38,6 +38,9 @@ pub struct WorkspaceBuild {
     pub transition: Transition,
     pub status: WorkspaceStatus,
     pub job: ProvisionerJob,
+    /// Who started the build: this service's user for its own stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initiator_id: Option<String>,
     #[serde(default)]
     pub reason: BuildReason,
     #[serde(default)]

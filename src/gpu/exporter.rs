@@ -4,12 +4,17 @@
 //! headless Service), each scraped on its own. Each value is the exporter's latest cached
 //! reading; the scrape time is recorded as the sample time.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use reqwest::Url;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+
+use crate::error::Error;
+use crate::http::http_url;
 
 /// Scrapes in flight at once: bounds sockets and memory on large fleets (each body is parsed
 /// into readings inside its task and dropped there).
@@ -17,19 +22,47 @@ const MAX_CONCURRENT_SCRAPES: usize = 32;
 
 use super::{Collection, GpuReading, GpuSource, Ownership, SourceFailure, readings_from_exposition};
 
+/// One `--dcgm-exporter` value: a URL scraped as it is, or `dns+http://name:port/path`, scraped
+/// at every address the name resolves to (a headless Service).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExporterTarget {
+    Url(Url),
+    /// The URL after `dns+`; its host is resolved at each collection.
+    Dns(Url),
+}
+
+impl ExporterTarget {
+    pub fn parse(raw: &str) -> Result<Self, Error> {
+        const EXAMPLE: &str = "http://10.0.0.7:9400/metrics or dns+http://nvidia-dcgm-exporter.gpu-operator:9400/metrics";
+        match raw.trim().strip_prefix("dns+") {
+            Some(rest) => Ok(ExporterTarget::Dns(http_url("--dcgm-exporter", rest, EXAMPLE)?)),
+            None => Ok(ExporterTarget::Url(http_url("--dcgm-exporter", raw, EXAMPLE)?)),
+        }
+    }
+}
+
+impl fmt::Display for ExporterTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExporterTarget::Url(u) => write!(f, "{u}"),
+            ExporterTarget::Dns(u) => write!(f, "dns+{u}"),
+        }
+    }
+}
+
 pub struct ExporterSource {
     http: reqwest::Client,
-    targets: Vec<String>,
+    targets: Vec<ExporterTarget>,
     ownership: Ownership,
 }
 
 impl ExporterSource {
-    pub fn new(targets: Vec<String>, ownership: Ownership, timeout: Duration) -> Result<Self, String> {
+    pub fn new(targets: Vec<ExporterTarget>, ownership: Ownership, timeout: Duration) -> Result<Self, Error> {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(3)))
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            .map_err(|e| Error::runtime(format!("cannot build the HTTP client: {e}")))?;
         Ok(ExporterSource { http, targets, ownership })
     }
 
@@ -38,14 +71,17 @@ impl ExporterSource {
         let mut urls = Vec::new();
         let mut failures = Vec::new();
         for target in &self.targets {
-            let Some(rest) = target.strip_prefix("dns+") else {
-                urls.push(target.clone());
-                continue;
+            let url = match target {
+                ExporterTarget::Url(u) => {
+                    urls.push(u.to_string());
+                    continue;
+                }
+                ExporterTarget::Dns(u) => u,
             };
-            match resolve_all(rest).await {
+            match resolve_all(url).await {
                 Ok(expanded) if !expanded.is_empty() => urls.extend(expanded),
-                Ok(_) => failures.push(SourceFailure { source: target.clone(), error: "the name resolved to no address".into() }),
-                Err(e) => failures.push(SourceFailure { source: target.clone(), error: e }),
+                Ok(_) => failures.push(SourceFailure { source: target.to_string(), error: "the name resolved to no address".into() }),
+                Err(e) => failures.push(SourceFailure { source: target.to_string(), error: e }),
             }
         }
         (urls, failures)
@@ -53,12 +89,19 @@ impl ExporterSource {
 }
 
 /// `http://name:port/path` -> one URL per resolved address.
-async fn resolve_all(url: &str) -> Result<Vec<String>, String> {
-    let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("{url}: expected dns+http://host:port/path"))?;
-    let (authority, path) = rest.find('/').map_or((rest, "/metrics"), |i| (&rest[..i], &rest[i..]));
-    let host_port = if authority.contains(':') { authority.to_string() } else { format!("{authority}:9400") };
-    let addrs = tokio::net::lookup_host(host_port.as_str()).await.map_err(|e| format!("cannot resolve {authority}: {e}"))?;
-    let mut urls: Vec<String> = addrs.map(|a| format!("{scheme}://{a}{path}")).collect();
+async fn resolve_all(url: &Url) -> Result<Vec<String>, String> {
+    let host = url.host_str().unwrap_or_default();
+    let port = url.port_or_known_default().unwrap_or(80);
+    let addrs = tokio::net::lookup_host((host, port)).await.map_err(|e| format!("cannot resolve {host}: {e}"))?;
+    let mut urls: Vec<String> = addrs
+        .map(|a| {
+            let mut u = url.clone();
+            // An IP host and a port are always valid for an http(s) URL.
+            let _ = u.set_ip_host(a.ip());
+            let _ = u.set_port(Some(a.port()));
+            u.to_string()
+        })
+        .collect();
     urls.sort();
     urls.dedup();
     Ok(urls)

@@ -8,10 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use reqwest::Url;
 use serde::Deserialize;
 use tokio::task::JoinSet;
 
 use super::signals::{Signal, SignalValues, lookup};
+use crate::error::Error;
+
 use super::{Collection, GpuKey, GpuReading, GpuSource, Ownership, SourceFailure};
 
 pub struct PrometheusSource {
@@ -49,11 +52,14 @@ struct Series {
 }
 
 impl PrometheusSource {
-    pub fn new(base: &str, ownership: Ownership, range: Duration, step: Duration, timeout: Duration) -> Result<Self, String> {
-        let http = reqwest::Client::builder().timeout(timeout).build().map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    pub fn new(base: &Url, ownership: Ownership, range: Duration, step: Duration, timeout: Duration) -> Result<Self, Error> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| Error::runtime(format!("cannot build the HTTP client: {e}")))?;
         Ok(PrometheusSource {
             http,
-            base: base.trim_end_matches('/').to_string(),
+            base: base.as_str().trim_end_matches('/').to_string(),
             ownership,
             range,
             step: step.max(Duration::from_secs(1)),

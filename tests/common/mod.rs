@@ -26,6 +26,11 @@ pub fn shared(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared").join(rel)
 }
 
+/// Parses a URL the test itself made.
+pub fn url(s: &str) -> reqwest::Url {
+    reqwest::Url::parse(s).unwrap()
+}
+
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_coder-gpu-reclaimer")
 }

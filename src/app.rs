@@ -1,0 +1,175 @@
+//! The one way to build the service from `Settings` (in the spirit of zero-to-production's
+//! `Application::build`), used by `run`, `plan`, `demo`, the in-process tests and the pass
+//! benchmark. A pass is three named steps: evaluate (a plain value), act (the actuator; `plan`
+//! has none), report (status document, metrics, log line).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::actuator::{ActReport, Actuator, Mode, Outputs};
+use crate::coder::types::Workspace;
+use crate::coder::{CoderClient, CoderError};
+use crate::config::{GpuSourceSettings, Settings};
+use crate::decide::{Decision, FleetOutcome};
+use crate::error::Error;
+use crate::evaluate::Evaluator;
+use crate::gpu::Sources;
+use crate::gpu::exporter::ExporterSource;
+use crate::gpu::prometheus::PrometheusSource;
+use crate::metrics::Metrics;
+use crate::report::{self, State};
+use crate::startup::{Identity, confirm_owner};
+
+/// What the service is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// One evaluation, reported; no actuator exists.
+    Plan,
+    /// Passes with an actuator in the settings' mode.
+    Run,
+}
+
+/// Everything one pass produced.
+#[derive(Debug)]
+pub struct PassReport {
+    pub workspaces: Vec<Workspace>,
+    pub decisions: Vec<Decision>,
+    pub fleet: FleetOutcome,
+    /// GPU source requests made this pass.
+    pub gpu_requests: usize,
+    pub acted: ActReport,
+}
+
+pub struct Application {
+    pub state: Arc<State>,
+    pub evaluator: Evaluator,
+    /// `None` for `plan`: nothing can act.
+    pub actuator: Option<Actuator>,
+    pub identity: Identity,
+    pub coder: CoderClient,
+    /// How warnings are phrased in the report (plan reports as observe).
+    mode: Mode,
+}
+
+/// The Coder client the settings describe, counting its requests in `metrics`.
+pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>) -> Result<CoderClient, Error> {
+    Ok(CoderClient::new(&settings.coder_url, settings.token.clone(), settings.request_timeout, settings.api_retry)?
+        .with_observer(metrics.observer()))
+}
+
+/// The GPU source the settings describe.
+pub fn gpu_source(settings: &Settings) -> Result<Sources, Error> {
+    Ok(match &settings.gpu {
+        GpuSourceSettings::Exporters(targets) => {
+            Sources::Exporters(ExporterSource::new(targets.clone(), settings.ownership.clone(), settings.request_timeout)?)
+        }
+        GpuSourceSettings::Prometheus(url) => Sources::Prometheus(PrometheusSource::new(
+            url,
+            settings.ownership.clone(),
+            settings.policy.longest_lookback(),
+            settings.interval,
+            settings.request_timeout,
+        )?),
+    })
+}
+
+impl Application {
+    /// Builds the clients, checks the token against Coder (an owner? when does it expire?),
+    /// opens the audit log and builds the actuator (`Role::Run` only).
+    pub async fn build(settings: &Settings, role: Role) -> Result<Self, Error> {
+        let metrics = Arc::new(Metrics::new());
+        let coder = coder_client(settings, &metrics)?;
+        let source = gpu_source(settings)?;
+        let outputs = match role {
+            Role::Run => Some(Outputs::open(settings)?),
+            Role::Plan => None,
+        };
+        let identity = confirm_owner(&coder, &settings.token).await?;
+        if let Some(exp) = identity.token_expires_at {
+            metrics.token_expiry.set(exp.timestamp() as f64);
+        }
+        let mode = match role {
+            Role::Run => settings.mode,
+            Role::Plan => Mode::Observe,
+        };
+        let state = Arc::new(State::new(metrics.clone(), mode, settings.interval));
+        let actuator = outputs.map(|outputs| {
+            Actuator::new(
+                mode,
+                coder.clone(),
+                metrics,
+                outputs,
+                settings.interval,
+                settings.policy.max_stops_per_pass,
+                Some(identity.user_id.clone()),
+            )
+        });
+        let evaluator = Evaluator::new(coder.clone(), source, settings.policy.clone(), settings.interval);
+        Ok(Application { state, evaluator, actuator, identity, coder, mode })
+    }
+
+    /// One pass: evaluate, act (when there is an actuator), report. Fails only when the listing
+    /// fails; then nothing was decided and nothing is stopped.
+    pub async fn pass(&mut self, shutdown: &watch::Receiver<bool>) -> Result<PassReport, CoderError> {
+        let eval = match self.evaluator.evaluate().await {
+            Ok(e) => e,
+            Err((error, failures)) => {
+                report::failed_pass(&self.state, &error, &failures);
+                return Err(error);
+            }
+        };
+        let acted = match &mut self.actuator {
+            Some(actuator) => actuator.act(&eval, shutdown).await,
+            None => ActReport::default(),
+        };
+        let in_flight = self.actuator.as_ref().map_or(0, Actuator::tracked_count);
+        report::publish(&self.state, &eval, self.evaluator.windows(), self.evaluator.policy(), self.mode, &acted, in_flight);
+        Ok(PassReport { workspaces: eval.workspaces, decisions: eval.decisions, fleet: eval.fleet, gpu_requests: eval.gpu_requests, acted })
+    }
+
+    /// Runs a pass every interval until shutdown. A pass in progress at shutdown may finish its
+    /// in-flight requests (the actuator starts no new stop) for at most 10 s.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut ticker = tokio::time::interval(self.state.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = shutdown.changed() => break,
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+            let stop_rx = shutdown.clone();
+            let pass = self.pass(&stop_rx);
+            tokio::pin!(pass);
+            let mut cut_short = false;
+            tokio::select! {
+                _ = &mut pass => {}
+                _ = shutdown.changed() => {
+                    cut_short = tokio::time::timeout(Duration::from_secs(10), &mut pass).await.is_err();
+                }
+            }
+            if cut_short {
+                tracing::warn!(event = "shutdown_pass_abandoned", "the pass did not finish within 10 s of shutdown");
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+        }
+        tracing::info!(event = "shutdown", "stopped");
+    }
+
+    /// Serves the HTTP API on `listener` and runs passes until shutdown.
+    pub async fn serve_and_run(self, listener: TcpListener, shutdown: watch::Receiver<bool>) -> Result<(), Error> {
+        let server = tokio::spawn(crate::serve::serve(listener, self.state.clone(), shutdown.clone()));
+        self.run(shutdown).await;
+        match tokio::time::timeout(Duration::from_secs(5), server).await {
+            Ok(Ok(Err(e))) => Err(Error::runtime(format!("the HTTP server failed: {e}"))),
+            _ => Ok(()),
+        }
+    }
+}

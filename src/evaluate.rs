@@ -1,0 +1,135 @@
+//! Evaluate: the first step of a pass. Gathers the running workspaces (one listing) and the GPU
+//! readings (one collection), merges readings into per-workspace windows, decides each
+//! workspace and applies the fleet rules. It returns a plain value, `Evaluation`, and has no
+//! side effects toward Coder or people: `plan` is evaluate + report, `run` is evaluate + act +
+//! report. It reads the clock once per pass and hands that `now` to every decision.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+
+use crate::coder::types::Workspace;
+use crate::coder::{CoderClient, CoderError};
+use crate::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide};
+use crate::gpu::window::Windows;
+use crate::gpu::{GpuSource, SourceFailure, Sources};
+use crate::policy::Policy;
+
+/// Everything one evaluation found. `decisions[i]` is about `workspaces[i]`.
+#[derive(Debug)]
+pub struct Evaluation {
+    pub now: DateTime<Utc>,
+    pub started: Instant,
+    pub workspaces: Vec<Workspace>,
+    pub decisions: Vec<Decision>,
+    pub fleet: FleetOutcome,
+    /// Indices of the workspaces whose warning (grace) began this pass.
+    pub new_warnings: Vec<usize>,
+    /// GPU source requests made this pass.
+    pub gpu_requests: usize,
+    pub source_failures: Vec<SourceFailure>,
+    /// Entries the listing repeated (offset paging can repeat one); each was dropped.
+    pub duplicates: usize,
+}
+
+pub struct Evaluator {
+    coder: CoderClient,
+    source: Sources,
+    policy: Policy,
+    windows: Windows,
+    /// Warnings in progress (grace): workspace id -> stop time.
+    warnings: HashMap<String, DateTime<Utc>>,
+    /// The latest build id seen per workspace: a new build is a new session.
+    sessions: HashMap<String, String>,
+}
+
+impl Evaluator {
+    pub fn new(coder: CoderClient, source: Sources, policy: Policy, interval: std::time::Duration) -> Self {
+        let retain = crate::duration::chrono(policy.longest_lookback());
+        Evaluator { windows: Windows::new(retain, interval), coder, source, policy, warnings: HashMap::new(), sessions: HashMap::new() }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn windows(&self) -> &Windows {
+        &self.windows
+    }
+
+    pub fn source(&self) -> &Sources {
+        &self.source
+    }
+
+    /// Reads the GPU sources only, adding samples to the windows (plan's sampling before a pass).
+    pub async fn sample(&mut self) {
+        let collection = self.source.collect(Utc::now()).await;
+        for r in &collection.readings {
+            self.windows.record(r);
+        }
+    }
+
+    /// Gather, merge, decide, fleet rules. Fails only when the listing fails: then nothing is
+    /// decided, so nothing can be stopped.
+    pub async fn evaluate(&mut self) -> Result<Evaluation, (CoderError, Vec<SourceFailure>)> {
+        let started = Instant::now();
+        let now = Utc::now();
+        let (listing, collection) = tokio::join!(self.coder.running_workspaces(), self.source.collect(now));
+        let listed = match listing {
+            Ok(w) => w,
+            Err(e) => return Err((e, collection.failures)),
+        };
+        let (workspaces, duplicates) = dedup_by_id(listed);
+        let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+        for ws in &workspaces {
+            let build = &ws.latest_build.id;
+            if self.sessions.get(&ws.id).is_some_and(|seen| seen != build) {
+                // Restarted since the last pass: its old samples describe another session.
+                self.windows.forget(&ws.id);
+                self.warnings.remove(&ws.id);
+            }
+            self.sessions.insert(ws.id.clone(), build.clone());
+        }
+        self.sessions.retain(|id, _| live.contains(id.as_str()));
+        for r in &collection.readings {
+            if r.workspace_id.as_deref().is_some_and(|id| live.contains(id)) {
+                self.windows.record(r);
+            }
+        }
+        let failed: HashSet<&str> = collection.failures.iter().map(|f| f.source.as_str()).collect();
+        self.windows.mark_failed_sources(&failed);
+        self.windows.prune(now, &live);
+
+        let mut decisions: Vec<Decision> = workspaces
+            .iter()
+            .map(|ws| decide(now, ws, self.windows.get(&ws.id), &self.policy, self.warnings.get(&ws.id).copied()))
+            .collect();
+        let fleet = apply_fleet_rules(&mut decisions, &self.policy);
+        let new_warnings = (0..decisions.len())
+            .filter(|&i| decisions[i].verdict == Verdict::Warn && !self.warnings.contains_key(&decisions[i].workspace_id))
+            .collect();
+        self.warnings =
+            decisions.iter().filter(|d| d.is_stop_eligible()).filter_map(|d| d.stop_at.map(|t| (d.workspace_id.clone(), t))).collect();
+        Ok(Evaluation {
+            now,
+            started,
+            workspaces,
+            decisions,
+            fleet,
+            new_warnings,
+            gpu_requests: collection.requests,
+            source_failures: collection.failures,
+            duplicates,
+        })
+    }
+}
+
+/// Keeps the first entry of each workspace id, in listing order.
+fn dedup_by_id(listed: Vec<Workspace>) -> (Vec<Workspace>, usize) {
+    let total = listed.len();
+    let mut seen = HashSet::with_capacity(total);
+    let kept: Vec<Workspace> = listed.into_iter().filter(|w| seen.insert(w.id.clone())).collect();
+    let duplicates = total - kept.len();
+    (kept, duplicates)
+}

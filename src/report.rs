@@ -1,0 +1,137 @@
+//! Report: the last step of a pass. Publishes what the pass found and did to `State` (the status
+//! document the HTTP server serves, and readiness), the metrics, and one `pass` log line.
+//! `State` is shared by the loop and the HTTP server, as in kube-rs' controller-rs.
+
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+
+use crate::actuator::{ActReport, Mode};
+use crate::coder::CoderError;
+use crate::decide::Verdict;
+use crate::evaluate::Evaluation;
+use crate::gpu::SourceFailure;
+use crate::gpu::window::Windows;
+use crate::metrics::{Metrics, PassLabels, SourceLabels};
+use crate::policy::Policy;
+use crate::status::{StatusDocument, WorkspaceStatus};
+
+/// What the loop and the HTTP server share.
+pub struct State {
+    pub metrics: Arc<Metrics>,
+    status: RwLock<Arc<StatusDocument>>,
+    last_good_pass: Mutex<Option<Instant>>,
+    pub interval: Duration,
+}
+
+impl State {
+    pub fn new(metrics: Arc<Metrics>, mode: Mode, interval: Duration) -> Self {
+        State { metrics, status: RwLock::new(Arc::new(StatusDocument::empty(mode.as_str()))), last_good_pass: Mutex::new(None), interval }
+    }
+
+    pub fn status(&self) -> Arc<StatusDocument> {
+        match self.status.read() {
+            Ok(s) => s.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn publish(&self, doc: StatusDocument) {
+        match self.status.write() {
+            Ok(mut s) => *s = Arc::new(doc),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(doc),
+        }
+    }
+
+    fn mark_good_pass(&self) {
+        if let Ok(mut t) = self.last_good_pass.lock() {
+            *t = Some(Instant::now());
+        }
+    }
+
+    /// Ready when the latest good pass finished within three intervals.
+    pub fn ready(&self) -> Result<(), String> {
+        let last = self.last_good_pass.lock().ok().and_then(|t| *t);
+        match last {
+            None => Err("no successful pass yet".into()),
+            Some(t) if t.elapsed() > self.interval * 3 => Err(format!("the last successful pass was {}s ago", t.elapsed().as_secs())),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+fn scrape_failures(metrics: &Metrics, failures: &[SourceFailure]) {
+    for f in failures {
+        tracing::warn!(event = "scrape_failed", source = %f.source, error = %f.error, "GPU source failed; its workspaces are unknown this pass");
+        metrics.scrape_errors.get_or_create(&SourceLabels { source: f.source.clone() }).inc();
+    }
+}
+
+/// A pass whose listing failed: nothing was decided, nothing was stopped.
+pub fn failed_pass(state: &State, error: &CoderError, failures: &[SourceFailure]) {
+    scrape_failures(&state.metrics, failures);
+    tracing::error!(event = "pass_failed", error = %error, "cannot list workspaces; nothing is stopped this pass");
+    state.metrics.passes.get_or_create(&PassLabels { result: "failed" }).inc();
+}
+
+/// Publishes one pass. `mode` phrases warning countdowns (plan reports as observe).
+pub fn publish(state: &State, eval: &Evaluation, windows: &Windows, policy: &Policy, mode: Mode, acted: &ActReport, in_flight: usize) {
+    let metrics = &state.metrics;
+    scrape_failures(metrics, &eval.source_failures);
+    if eval.duplicates > 0 {
+        tracing::warn!(
+            event = "listing_duplicates",
+            count = eval.duplicates,
+            "the workspace listing repeated entries; each workspace is judged once"
+        );
+    }
+    let decisions = &eval.decisions;
+    let count = |v: Verdict| decisions.iter().filter(|d| d.verdict == v).count();
+    if let Some(why) = &eval.fleet.breaker {
+        tracing::warn!(
+            event = "breaker_tripped",
+            reclaimable = count(Verdict::Reclaim),
+            gpu_workspaces = eval.fleet.gpu_workspaces,
+            "{why}"
+        );
+        metrics.breaker_trips.inc();
+    }
+    metrics.set_verdicts(decisions.iter().map(|d| (d.verdict, d.reason)));
+    metrics.waiting.set(eval.fleet.waiting as i64);
+    metrics.passes.get_or_create(&PassLabels { result: "ok" }).inc();
+    metrics.pass_duration.observe(eval.started.elapsed().as_secs_f64());
+    metrics.last_pass.set(Utc::now().timestamp_millis() as f64 / 1000.0);
+    let doc = StatusDocument {
+        generated_at: eval.now,
+        mode: mode.as_str(),
+        breaker: eval.fleet.breaker.clone(),
+        notes: Vec::new(),
+        workspaces: eval
+            .workspaces
+            .iter()
+            .zip(decisions)
+            .map(|(ws, d)| {
+                let mut entry = WorkspaceStatus::new(ws, d, windows.get(&ws.id), policy);
+                if let (Verdict::Warn, Some(stop_at)) = (d.verdict, d.stop_at) {
+                    entry.message = format!("{}; {}", entry.message, mode.countdown(stop_at - eval.now));
+                }
+                entry
+            })
+            .collect(),
+    };
+    state.publish(doc);
+    state.mark_good_pass();
+    tracing::info!(
+        event = "pass",
+        workspaces = eval.workspaces.len(),
+        reclaim = count(Verdict::Reclaim),
+        warn = count(Verdict::Warn),
+        waiting = count(Verdict::Waiting),
+        unknown = count(Verdict::Unknown),
+        stops_sent = acted.stops_sent.len(),
+        in_flight,
+        duration_ms = eval.started.elapsed().as_millis() as u64,
+        "pass done"
+    );
+}
