@@ -55,9 +55,9 @@ impl AuditKind {
             (AuditKind::Warn, Some(left)) => format!("will be stopped in {left} to free its GPU unless it becomes active"),
             (AuditKind::Warn, None) => "will be stopped to free its GPU unless it becomes active".into(),
             (AuditKind::WouldWarn, Some(left)) => {
-                format!("would be stopped in {left} to free its GPU (observe mode: nothing will be stopped)")
+                format!("would be stopped in {left} to free its GPU (observe mode: nothing is stopped)")
             }
-            (AuditKind::WouldWarn, None) => "would be stopped to free its GPU (observe mode: nothing will be stopped)".into(),
+            (AuditKind::WouldWarn, None) => "would be stopped to free its GPU (observe mode: nothing is stopped)".into(),
             (AuditKind::StopSent, _) => "was stopped to free its GPU".into(),
             (AuditKind::WouldStop, _) => "would be stopped to free its GPU (observe mode: nothing was stopped)".into(),
             (AuditKind::StopAbandoned, _) => "could not be stopped; the reclaimer gave up until its next build".into(),

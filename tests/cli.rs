@@ -70,6 +70,13 @@ fn bad_settings_exit_2_with_one_line_that_names_the_fix() {
         ),
         ([&["plan", "--prometheus-url", "http://p:9090"][..], &good[..]].concat(), token.to_vec(), "choose one GPU source"),
         (vec!["plan", "--enforce"], token.to_vec(), "unexpected argument '--enforce'"),
+        (
+            vec!["plan", "--coder-url", "dns+http://coder.coder.svc:80", "--dcgm-exporter", "http://127.0.0.1:9/metrics"],
+            token.to_vec(),
+            "error: --coder-url \"dns+http://coder.coder.svc:80\" is not an http(s) URL: pass e.g. https://coder.example.com",
+        ),
+        ([&["run", "--notify-webhook", "hooks.example.com/x"][..], &good[..]].concat(), token.to_vec(), "error: --notify-webhook"),
+        ([&["plan", "--idle-after", "400000y"][..], &good[..]].concat(), token.to_vec(), "longer than a year"),
     ];
     for (args, env, want) in cases {
         let (code, out, err) = run(&args, &env);
@@ -133,5 +140,37 @@ async fn precedence_flag_over_env_over_file_over_default() {
         from_flag.contains("coder_url=http://127.0.0.1:2 ") && from_flag.contains("idle_after=10m") && from_flag.contains("interval=2m"),
         "flags beat env and file: {from_flag}"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn the_config_files_log_format_sets_up_logging() {
+    let fake = mocks::FakeCoder::start(mocks::WorldConfig::default()).await.unwrap();
+    let ex = mocks::FakeExporter::start(fake.world.clone(), mocks::ExporterConfig::default()).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("cgr-logfmt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("settings.toml");
+    std::fs::write(&file, "log_format = \"text\"\nlisten = \"127.0.0.1:0\"\n").unwrap();
+    let mut child = Command::new(binary())
+        .args(["run", "--config", file.to_str().unwrap(), "--coder-url", &fake.url(), "--dcgm-exporter", &ex.url()])
+        .env("CODER_SESSION_TOKEN", fake.owner_token())
+        .env_remove("CODER_URL")
+        .env_remove("CODER_GPU_RECLAIMER_CONFIG")
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let first = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stderr).lines().map_while(Result::ok).find(|l| l.contains("coder-gpu-reclaimer starting"))
+    })
+    .await
+    .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = first.expect("a start-up line");
+    assert!(!line.trim_start().starts_with('{'), "run's default is JSON, the file says text: {line}");
+    assert!(line.contains("INFO") && line.contains("event=\"starting\""), "{line}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -147,6 +147,20 @@ async fn stop_sends_exactly_a_stop_transition_and_accepts_201() {
 }
 
 #[tokio::test]
+async fn a_stop_post_is_never_retried_blindly() {
+    // A 503 (or a timeout) may come after Coder created the build; a second POST would queue a
+    // second stop. The actuator reads the latest build instead.
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(503).set_body_json(json!({"message": "Service unavailable."})))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let err = client(&server, quick_retry()).stop_workspace(WS_ID).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Status(503));
+}
+
+#[tokio::test]
 async fn a_409_is_an_outcome_not_an_error() {
     let server = MockServer::start().await;
     Mock::given(method("POST"))

@@ -399,3 +399,183 @@ async fn an_unreachable_webhook_never_blocks_a_stop() {
     }
     assert_eq!(h.stops_by_admin(a), 1);
 }
+
+/// Reads the audit log's lines as JSON.
+fn audit_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The webhook's received events, as JSON.
+async fn hook_events(hook: &wiremock::MockServer) -> Vec<serde_json::Value> {
+    hook.received_requests().await.unwrap().iter().map(|r| serde_json::from_slice(&r.body).unwrap()).collect()
+}
+
+async fn webhook() -> wiremock::MockServer {
+    let hook = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::method("POST")).respond_with(wiremock::ResponseTemplate::new(200)).mount(&hook).await;
+    hook
+}
+
+#[tokio::test]
+async fn a_refused_stop_backs_off_and_is_abandoned_after_five_attempts() {
+    let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
+    let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
+    let mut h = Harness::build(world, |s| {
+        s.mode = Mode::Enforce;
+        s.audit_log = Some(path.clone());
+    })
+    .await;
+    let a = h.workspace("alice", "a", Load::Idle).await;
+    // Coder refuses every stop of this workspace (403: the token may not stop it).
+    h.coder.set_fault(&format!("/api/v2/workspaces/{a}/builds"), Fault { fail_next: 10_000, status: 403, ..Fault::default() });
+    let mut post_times = Vec::new();
+    let mut abandoned = Vec::new();
+    for _ in 0..60 {
+        let before = h.posts();
+        let r = h.pass().await;
+        if h.posts() > before {
+            post_times.push(std::time::Instant::now());
+        }
+        abandoned.extend(r.acted.abandoned);
+        if !abandoned.is_empty() && post_times.len() >= 5 {
+            // A few more passes: nothing more may be sent.
+            for _ in 0..8 {
+                h.pass().await;
+            }
+            break;
+        }
+    }
+    assert_eq!(h.posts(), 5, "five attempts, then abandoned");
+    assert_eq!(abandoned, vec![a.to_string()]);
+    // The waits double from one interval: each gap is at least the backoff before it.
+    let gaps: Vec<Duration> = post_times.windows(2).map(|w| w[1] - w[0]).collect();
+    for (i, gap) in gaps.iter().enumerate() {
+        assert!(*gap >= INTERVAL * 2u32.pow(i as u32), "gap {i} is {gap:?}: {gaps:?}");
+    }
+    let metrics = h.state().metrics.encode();
+    assert!(metrics.contains("coder_gpu_reclaimer_stop_failures_total{kind=\"rejected\"} 5"), "{metrics}");
+    assert!(metrics.contains("coder_gpu_reclaimer_stop_failures_total{kind=\"abandoned\"} 1"), "{metrics}");
+    let lines = audit_lines(&path);
+    let kinds: Vec<&str> = lines.iter().filter_map(|l| l["event"].as_str()).collect();
+    assert_eq!(kinds, vec!["stop_abandoned"], "{lines:?}");
+    assert_eq!(lines[0]["attempts"], 5);
+
+    // A new build is a new session: stopping starts afresh.
+    h.coder.with(|w| w.create_build(a, "start", w.user_index("alice").unwrap(), "cli")).unwrap();
+    for _ in 0..40 {
+        h.pass().await;
+        if h.posts() > 5 {
+            break;
+        }
+    }
+    assert_eq!(h.posts(), 6, "after the user's new build, one new attempt");
+    std::fs::remove_file(&path).ok();
+}
+
+#[tokio::test]
+async fn a_stop_whose_reply_was_lost_is_recorded_once_and_followed() {
+    let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
+    let hook = webhook().await;
+    let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
+    let mut h = Harness::build(world, |s| {
+        s.mode = Mode::Enforce;
+        s.audit_log = Some(path.clone());
+        s.notify_webhook = Some(url(&hook.uri()));
+        s.request_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let a = h.workspace("alice", "a", Load::Idle).await;
+    // Coder creates the stop build, but its 201 arrives after the client gave up.
+    h.coder.set_fault(
+        &format!("/api/v2/workspaces/{a}/builds"),
+        Fault { delay_reply_next: 1, reply_delay: Duration::from_millis(1500), ..Fault::default() },
+    );
+    for _ in 0..40 {
+        h.pass().await;
+        let stopped = h.coder.with(|w| w.ws_index(a).is_some_and(|i| w.workspaces[i].pod.is_none()));
+        if stopped && h.app.actuator.as_ref().unwrap().tracked_count() == 0 {
+            break;
+        }
+    }
+    assert_eq!(h.posts(), 1, "never a blind second POST: Coder would queue a second stop");
+    assert_eq!(h.stops_by_admin(a), 1, "Coder created one stop build");
+    assert_eq!(h.app.actuator.as_ref().unwrap().tracked_count(), 0, "the build was followed to its end");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lines = audit_lines(&path);
+    assert_eq!(lines.len(), 1, "exactly one audit line: {lines:?}");
+    assert_eq!(lines[0]["event"], "stop_sent");
+    let build_id = h.coder.with(|w| w.ws_index(a).map(|i| w.workspaces[i].builds.last().unwrap().id.to_string())).unwrap();
+    assert_eq!(lines[0]["build_id"].as_str(), Some(build_id.as_str()), "the audit line names the build Coder created");
+    let events = hook_events(&hook).await;
+    let stops: Vec<_> = events.iter().filter(|e| e["event"] == "stop_sent").collect();
+    assert_eq!(stops.len(), 1, "exactly one webhook event: {events:?}");
+    assert!(h.state().metrics.encode().contains("coder_gpu_reclaimer_stops_total{reason=\"idle\",mode=\"enforce\"} 1"));
+    std::fs::remove_file(&path).ok();
+}
+
+#[tokio::test]
+async fn observe_mode_never_tells_anyone_a_stop_will_happen() {
+    let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
+    let hook = webhook().await;
+    let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
+    let mut h = Harness::build(world, |s| {
+        s.mode = Mode::Observe;
+        s.audit_log = Some(path.clone());
+        s.notify_webhook = Some(url(&hook.uri()));
+        s.policy.thresholds.grace = Duration::from_millis(900);
+    })
+    .await;
+    let a = h.workspace("alice", "a", Load::Idle).await;
+    let mut warned_message = None;
+    let mut would_stop = 0;
+    for _ in 0..40 {
+        let r = h.pass().await;
+        if verdict(&r.decisions, a).0 == Verdict::Warn {
+            let doc = h.state().status();
+            warned_message = doc.workspaces.iter().find(|w| w.id == a.to_string()).map(|w| w.message.clone());
+        }
+        would_stop += r.acted.would_stop.len();
+        if would_stop > 0 {
+            break;
+        }
+    }
+    assert_eq!(would_stop, 1);
+    assert_eq!(h.posts(), 0);
+    let message = warned_message.expect("a warning was shown during grace");
+    assert!(message.contains("would stop in") && message.contains("observe mode") && !message.contains("stops in"), "{message}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let events = hook_events(&hook).await;
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(kinds, vec!["would_warn", "would_stop"], "{events:?}");
+    for e in &events {
+        let text = e["text"].as_str().unwrap();
+        assert_eq!(e["mode"], "observe", "{e}");
+        assert!(text.contains("would be stopped") && text.contains("observe mode"), "{text}");
+        assert!(!text.contains("will be stopped") && !text.contains("stops in"), "no promise of a stop: {text}");
+    }
+    let lines = audit_lines(&path);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!((lines[0]["event"].as_str(), lines[0]["mode"].as_str()), (Some("would_stop"), Some("observe")));
+    std::fs::remove_file(&path).ok();
+}
+
+#[tokio::test]
+async fn a_workspace_listed_twice_is_judged_and_stopped_once() {
+    let mut h = Harness::new(1, Mode::Enforce, |_| {}).await;
+    let a = h.workspace("alice", "a", Load::Idle).await;
+    h.coder.repeat_in_listing(true);
+    let mut sizes = Vec::new();
+    for _ in 0..20 {
+        let r = h.pass().await;
+        sizes.push(r.decisions.len());
+        if h.stops_by_admin(a) > 0 {
+            break;
+        }
+    }
+    assert!(sizes.iter().all(|n| *n == 1), "one decision per workspace: {sizes:?}");
+    for _ in 0..4 {
+        h.pass().await;
+    }
+    assert_eq!(h.posts(), 1, "one stop POST");
+    assert_eq!(h.stops_by_admin(a), 1);
+}

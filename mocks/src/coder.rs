@@ -33,11 +33,20 @@ pub struct Fault {
     pub latency: Duration,
     /// A share (0..1) of matching requests that get `status`, at random.
     pub error_rate: f64,
+    /// The next this-many requests are handled (a stop build is created), then their reply is
+    /// held back this long: a client whose timeout is shorter never sees the 201.
+    pub delay_reply_next: usize,
+    pub reply_delay: Duration,
 }
 
 #[derive(Default)]
 pub struct Controls {
     pub faults: Vec<(String, Fault)>,
+    /// The listing repeats its first entry at the end. coderd's listing is offset-paged and
+    /// sorted by a "running" flag that changes while states change, so a client that pages can
+    /// see one workspace twice (`coderd/database/queries/workspaces.sql`, GetWorkspaces order;
+    /// `shared/reference/coder/NOTES.md` section 3).
+    pub repeat_in_listing: bool,
     ratelimit: HashMap<(usize, String), VecDeque<Instant>>,
     pub requests: Vec<(String, String)>,
     rng: u64,
@@ -209,6 +218,7 @@ fn parse_bool(v: &str) -> Option<bool> {
 /// Auth, the rate limit and faults, in Coder's order: token, then rate limit, then the handler.
 async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
+    let mut delay_reply = Duration::ZERO;
     let fault = {
         let mut c = lock(&s.controls);
         c.requests.push((req.method().to_string(), req.uri().to_string()));
@@ -219,6 +229,10 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
         };
         if let Some((_, f)) = c.faults.iter_mut().find(|(p, _)| path.starts_with(p.as_str())) {
             let latency = f.latency;
+            if f.delay_reply_next > 0 {
+                f.delay_reply_next -= 1;
+                delay_reply = f.reply_delay;
+            }
             if f.drop_next > 0 {
                 f.drop_next -= 1;
                 hit = Some((latency, 0));
@@ -249,6 +263,11 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
                 let retry_after = lock(&s.world).real(Duration::from_secs(60)).as_secs().max(1).to_string();
                 let body = axum::Json(json!({"message": "You've been rate limited for sending more than 512 requests in 1m0s."}));
                 return (StatusCode::TOO_MANY_REQUESTS, [("Retry-After", retry_after)], body).into_response();
+            }
+            403 => {
+                // What coderd answers a stop the token may not make (`wsbuilder.go` authorize).
+                let body = axum::Json(json!({"message": "You do not have permission to stop this workspace."}));
+                return (StatusCode::FORBIDDEN, body).into_response();
             }
             code => {
                 return (
@@ -308,7 +327,11 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
         q.push_back(now);
     }
     req.extensions_mut().insert(Caller(ui));
-    next.run(req).await
+    let response = next.run(req).await;
+    if !delay_reply.is_zero() {
+        tokio::time::sleep(delay_reply).await;
+    }
+    response
 }
 
 fn header(h: &HeaderMap, name: &str) -> Option<String> {
@@ -366,6 +389,7 @@ struct ListQuery {
 }
 
 async fn list_workspaces(State(s): State<CoderState>, Query(lq): Query<ListQuery>, req: Request) -> Response {
+    let repeat = lock(&s.controls).repeat_in_listing;
     let w = lock(&s.world);
     let me = caller(req.extensions());
     let q = lq.q.unwrap_or_default().to_lowercase();
@@ -399,8 +423,11 @@ async fn list_workspaces(State(s): State<CoderState>, Query(lq): Query<ListQuery
     rows.sort_by_key(|ws| (!w.is_running(ws), w.users[ws.owner].username.to_lowercase(), ws.name.to_lowercase()));
     let count = rows.len();
     let offset = lq.offset.unwrap_or(0);
-    let page: Vec<Value> =
+    let mut page: Vec<Value> =
         rows.into_iter().skip(offset).take(lq.limit.filter(|l| *l > 0).unwrap_or(usize::MAX)).map(|ws| workspace_json(&w, ws)).collect();
+    if repeat && let Some(first) = page.first().cloned() {
+        page.push(first);
+    }
     axum::Json(json!({"workspaces": page, "count": count})).into_response()
 }
 

@@ -69,6 +69,11 @@ impl FakeCoder {
         c.faults.push((prefix.to_string(), fault));
     }
 
+    /// The listing repeats its first entry (as offset paging can while states change).
+    pub fn repeat_in_listing(&self, on: bool) {
+        coder::lock(&self.controls).repeat_in_listing = on;
+    }
+
     /// Every request seen so far, as (method, path and query).
     pub fn requests(&self) -> Vec<(String, String)> {
         coder::lock(&self.controls).requests.clone()

@@ -204,7 +204,11 @@ impl CoderClient {
     pub async fn stop_workspace(&self, workspace_id: &str) -> Result<StopOutcome, CoderError> {
         let path = format!("/api/v2/workspaces/{}/builds", encode_path(workspace_id));
         let body = CreateWorkspaceBuildRequest { transition: Transition::Stop };
-        match self.call::<WorkspaceBuild>(Method::POST, "POST /api/v2/workspaces/{workspace}/builds", path, Some(&body)).await {
+        // One attempt only: a POST whose reply was lost may have created the build, and Coder
+        // queues a second stop on a stopped workspace. The actuator reads the latest build
+        // instead of retrying blindly.
+        let endpoint = "POST /api/v2/workspaces/{workspace}/builds";
+        match self.call_with::<WorkspaceBuild>(RetryPolicy::none(), Method::POST, endpoint, path, Some(&body)).await {
             Ok(build) => Ok(StopOutcome::Queued(Box::new(build))),
             Err(CoderError { kind: ErrorKind::Conflict, message, .. }) => Ok(StopOutcome::BuildActive(message)),
             Err(e) => Err(e),
@@ -231,12 +235,23 @@ impl CoderClient {
         path_and_query: String,
         body: Option<&impl Serialize>,
     ) -> Result<T, CoderError> {
+        self.call_with(self.retry, method, endpoint, path_and_query, body).await
+    }
+
+    async fn call_with<T: DeserializeOwned>(
+        &self,
+        policy: RetryPolicy,
+        method: Method,
+        endpoint: &'static str,
+        path_and_query: String,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, CoderError> {
         let url = format!("{}{}", self.base, path_and_query);
         let body = match body.map(serde_json::to_vec).transpose() {
             Ok(b) => b,
             Err(e) => return Err(CoderError { kind: ErrorKind::Decode, endpoint, message: format!("cannot encode the request: {e}") }),
         };
-        retry(self.retry, || self.try_once(method.clone(), endpoint, &url, body.as_deref())).await
+        retry(policy, || self.try_once(method.clone(), endpoint, &url, body.as_deref())).await
     }
 
     /// A request with the token, and the bypass header once the owner role is confirmed.
@@ -263,7 +278,6 @@ impl CoderClient {
     ) -> Attempt<T, CoderError> {
         let error = CoderError { kind: classify(status), endpoint, message: describe(status, body) };
         match status.as_u16() {
-            // A 500 on a stop is safe to retry: if the build was created, the retry gets a 409.
             429 | 500 | 502 | 503 | 504 => Attempt::Retry { error, after },
             _ => Attempt::Done(Err(error)),
         }
