@@ -42,6 +42,13 @@ impl Mode {
         }
     }
 
+    fn describe(self) -> &'static str {
+        match self {
+            Mode::Observe => "observe mode: decisions are logged and reported, nothing is stopped (pass --enforce to act)",
+            Mode::Enforce => "enforce mode: idle workspaces are stopped with Coder stop builds",
+        }
+    }
+
     /// The countdown of a warning, as people read it in the status API and the template's
     /// metadata: only enforce mode promises a stop.
     pub fn countdown(self, left: Duration) -> String {
@@ -133,6 +140,7 @@ impl Actuator {
         // A failed stop waits one pass, then twice as long each time, at most 30 minutes.
         let backoff =
             RetryPolicy { initial: interval, max_interval: MAX_STOP_BACKOFF.max(interval), max_elapsed: std::time::Duration::ZERO };
+        tracing::info!(event = "mode", mode = mode.as_str(), "{}", mode.describe());
         Actuator { mode, coder, metrics, outputs, backoff, max_stops_per_pass, self_id, tracked: HashMap::new(), reported: HashSet::new() }
     }
 
@@ -162,14 +170,13 @@ impl Actuator {
     pub async fn act(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) -> ActReport {
         let now = eval.now;
         let mut report = ActReport::default();
-        self.announce_warnings(eval);
-
         // The one place the mode is checked.
         if self.mode == Mode::Observe {
+            self.announce_warnings(eval, AuditKind::WouldWarn);
             self.observe(eval, &mut report);
             return report;
         }
-
+        self.announce_warnings(eval, AuditKind::Warn);
         self.follow(now).await;
         self.reconcile(now, &eval.workspaces);
         if eval.fleet.breaker.is_none() {
@@ -186,11 +193,7 @@ impl Actuator {
         report
     }
 
-    fn announce_warnings(&self, eval: &Evaluation) {
-        let kind = match self.mode {
-            Mode::Enforce => AuditKind::Warn,
-            Mode::Observe => AuditKind::WouldWarn,
-        };
+    fn announce_warnings(&self, eval: &Evaluation, kind: AuditKind) {
         for &i in &eval.new_warnings {
             let event = AuditEvent::new(kind, eval.now, self.mode.as_str(), &eval.workspaces[i], &eval.decisions[i]);
             tracing::info!(event = kind.as_str(), workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, stop_at = ?event.stop_at, "{}", event.text());

@@ -9,7 +9,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::actuator::Mode;
 use crate::app::{Application, Role, coder_client, gpu_source};
 use crate::cli::OutputFormat;
 use crate::config::Settings;
@@ -51,12 +50,6 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
     let bound = listener.local_addr().map_err(|e| Error::runtime(e.to_string()))?;
     let mode = settings.mode;
     tracing::info!(event = "starting", mode = mode.as_str(), listen = %bound, settings = %settings.summary(), "coder-gpu-reclaimer starting");
-    if mode == Mode::Observe {
-        tracing::info!(
-            event = "observe_mode",
-            "observe mode: decisions are logged and reported, nothing is stopped (pass --enforce to act)"
-        );
-    }
     let app = Application::build(&settings, Role::Run).await?;
     let (tx, rx) = watch::channel(false);
     spawn_signal_handler(tx);

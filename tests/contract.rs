@@ -1,4 +1,4 @@
-//! Contract tests against Coder v2.34.3's OpenAPI spec (`shared/reference/coder/swagger.json`):
+//! Contract tests against Coder v2.34.3's OpenAPI spec (`reference/coder/swagger.json`):
 //! every fixture, every response of the fake Coder, and every request the client sends must fit
 //! its schema. A tiny Swagger 2.0 validator lives here (types, formats, enums, required,
 //! unknown fields). Two documented gaps are allowed: the build POST answers 201 where the spec
@@ -14,10 +14,10 @@ use serde_json::Value;
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::common::{fixture_json, shared};
+use crate::common::{fixture_json, reference};
 
 pub fn spec() -> Value {
-    let path = shared("reference/coder/swagger.json");
+    let path = reference("coder/swagger.json");
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 

@@ -241,7 +241,7 @@ fn the_counters_configmap_is_the_real_default_with_sm_active_on() {
     ] {
         assert!(fields.iter().any(|f| f == want), "{want} is not enabled");
     }
-    let upstream = std::fs::read_to_string(crate::common::shared("reference/dcgm/default-counters.csv")).unwrap();
+    let upstream = std::fs::read_to_string(crate::common::reference("dcgm/default-counters.csv")).unwrap();
     let mut theirs = enabled_fields(&upstream);
     theirs.push("DCGM_FI_PROF_SM_ACTIVE".into());
     let (mut a, mut b) = (fields.clone(), theirs);

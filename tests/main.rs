@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod architecture;
 mod cli;
 mod coder_client;
 mod common;
@@ -11,5 +12,5 @@ mod deploy;
 mod e2e;
 mod expo;
 mod fakes;
-mod reclaim;
+mod pipeline;
 mod sources;

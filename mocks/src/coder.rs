@@ -45,7 +45,7 @@ pub struct Controls {
     /// The listing repeats its first entry at the end. coderd's listing is offset-paged and
     /// sorted by a "running" flag that changes while states change, so a client that pages can
     /// see one workspace twice (`coderd/database/queries/workspaces.sql`, GetWorkspaces order;
-    /// `shared/reference/coder/NOTES.md` section 3).
+    /// `reference/coder/NOTES.md` section 3).
     pub repeat_in_listing: bool,
     ratelimit: HashMap<(usize, String), VecDeque<Instant>>,
     pub requests: Vec<(String, String)>,

@@ -1,6 +1,6 @@
 //! The fake world both fakes share: users and tokens, a template, workspaces and their builds,
 //! pods and a pool of GPUs, connections and `last_used_at`, GPU loads, and an event log.
-//! Behaviour follows Coder v2.34.3 as recorded in `shared/reference/coder/NOTES.md`:
+//! Behaviour follows Coder v2.34.3 as recorded in `reference/coder/NOTES.md`:
 //! builds go pending -> running -> succeeded; a start build succeeds even when its pod cannot
 //! get a GPU (the official template has `wait_for_rollout = false`), and its agent then stays
 //! `connecting`, later `timeout`; `last_used_at` is refreshed about every 60 s while a

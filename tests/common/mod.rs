@@ -21,9 +21,9 @@ pub fn fixture_json(rel: &str) -> Value {
     serde_json::from_str(&fixture(rel)).unwrap()
 }
 
-/// The shared reference folder (`../shared` beside the repository).
-pub fn shared(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared").join(rel)
+/// A file of the vendored reference data (`reference/` in the repository; see its README).
+pub fn reference(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("reference").join(rel)
 }
 
 /// Parses a URL the test itself made.

@@ -1,7 +1,9 @@
-//! The pass and the actuator, in-process against the stateful fakes: observe sends no stop,
-//! enforce sends exactly one per reclaimable workspace, a 409 is retried next pass, no double
-//! stop across passes, the cap, the breaker, a failed listing, a failed stop build, and what the
-//! status API and /metrics serve.
+//! The pipeline (evaluate, act, report) built by `Application::build`, in-process against the
+//! stateful fakes: observe sends no stop and promises none, enforce sends exactly one per
+//! reclaimable workspace, a 409 is decided again next pass, no double stop across passes, a
+//! refused stop backs off and is abandoned, a lost reply counts once, a repeated listing entry,
+//! the cap, the breaker, a failed listing, a failed stop build, the audit log and webhook, and
+//! what the status API and /metrics serve.
 
 use std::time::Duration;
 
