@@ -92,7 +92,7 @@ impl Outputs {
     pub fn open(settings: &crate::config::Settings) -> Result<Self, Error> {
         Ok(Outputs {
             audit: settings.audit_log.as_deref().map(AuditLog::open).transpose()?.map(Arc::new),
-            notifier: settings.notify_webhook.clone().map(Notifier::new).transpose()?,
+            notifier: settings.notify_webhook.clone().map(|url| Notifier::new(url, &settings.tls)).transpose()?,
         })
     }
 }

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use crate::actuator::{ActReport, Actuator, Mode, Outputs};
 use crate::coder::types::Workspace;
-use crate::coder::{CoderClient, CoderError};
+use crate::coder::{ClientOptions, CoderClient, CoderError};
 use crate::config::{GpuSourceSettings, Settings};
 use crate::decide::{Decision, FleetOutcome};
 use crate::error::Error;
@@ -19,6 +19,7 @@ use crate::evaluate::Evaluator;
 use crate::gpu::Sources;
 use crate::gpu::exporter::ExporterSource;
 use crate::gpu::prometheus::PrometheusSource;
+use crate::http::Secret;
 use crate::metrics::Metrics;
 use crate::report::{self, State};
 use crate::startup::{Identity, confirm_owner};
@@ -56,22 +57,32 @@ pub struct Application {
 
 /// The Coder client the settings describe, counting its requests in `metrics`.
 pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>) -> Result<CoderClient, Error> {
-    Ok(CoderClient::new(&settings.coder_url, settings.token.clone(), settings.request_timeout, settings.api_retry)?
-        .with_observer(metrics.observer()))
+    let options = ClientOptions {
+        tls: settings.tls.clone(),
+        max_listing_bytes: settings.limits.listing,
+        ..ClientOptions::new(settings.request_timeout, settings.api_retry)
+    };
+    Ok(CoderClient::with_options(&settings.coder_url, settings.token.clone(), options)?.with_observer(metrics.observer()))
 }
 
 /// The GPU source the settings describe.
 pub fn gpu_source(settings: &Settings) -> Result<Sources, Error> {
     Ok(match &settings.gpu {
-        GpuSourceSettings::Exporters(targets) => {
-            Sources::Exporters(ExporterSource::new(targets.clone(), settings.ownership.clone(), settings.request_timeout)?)
-        }
-        GpuSourceSettings::Prometheus(url) => Sources::Prometheus(PrometheusSource::new(
+        GpuSourceSettings::Exporters(targets) => Sources::Exporters(ExporterSource::with_options(
+            targets.clone(),
+            settings.ownership.clone(),
+            settings.request_timeout,
+            &settings.tls,
+            settings.limits.exporter,
+        )?),
+        GpuSourceSettings::Prometheus(url) => Sources::Prometheus(PrometheusSource::with_options(
             url,
             settings.ownership.clone(),
             settings.policy.longest_lookback(),
             settings.interval,
             settings.request_timeout,
+            &settings.tls,
+            settings.limits.prometheus,
         )?),
     })
 }
@@ -164,8 +175,13 @@ impl Application {
     }
 
     /// Serves the HTTP API on `listener` and runs passes until shutdown.
-    pub async fn serve_and_run(self, listener: TcpListener, shutdown: watch::Receiver<bool>) -> Result<(), Error> {
-        let server = tokio::spawn(crate::serve::serve(listener, self.state.clone(), shutdown.clone()));
+    pub async fn serve_and_run(
+        self,
+        listener: TcpListener,
+        status_token: Option<Secret>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(), Error> {
+        let server = tokio::spawn(crate::serve::serve(listener, self.state.clone(), status_token, shutdown.clone()));
         self.run(shutdown).await;
         match tokio::time::timeout(Duration::from_secs(5), server).await {
             Ok(Ok(Err(e))) => Err(Error::runtime(format!("the HTTP server failed: {e}"))),

@@ -19,6 +19,7 @@ use crate::coder::types::Workspace;
 use crate::decide::Decision;
 use crate::duration::human;
 use crate::error::Error;
+use crate::http::{Tls, redact_webhook};
 
 /// What happened. The observe-mode kinds (`would_*`) are what enforce mode would have done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -157,11 +158,8 @@ struct WebhookBody<'a> {
 }
 
 impl Notifier {
-    pub fn new(url: Url) -> Result<Self, Error> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|e| Error::runtime(format!("cannot build the HTTP client: {e}")))?;
+    pub fn new(url: Url, tls: &Tls) -> Result<Self, Error> {
+        let http = crate::http::client(Duration::from_secs(5), Duration::from_secs(3), tls)?;
         Ok(Notifier { http, url })
     }
 
@@ -170,13 +168,16 @@ impl Notifier {
         let Ok(body) = serde_json::to_vec(&WebhookBody { text: event.text(), event }) else { return };
         let (http, url) = (self.http.clone(), self.url.clone());
         tokio::spawn(async move {
-            let result = http.post(url).header("Content-Type", "application/json").body(body).send().await;
+            let result = http.post(url.clone()).header("Content-Type", "application/json").body(body).send().await;
             match result {
                 Ok(r) if r.status().is_success() => {}
+                // The webhook URL is a secret (Slack's path is its key): only its host is logged.
                 Ok(r) => {
-                    tracing::warn!(event = "notify_failed", status = r.status().as_u16(), "the notification webhook refused the event")
+                    tracing::warn!(event = "notify_failed", status = r.status().as_u16(), webhook = %redact_webhook(&url), "the notification webhook refused the event")
                 }
-                Err(e) => tracing::warn!(event = "notify_failed", error = %e.without_url(), "the notification webhook is unreachable"),
+                Err(e) => {
+                    tracing::warn!(event = "notify_failed", error = %crate::http::error_chain(&e.without_url()), webhook = %redact_webhook(&url), "the notification webhook is unreachable")
+                }
             }
         });
     }

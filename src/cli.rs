@@ -103,6 +103,10 @@ pub struct CommonArgs {
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub request_timeout: Option<Duration>,
 
+    /// PEM file of extra CAs to trust for Coder, the exporters, Prometheus and the webhook
+    #[arg(long, env = "SSL_CERT_FILE", value_name = "PATH", hide_env_values = true)]
+    pub ca_file: Option<PathBuf>,
+
     /// Log format [default: json for run, text otherwise]
     #[arg(long, value_name = "FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -133,8 +137,16 @@ pub struct RunOptions {
     pub audit_log: Option<PathBuf>,
 
     /// POST a JSON event (Slack-compatible `text`) on each warning and stop
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "notify_webhook_file")]
     pub notify_webhook: Option<String>,
+
+    /// Read the webhook URL from this file (it is a secret: keep it out of the pod spec)
+    #[arg(long, value_name = "PATH")]
+    pub notify_webhook_file: Option<PathBuf>,
+
+    /// Require `Authorization: Bearer <token in this file>` on the fleet-wide routes (/, /api/v1/workspaces)
+    #[arg(long, value_name = "PATH")]
+    pub status_token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]

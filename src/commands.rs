@@ -53,7 +53,7 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
     let app = Application::build(&settings, Role::Run).await?;
     let (tx, rx) = watch::channel(false);
     spawn_signal_handler(tx);
-    app.serve_and_run(listener, rx).await
+    app.serve_and_run(listener, settings.status_token.clone(), rx).await
 }
 
 pub async fn plan(settings: Settings, output: OutputFormat, sample_for: Option<Duration>) -> Result<String, Error> {

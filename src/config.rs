@@ -17,7 +17,7 @@ use crate::coder::SessionToken;
 use crate::error::Error;
 use crate::gpu::Ownership;
 use crate::gpu::exporter::ExporterTarget;
-use crate::http::http_url;
+use crate::http::{Secret, Tls, http_url};
 use crate::policy::{Policy, ReclaimWhen, Rule};
 use crate::retry::RetryPolicy;
 
@@ -45,6 +45,13 @@ pub struct FileConfig {
     pub listen: Option<String>,
     pub audit_log: Option<PathBuf>,
     pub notify_webhook: Option<String>,
+    pub notify_webhook_file: Option<PathBuf>,
+    pub status_token_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    /// Largest accepted bodies, MiB: the Coder listing, one exporter scrape, one Prometheus query.
+    pub max_listing_mib: Option<usize>,
+    pub max_exporter_body_mib: Option<usize>,
+    pub max_prometheus_body_mib: Option<usize>,
 
     #[serde(default, with = "crate::duration::opt")]
     pub idle_after: Option<Duration>,
@@ -119,11 +126,44 @@ pub struct Settings {
     pub listen: SocketAddr,
     pub audit_log: Option<PathBuf>,
     pub notify_webhook: Option<Url>,
+    /// Required as a bearer token on the fleet-wide HTTP routes, when set.
+    pub status_token: Option<Secret>,
+    /// Extra CAs every outgoing client trusts.
+    pub tls: Tls,
+    pub limits: BodyLimits,
     /// `run --enforce`; observe otherwise (and always for `plan` and `check`).
     pub mode: Mode,
     pub policy: Policy,
     /// Retries of one Coder call inside a pass (not a flag; tests shorten it).
     pub api_retry: RetryPolicy,
+}
+
+/// The largest bodies read from peers; a larger one fails that source or pass, never memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimits {
+    pub listing: usize,
+    pub exporter: usize,
+    pub prometheus: usize,
+}
+
+impl Default for BodyLimits {
+    /// Sized from the measured 10,000-workspace figures with room to spare: the listing is about
+    /// 42 MB, an exporter of 8 GPUs about 80 KB, 7 Prometheus queries about 105 MB in all.
+    fn default() -> Self {
+        BodyLimits {
+            listing: 256 << 20,
+            exporter: crate::gpu::exporter::DEFAULT_MAX_BODY,
+            prometheus: crate::gpu::prometheus::DEFAULT_MAX_BODY,
+        }
+    }
+}
+
+fn mib(setting: &str, v: Option<usize>, default: usize) -> Result<usize, Error> {
+    match v {
+        None => Ok(default),
+        Some(n) if (1..=4096).contains(&n) => Ok(n << 20),
+        Some(n) => err(format!("{setting} = {n} must be between 1 and 4096 (MiB), e.g. {}", default >> 20)),
+    }
 }
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
@@ -143,6 +183,9 @@ impl Settings {
             listen: DEFAULT_LISTEN,
             audit_log: None,
             notify_webhook: None,
+            status_token: None,
+            tls: Tls::default(),
+            limits: BodyLimits::default(),
             mode: Mode::Observe,
             policy: Policy::defaults(DEFAULT_INTERVAL),
             api_retry: RetryPolicy::for_api_calls(),
@@ -224,12 +267,32 @@ impl Settings {
                 .map_err(|e| Error::config(format!("listen = {s:?} in the config file: {e}; write e.g. \"0.0.0.0:9464\"")))?,
             (None, None) => DEFAULT_LISTEN,
         };
-        let notify_webhook = run
-            .notify_webhook
-            .or_else(|| file.notify_webhook.clone())
-            .filter(|s| !s.trim().is_empty())
-            .map(|u| http_url("--notify-webhook", &u, "https://hooks.slack.com/services/..."))
+        const HOOK_EXAMPLE: &str = "https://hooks.slack.com/services/...";
+        let notify_webhook = match (run.notify_webhook.filter(|s| !s.trim().is_empty()), run.notify_webhook_file) {
+            (Some(u), _) => Some(http_url("--notify-webhook", &u, HOOK_EXAMPLE)?),
+            (None, Some(path)) => Some(webhook_from_file(&path)?),
+            (None, None) => match (&file.notify_webhook, &file.notify_webhook_file) {
+                (Some(_), Some(_)) => return err("notify_webhook and notify_webhook_file are both in the config file: keep one"),
+                (Some(u), None) => Some(http_url("notify_webhook", u, HOOK_EXAMPLE)?),
+                (None, Some(path)) => Some(webhook_from_file(path)?),
+                (None, None) => None,
+            },
+        };
+        let status_token = run
+            .status_token_file
+            .or_else(|| file.status_token_file.clone())
+            .map(|p| Secret::from_file("--status-token-file", &p))
             .transpose()?;
+        let tls = match args.ca_file.clone().or_else(|| file.ca_file.clone()) {
+            Some(path) => Tls::from_pem_file(&path)?,
+            None => Tls::default(),
+        };
+        let defaults = BodyLimits::default();
+        let limits = BodyLimits {
+            listing: mib("max_listing_mib", file.max_listing_mib, defaults.listing)?,
+            exporter: mib("max_exporter_body_mib", file.max_exporter_body_mib, defaults.exporter)?,
+            prometheus: mib("max_prometheus_body_mib", file.max_prometheus_body_mib, defaults.prometheus)?,
+        };
         Ok(Settings {
             coder_url,
             token,
@@ -241,6 +304,9 @@ impl Settings {
             listen,
             audit_log: run.audit_log.or_else(|| file.audit_log.clone()),
             notify_webhook,
+            status_token,
+            tls,
+            limits,
             mode: if run.enforce { Mode::Enforce } else { Mode::Observe },
             policy,
             api_retry: RetryPolicy::for_api_calls(),
@@ -253,7 +319,7 @@ impl Settings {
             GpuSourceSettings::Exporters(e) => {
                 format!("dcgm_exporters={}", e.iter().map(ToString::to_string).collect::<Vec<_>>().join(","))
             }
-            GpuSourceSettings::Prometheus(p) => format!("prometheus_url={p}"),
+            GpuSourceSettings::Prometheus(p) => format!("prometheus_url={}", crate::http::redact(p)),
         };
         let t = &self.policy.thresholds;
         let when = match self.policy.reclaim_when {
@@ -262,13 +328,21 @@ impl Settings {
         };
         format!(
             "coder_url={} {gpu} interval={} idle_after={} grace={} reclaim_when={when} rules={}",
-            self.coder_url.as_str().trim_end_matches('/'),
+            crate::http::redact(&self.coder_url).trim_end_matches('/'),
             humantime::format_duration(self.interval),
             humantime::format_duration(t.idle_after),
             humantime::format_duration(t.grace),
             self.policy.rules.len()
         )
     }
+}
+
+/// The webhook URL from a file (a mounted Secret): the URL is a secret, so errors never echo it.
+fn webhook_from_file(path: &Path) -> Result<Url, Error> {
+    let secret = Secret::from_file("--notify-webhook-file", path)?;
+    http_url("--notify-webhook-file", secret.expose(), "https://hooks.slack.com/services/...").map_err(|_| {
+        Error::config(format!("--notify-webhook-file {}: does not hold an http(s) URL; write the webhook URL alone in it", path.display()))
+    })
 }
 
 fn ratio(setting: &str, v: Option<f64>, default: f64) -> Result<f64, Error> {

@@ -1,8 +1,13 @@
-//! What every outgoing HTTP client shares: parsing the URLs people configure (http or https, a
-//! host, nothing else). A leaf module: `coder/`, `gpu/` and `audit` use it, it uses nothing of
-//! this crate but `error`.
+//! What every outgoing HTTP client shares: parsing the URLs people configure, building clients
+//! that never follow a redirect and trust the configured extra CAs, reading bodies with a byte
+//! limit, and writing URLs into logs and labels without their secrets. A leaf module: `coder/`,
+//! `gpu/` and `audit` use it; it uses nothing of this crate but `error`.
 
-use reqwest::Url;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use reqwest::{Certificate, Url};
 
 use crate::error::Error;
 
@@ -10,12 +15,185 @@ use crate::error::Error;
 /// naming `setting` and an example of what to write instead.
 pub fn http_url(setting: &str, raw: &str, example: &str) -> Result<Url, Error> {
     let raw = raw.trim();
-    let bad = || Error::config(format!("{setting} {raw:?} is not an http(s) URL: pass e.g. {example}"));
+    let bad = || Error::config(format!("{setting} {:?} is not an http(s) URL: pass e.g. {example}", redact_str(raw)));
     let url = Url::parse(raw).map_err(|_| bad())?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
         return Err(bad());
     }
     Ok(url)
+}
+
+/// Trust settings every outgoing client shares: CAs added to the built-in roots.
+#[derive(Debug, Clone, Default)]
+pub struct Tls {
+    pub extra_roots: Vec<Certificate>,
+}
+
+impl Tls {
+    /// Reads a PEM bundle (`--ca-file`, `SSL_CERT_FILE`).
+    pub fn from_pem_file(path: &Path) -> Result<Self, Error> {
+        let pem = std::fs::read(path).map_err(|e| {
+            Error::config(format!("--ca-file {}: cannot read it ({e}); fix the path or unset SSL_CERT_FILE", path.display()))
+        })?;
+        let extra_roots = Certificate::from_pem_bundle(&pem).map_err(|e| {
+            Error::config(format!("--ca-file {}: not a PEM certificate bundle ({e}); pass the CA's PEM file", path.display()))
+        })?;
+        if extra_roots.is_empty() {
+            return Err(Error::config(format!("--ca-file {}: holds no certificate; pass the CA's PEM file", path.display())));
+        }
+        Ok(Tls { extra_roots })
+    }
+}
+
+/// A client that never follows redirects (a 3xx is an answer, reported as an error by the
+/// caller: a token must never leave the host it was configured for, and https must never turn
+/// into http), with the given timeouts and trust.
+pub fn client(timeout: Duration, connect_timeout: Duration, tls: &Tls) -> Result<reqwest::Client, Error> {
+    let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .connect_timeout(connect_timeout.min(timeout))
+        .user_agent(concat!("coder-gpu-reclaimer/", env!("CARGO_PKG_VERSION")));
+    for cert in &tls.extra_roots {
+        builder = builder.add_root_certificate(cert.clone());
+    }
+    builder.build().map_err(|e| Error::runtime(format!("cannot build the HTTP client: {e}")))
+}
+
+/// A secret read from a file (the status API's bearer token): never printed, compared in
+/// constant time.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Reads and trims the file; an empty one is an error naming `setting`.
+    pub fn from_file(setting: &str, path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::config(format!("{setting} {}: cannot read it ({e}); fix the path", path.display())))?;
+        let value = text.trim();
+        if value.is_empty() || value.chars().any(char::is_whitespace) {
+            return Err(Error::config(format!("{setting} {}: must hold one token, with no spaces", path.display())));
+        }
+        Ok(Secret(value.to_string()))
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Equal, in time that does not depend on where the first difference is.
+    pub fn matches(&self, offered: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), offered.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// The answer to a redirect: what was refused, naming the status and the target's host only.
+pub fn redirect_refused(status: u16, headers: &reqwest::header::HeaderMap) -> String {
+    let target = headers
+        .get(reqwest::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|l| Url::parse(l).ok())
+        .and_then(|u| u.host_str().map(str::to_string))
+        .unwrap_or_else(|| "the same host".into());
+    format!("HTTP {status}: a redirect to {target}, not followed (configure the final URL; credentials never leave the configured host)")
+}
+
+/// Why a body could not be read whole.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BodyError {
+    /// The peer sent more than the limit; reading stopped there.
+    TooLarge { limit: usize },
+    /// The connection broke or timed out while reading.
+    Transport(String),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::TooLarge { limit } => {
+                write!(f, "the body is larger than the limit of {} (raise it in the config file if this peer is real)", bytes_human(*limit))
+            }
+            BodyError::Transport(e) => write!(f, "reading the body failed: {e}"),
+        }
+    }
+}
+
+/// "64 MiB", "512 KiB", "100 B".
+pub fn bytes_human(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+/// Reads a whole body, chunk by chunk, stopping as soon as it passes `limit` bytes.
+pub async fn read_limited(mut resp: reqwest::Response, limit: usize) -> Result<Bytes, BodyError> {
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(BodyError::TooLarge { limit });
+    }
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| BodyError::Transport(error_chain(&e.without_url())))? {
+        if buf.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge { limit });
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+/// An error and its sources, joined: reqwest's own text stops at the outermost layer.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+/// A URL as logs and labels may show it: no user, password, query or fragment.
+pub fn redact(url: &Url) -> String {
+    let mut u = url.clone();
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    u.set_query(None);
+    u.set_fragment(None);
+    u.to_string()
+}
+
+/// A webhook URL as logs may show it: its path is the secret (Slack's is), so only the host.
+pub fn redact_webhook(url: &Url) -> String {
+    format!("{}://{}/…", url.scheme(), host_port(url))
+}
+
+/// `host:port`, for metric labels.
+pub fn host_port(url: &Url) -> String {
+    match (url.host_str(), url.port_or_known_default()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// `redact` for text that may or may not parse as a URL (user input in error messages).
+pub fn redact_str(raw: &str) -> String {
+    match Url::parse(raw) {
+        Ok(u) if u.has_host() => redact(&u),
+        _ => match raw.split_once('@') {
+            Some((_, rest)) if raw.contains("://") => format!("{}://{rest}", raw.split("://").next().unwrap_or("")),
+            _ => raw.to_string(),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -30,5 +208,22 @@ mod tests {
             assert_eq!(e.exit_code(), 2, "{bad}");
             assert!(e.message().starts_with("--x "), "{e}");
         }
+        let e = http_url("--x", "ftp://user:s3cret@host/x", "e").unwrap_err();
+        assert!(!e.message().contains("s3cret"), "{e}");
+    }
+
+    #[test]
+    fn secrets_never_reach_logs_or_labels() {
+        let u = Url::parse("https://user:s3cret@prom.example.com:9443/api?token=abc#frag").unwrap();
+        assert_eq!(redact(&u), "https://prom.example.com:9443/api");
+        assert_eq!(host_port(&u), "prom.example.com:9443");
+        let hook = Url::parse("https://hooks.slack.com/services/T000/B000/XXXXSECRET").unwrap();
+        assert_eq!(redact_webhook(&hook), "https://hooks.slack.com:443/…");
+        assert_eq!(host_port(&Url::parse("http://10.0.0.7/metrics").unwrap()), "10.0.0.7:80");
+    }
+
+    #[test]
+    fn sizes_for_people() {
+        assert_eq!([bytes_human(64 << 20), bytes_human(512 << 10), bytes_human(100)], ["64 MiB", "512 KiB", "100 B"]);
     }
 }

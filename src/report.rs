@@ -22,12 +22,20 @@ pub struct State {
     pub metrics: Arc<Metrics>,
     status: RwLock<Arc<StatusDocument>>,
     last_good_pass: Mutex<Option<Instant>>,
+    /// The end of the latest pass, good or failed (or the start): the loop is alive.
+    last_pass_end: Mutex<Instant>,
     pub interval: Duration,
 }
 
 impl State {
     pub fn new(metrics: Arc<Metrics>, mode: Mode, interval: Duration) -> Self {
-        State { metrics, status: RwLock::new(Arc::new(StatusDocument::empty(mode.as_str()))), last_good_pass: Mutex::new(None), interval }
+        State {
+            metrics,
+            status: RwLock::new(Arc::new(StatusDocument::empty(mode.as_str()))),
+            last_good_pass: Mutex::new(None),
+            last_pass_end: Mutex::new(Instant::now()),
+            interval,
+        }
     }
 
     pub fn status(&self) -> Arc<StatusDocument> {
@@ -48,6 +56,26 @@ impl State {
         if let Ok(mut t) = self.last_good_pass.lock() {
             *t = Some(Instant::now());
         }
+        self.mark_pass_end();
+    }
+
+    fn mark_pass_end(&self) {
+        if let Ok(mut t) = self.last_pass_end.lock() {
+            *t = Instant::now();
+        }
+    }
+
+    /// Alive while passes keep ending (good or failed): none for three intervals (plus the
+    /// longest a pass may take) means the loop hung.
+    pub fn alive(&self) -> Result<(), String> {
+        let last = self.last_pass_end.lock().map(|t| *t).unwrap_or_else(|p| *p.into_inner());
+        let limit = self.interval * 3 + Duration::from_secs(30);
+        let since = last.elapsed();
+        if since > limit {
+            Err(format!("no pass has ended for {}s (limit {}s): the loop is stuck", since.as_secs(), limit.as_secs()))
+        } else {
+            Ok(())
+        }
     }
 
     /// Ready when the latest good pass finished within three intervals.
@@ -64,7 +92,7 @@ impl State {
 fn scrape_failures(metrics: &Metrics, failures: &[SourceFailure]) {
     for f in failures {
         tracing::warn!(event = "scrape_failed", source = %f.source, error = %f.error, "GPU source failed; its workspaces are unknown this pass");
-        metrics.scrape_errors.get_or_create(&SourceLabels { source: f.source.clone() }).inc();
+        metrics.scrape_errors.get_or_create(&SourceLabels { source: f.host.clone() }).inc();
     }
 }
 
@@ -73,6 +101,7 @@ pub fn failed_pass(state: &State, error: &CoderError, failures: &[SourceFailure]
     scrape_failures(&state.metrics, failures);
     tracing::error!(event = "pass_failed", error = %error, "cannot list workspaces; nothing is stopped this pass");
     state.metrics.passes.get_or_create(&PassLabels { result: "failed" }).inc();
+    state.mark_pass_end();
 }
 
 /// Publishes one pass. `mode` phrases warning countdowns (plan reports as observe).
@@ -134,4 +163,22 @@ pub fn publish(state: &State, eval: &Evaluation, windows: &Windows, policy: &Pol
         duration_ms = eval.started.elapsed().as_millis() as u64,
         "pass done"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alive_until_no_pass_has_ended_for_three_intervals() {
+        let state = State::new(Arc::new(Metrics::new()), Mode::Observe, Duration::from_secs(60));
+        assert!(state.alive().is_ok(), "alive at start");
+        assert!(state.ready().is_err(), "not ready before the first pass");
+        let long_ago = Instant::now().checked_sub(Duration::from_secs(3 * 60 + 31)).unwrap();
+        *state.last_pass_end.lock().unwrap() = long_ago;
+        let why = state.alive().unwrap_err();
+        assert!(why.contains("the loop is stuck"), "{why}");
+        state.mark_pass_end();
+        assert!(state.alive().is_ok(), "a pass that ended, even a failed one, shows the loop runs");
+    }
 }

@@ -72,7 +72,7 @@ where
             Attempt::Retry { error, after } => {
                 let Some(next) = backoff.next_backoff() else { return Err(error) };
                 let wait = after.map_or(next, |after| after.max(next));
-                if started.elapsed() + wait > policy.max_elapsed {
+                if started.elapsed().saturating_add(wait) > policy.max_elapsed {
                     return Err(error);
                 }
                 tokio::time::sleep(wait).await;

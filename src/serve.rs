@@ -1,60 +1,139 @@
 //! The HTTP server of `run`: `/metrics`, `/healthz`, `/readyz`, `/api/v1/workspaces` and
 //! `/api/v1/workspaces/{id}` (add `?format=text` for one line, as the workspace template's agent
 //! metadata shows it). It reads `State`; it never acts and never shows the token.
+//!
+//! Every workspace can reach this port, so it defends itself: a request's headers must arrive
+//! within `HEADER_TIMEOUT`, a connection lives at most `CONNECTION_TIMEOUT`, at most
+//! `MAX_CONNECTIONS` are open (more are closed at once), and with a status token the fleet-wide
+//! routes want `Authorization: Bearer <token>`. The per-workspace route stays open: the template's
+//! agent calls it, and the workspace id it needs is unguessable.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, Query, State as AxumState};
+use axum::extract::{Path, Query, Request, State as AxumState};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
+use crate::http::Secret;
 use crate::report::State;
 
 /// The status route; the workspace template's metadata script calls it (tests check the match).
 pub const WORKSPACE_ROUTE: &str = "/api/v1/workspaces/{id}";
+/// A client must send its request headers within this.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection, keep-alive included, lives at most this long.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections open at once; more are closed as they arrive.
+pub const MAX_CONNECTIONS: usize = 128;
 
-pub fn router(state: Arc<State>) -> Router {
+#[derive(Clone)]
+struct ServerState {
+    state: Arc<State>,
+    status_token: Option<Secret>,
+}
+
+pub fn router(state: Arc<State>, status_token: Option<Secret>) -> Router {
+    let s = ServerState { state, status_token };
+    let fleet = Router::new()
+        .route("/api/v1/workspaces", get(workspaces))
+        .route_layer(middleware::from_fn_with_state(s.clone(), require_status_token));
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/api/v1/workspaces", get(workspaces))
         .route(WORKSPACE_ROUTE, get(workspace))
-        .with_state(state)
+        .merge(fleet)
+        .with_state(s)
 }
 
 /// Serves until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            while !*shutdown.borrow() {
-                if shutdown.changed().await.is_err() {
-                    break;
-                }
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<State>,
+    status_token: Option<Secret>,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let router = router(state, status_token);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.changed() => return Ok(()),
+        };
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: wait a little rather than spin.
+                tracing::warn!(event = "accept_failed", error = %e, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-        })
-        .await
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream); // too many open: close at once instead of queueing memory
+            continue;
+        };
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(64 * 1024)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+            drop(slot);
+        });
+    }
 }
 
-async fn metrics(AxumState(state): AxumState<Arc<State>>) -> Response {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode()).into_response()
+async fn require_status_token(AxumState(s): AxumState<ServerState>, req: Request, next: Next) -> Response {
+    let Some(want) = &s.status_token else { return next.run(req).await };
+    let offered = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    match offered {
+        Some(t) if want.matches(t.trim()) => next.run(req).await,
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "this route needs the status token: send Authorization: Bearer <token>\n",
+        )
+            .into_response(),
+    }
 }
 
-async fn readyz(AxumState(state): AxumState<Arc<State>>) -> Response {
-    match state.ready() {
+async fn metrics(AxumState(s): AxumState<ServerState>) -> Response {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.state.metrics.encode()).into_response()
+}
+
+async fn healthz(AxumState(s): AxumState<ServerState>) -> Response {
+    match s.state.alive() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_string()).into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not alive: {why}\n")).into_response(),
+    }
+}
+
+async fn readyz(AxumState(s): AxumState<ServerState>) -> Response {
+    match s.state.ready() {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()).into_response(),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
     }
 }
 
-async fn workspaces(AxumState(state): AxumState<Arc<State>>) -> Response {
+async fn workspaces(AxumState(s): AxumState<ServerState>) -> Response {
     // Serialized from the shared document: no copy of 10,000 entries per request.
-    axum::Json(state.status().as_ref()).into_response()
+    axum::Json(s.state.status().as_ref()).into_response()
 }
 
 #[derive(Deserialize)]
@@ -62,8 +141,8 @@ struct FormatQuery {
     format: Option<String>,
 }
 
-async fn workspace(AxumState(state): AxumState<Arc<State>>, Path(id): Path<String>, Query(q): Query<FormatQuery>) -> Response {
-    let doc = state.status();
+async fn workspace(AxumState(s): AxumState<ServerState>, Path(id): Path<String>, Query(q): Query<FormatQuery>) -> Response {
+    let doc = s.state.status();
     let Some(entry) = doc.workspaces.iter().find(|w| w.id.eq_ignore_ascii_case(&id)) else {
         let msg = "no running workspace with this id in the latest pass";
         return match q.format.as_deref() {

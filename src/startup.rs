@@ -1,6 +1,6 @@
 //! Start-up against Coder, shared by `run`, `plan`, `check` and the demo: log Coder's version,
-//! confirm the token's user is an owner (only owners may stop other users' workspaces), only
-//! then send the rate-limit bypass header, and read the token's expiry.
+//! confirm the token's user is an owner (only owners may stop other users' workspaces), and
+//! read the token's expiry.
 
 use chrono::{DateTime, Utc};
 
@@ -34,7 +34,6 @@ pub async fn confirm_owner(coder: &CoderClient, token: &SessionToken) -> Result<
             me.username
         )));
     }
-    coder.enable_ratelimit_bypass();
     let token_expires_at = match token.key_id() {
         Some(id) => match coder.api_key(id).await {
             Ok(key) => Some(key.expires_at),

@@ -89,12 +89,13 @@ async fn coder_with_user(user_fixture: &str) -> MockServer {
 }
 
 #[tokio::test]
-async fn start_up_calls_and_the_bypass_header_after_owner_confirmation() {
+async fn start_up_calls_never_send_the_rate_limit_bypass() {
+    // Coder answers a non-owner's bypass header with 428 on every request, and one listing a
+    // minute never comes near the limit: the header is never sent.
     let server = coder_with_user("coder/user_owner.json").await;
     let key = fixture_json("coder/api_key.json");
     Mock::given(method("GET"))
         .and(path("/api/v2/users/me/keys/a1b2c3d4e5"))
-        .and(header("X-Coder-Bypass-Ratelimit", "true"))
         .respond_with(ResponseTemplate::new(200).set_body_json(key.clone()))
         .expect(1)
         .mount(&server)
@@ -109,7 +110,7 @@ async fn start_up_calls_and_the_bypass_header_after_owner_confirmation() {
         chrono::DateTime::parse_from_rfc3339(key["expires_at"].as_str().unwrap()).unwrap().to_rfc3339()
     );
     let reqs = server.received_requests().await.unwrap();
-    assert!(reqs[0].headers.get("X-Coder-Bypass-Ratelimit").is_none() && reqs[1].headers.get("X-Coder-Bypass-Ratelimit").is_none());
+    assert!(reqs.len() >= 3 && reqs.iter().all(|r| r.headers.get("X-Coder-Bypass-Ratelimit").is_none()));
 }
 
 #[tokio::test]
@@ -213,7 +214,7 @@ async fn errors_are_classified_carry_coders_words_and_never_retry_4xx() {
 }
 
 #[tokio::test]
-async fn a_429_waits_for_retry_after_then_succeeds() {
+async fn a_429_holds_the_route_until_retry_after_then_asks_again() {
     let server = MockServer::start().await;
     Mock::given(method("GET"))
         .respond_with(
@@ -229,10 +230,16 @@ async fn a_429_waits_for_retry_after_then_succeeds() {
         .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/workspaces_running.json")))
         .mount(&server)
         .await;
+    let c = client(&server, quick_retry());
     let started = Instant::now();
-    let list = client(&server, quick_retry()).running_workspaces().await.unwrap();
-    assert_eq!(list.len(), 2);
-    assert!(started.elapsed() >= Duration::from_secs(1), "Retry-After: 1 must be honoured ({:?})", started.elapsed());
+    let first = c.running_workspaces().await.unwrap_err();
+    assert_eq!(first.kind, ErrorKind::RateLimited);
+    assert!(started.elapsed() < Duration::from_millis(900), "no sleeping inside the call ({:?})", started.elapsed());
+    let held = c.running_workspaces().await.unwrap_err();
+    assert!(held.message.contains("rate limited by Coder; asking again in"), "{held}");
+    assert_eq!(server.received_requests().await.unwrap().len(), 1, "no request while the route is held");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(c.running_workspaces().await.unwrap().len(), 2, "asked again after Retry-After");
     assert_eq!(server.received_requests().await.unwrap().len(), 2);
 }
 

@@ -25,12 +25,17 @@ pub struct Service {
 
 impl Service {
     pub fn start(coder: &FakeCoder, exporters: &[String], token: &str, extra: &[&str]) -> Service {
+        Self::start_url(&coder.url(), exporters, token, extra)
+    }
+
+    /// `run --enforce` against any Coder URL (a hostile peer's, say).
+    pub fn start_url(coder_url: &str, exporters: &[String], token: &str, extra: &[&str]) -> Service {
         let mut cmd = Command::new(binary());
         cmd.args([
             "run",
             "--enforce",
             "--coder-url",
-            &coder.url(),
+            coder_url,
             "--interval",
             "1s",
             "--idle-after",
@@ -66,6 +71,10 @@ impl Service {
 
     pub fn events(&self, name: &str) -> Vec<Value> {
         self.logs.lock().unwrap().iter().filter(|v| v["event"] == name).cloned().collect()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn raw(&self) -> String {
@@ -268,9 +277,11 @@ async fn coder_5xx_bursts_and_429s_lose_nothing_and_never_double_stop() {
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
     until(&coder, "the idle one is stopped", Duration::from_secs(40), |w| w.ws_index(idle).is_some_and(|i| w.workspaces[i].pod.is_none()))
         .await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // A 429 defers the follow-up to a later pass (after its Retry-After), and 503s on the listing
+    // make passes slow: wait for the follow-up rather than for a fixed time.
+    svc.wait_event("stop_done", Duration::from_secs(40)).await;
     assert_eq!(coder.with(|w| (w.stop_builds_by(idle, "admin"), w.stop_builds_by(busy, "admin"))), (1, 0));
-    assert!(!svc.events("stop_done").is_empty(), "the stop was followed to the end despite 429s:\n{}", svc.raw());
+    assert!(!svc.events("rate_limited").is_empty(), "the 429s were seen and honoured:\n{}", svc.raw());
 }
 
 /// An exporter dies: its workspaces become unknown and stay up; the other exporter's idle

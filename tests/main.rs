@@ -12,5 +12,6 @@ mod deploy;
 mod e2e;
 mod expo;
 mod fakes;
+mod hostile;
 mod pipeline;
 mod sources;

@@ -264,7 +264,7 @@ async fn the_status_api_and_metrics_serve_what_they_promise() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (_tx, rx) = watch::channel(false);
-    tokio::spawn(coder_gpu_reclaimer::serve::serve(listener, h.app.state.clone(), rx));
+    tokio::spawn(coder_gpu_reclaimer::serve::serve(listener, h.app.state.clone(), None, rx));
     let http = reqwest::Client::new();
     let get = |p: &str| http.get(format!("http://{addr}{p}")).send();
     assert_eq!(get("/readyz").await.unwrap().status(), 503, "not ready before the first pass");

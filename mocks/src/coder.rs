@@ -37,6 +37,10 @@ pub struct Fault {
     /// held back this long: a client whose timeout is shorter never sees the 201.
     pub delay_reply_next: usize,
     pub reply_delay: Duration,
+    /// Every matching request is answered `307 Temporary Redirect` to this URL (an ingress or
+    /// proxy in front of Coder that redirects; a client that follows it replays the request,
+    /// token header included, to the other host).
+    pub redirect_to: Option<String>,
 }
 
 #[derive(Default)]
@@ -219,6 +223,7 @@ fn parse_bool(v: &str) -> Option<bool> {
 async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
     let mut delay_reply = Duration::ZERO;
+    let mut redirect = None;
     let fault = {
         let mut c = lock(&s.controls);
         c.requests.push((req.method().to_string(), req.uri().to_string()));
@@ -229,6 +234,7 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
         };
         if let Some((_, f)) = c.faults.iter_mut().find(|(p, _)| path.starts_with(p.as_str())) {
             let latency = f.latency;
+            redirect.clone_from(&f.redirect_to);
             if f.delay_reply_next > 0 {
                 f.delay_reply_next -= 1;
                 delay_reply = f.reply_delay;
@@ -247,6 +253,9 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
         }
         hit
     };
+    if let Some(to) = redirect {
+        return (StatusCode::TEMPORARY_REDIRECT, [("Location", to)]).into_response();
+    }
     if let Some((latency, status)) = fault {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;

@@ -1,26 +1,37 @@
 //! The Coder REST client: every call this service makes to Coder, with the session token header,
-//! timeouts, retries of transient failures (429/500/502/503/504, connection errors, timeouts) and
-//! errors that carry Coder's own `message` and `detail` plus what to do about them.
+//! timeouts, retries of transient failures (500/502/503/504, connection errors, timeouts),
+//! bounded bodies, no redirects (the token never leaves Coder's host), a 429 that holds the
+//! route until its `Retry-After` has passed (a later pass asks again; nothing sleeps inside one),
+//! and errors that carry Coder's own `message` and `detail` plus what to do about them.
 
 pub mod token;
 pub mod types;
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use reqwest::{Method, StatusCode, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::Error;
+use crate::http::{BodyError, Tls, error_chain, read_limited, redirect_refused};
 use crate::retry::{Attempt, RetryPolicy, retry};
 pub use token::SessionToken;
 use types::*;
 
 pub const TOKEN_HEADER: &str = "Coder-Session-Token";
-pub const BYPASS_RATELIMIT_HEADER: &str = "X-Coder-Bypass-Ratelimit";
+
+/// The longest `Retry-After` honoured: a larger (or absurd) value waits this long.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+/// How long a 429 without `Retry-After` holds its route (httprate's window is one minute).
+const DEFAULT_RATE_LIMIT_HOLD: Duration = Duration::from_secs(60);
+/// Error bodies are read up to this much (Coder's are a few hundred bytes).
+const MAX_ERROR_BODY: usize = 64 << 10;
+/// One workspace, build or user: a few KB each.
+const MAX_OBJECT_BODY: usize = 4 << 20;
 
 /// Called once per HTTP exchange with the route template (never a workspace id) and the status
 /// code, 0 when no response came. The metrics module counts these.
@@ -35,7 +46,7 @@ pub enum ErrorKind {
     NoPermission,
     /// 409: a build is already active, or the workspace was deleted.
     Conflict,
-    /// 429 after the retry budget was spent.
+    /// 429: the route is held until its `Retry-After` passed.
     RateLimited,
     /// Any other HTTP status.
     Status(u16),
@@ -77,13 +88,31 @@ pub enum StopOutcome {
     BuildActive(String),
 }
 
+/// How the client talks to Coder, besides where and as whom.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub timeout: Duration,
+    pub retry: RetryPolicy,
+    pub tls: Tls,
+    /// The running-workspace listing may be at most this large (about 4.2 KB per workspace).
+    pub max_listing_bytes: usize,
+}
+
+impl ClientOptions {
+    pub fn new(timeout: Duration, retry: RetryPolicy) -> Self {
+        ClientOptions { timeout, retry, tls: Tls::default(), max_listing_bytes: 256 << 20 }
+    }
+}
+
 #[derive(Clone)]
 pub struct CoderClient {
     http: reqwest::Client,
     base: String,
     token: SessionToken,
-    bypass_ratelimit: Arc<AtomicBool>,
     retry: RetryPolicy,
+    max_listing_bytes: usize,
+    /// Routes Coder rate-limited, and until when (from `Retry-After`).
+    held: Arc<Mutex<HashMap<&'static str, Instant>>>,
     observer: Option<RequestObserver>,
 }
 
@@ -95,18 +124,18 @@ impl fmt::Debug for CoderClient {
 
 impl CoderClient {
     pub fn new(base_url: &Url, token: SessionToken, timeout: Duration, retry: RetryPolicy) -> Result<Self, Error> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .user_agent(concat!("coder-gpu-reclaimer/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| Error::runtime(format!("cannot build the HTTP client: {e}")))?;
+        Self::with_options(base_url, token, ClientOptions::new(timeout, retry))
+    }
+
+    pub fn with_options(base_url: &Url, token: SessionToken, options: ClientOptions) -> Result<Self, Error> {
+        let http = crate::http::client(options.timeout, Duration::from_secs(5), &options.tls)?;
         Ok(CoderClient {
             http,
             base: base_url.as_str().trim_end_matches('/').to_string(),
             token,
-            bypass_ratelimit: Arc::new(AtomicBool::new(false)),
-            retry,
+            retry: options.retry,
+            max_listing_bytes: options.max_listing_bytes,
+            held: Arc::new(Mutex::new(HashMap::new())),
             observer: None,
         })
     }
@@ -114,12 +143,6 @@ impl CoderClient {
     pub fn with_observer(mut self, observer: RequestObserver) -> Self {
         self.observer = Some(observer);
         self
-    }
-
-    /// Sends `X-Coder-Bypass-Ratelimit: true` from now on. Call only after `me()` confirmed the
-    /// owner role: Coder answers a non-owner's bypass header with a plain-text 428.
-    pub fn enable_ratelimit_bypass(&self) {
-        self.bypass_ratelimit.store(true, Ordering::Relaxed);
     }
 
     /// `GET /api/v2/buildinfo` (no auth needed; the token is sent anyway).
@@ -146,6 +169,7 @@ impl CoderClient {
     pub async fn running_workspaces(&self) -> Result<Vec<Workspace>, CoderError> {
         const ENDPOINT: &str = "GET /api/v2/workspaces";
         let url = format!("{}/api/v2/workspaces?q=status%3Arunning", self.base);
+        self.check_hold(ENDPOINT)?;
         let resp: WorkspacesResponse = retry(self.retry, || self.list_once(ENDPOINT, &url)).await?;
         Ok(resp.workspaces)
     }
@@ -158,18 +182,26 @@ impl CoderClient {
         let status = resp.status();
         self.observe(endpoint, status.as_u16());
         if !status.is_success() {
-            let after = retry_after(resp.headers());
-            let body = resp.bytes().await.unwrap_or_default();
-            return self.status_failure(endpoint, status, &body, after);
+            return self.status_failure(endpoint, resp).await;
+        }
+        if resp.content_length().is_some_and(|n| n > self.max_listing_bytes as u64) {
+            return Attempt::Done(Err(self.too_large(endpoint)));
         }
         let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
         let parser = tokio::task::spawn_blocking(move || {
             serde_json::from_reader::<_, WorkspacesResponse>(std::io::BufReader::new(ChunkReader { rx, current: bytes::Bytes::new() }))
         });
         let mut stream_error = None;
+        let mut received = 0usize;
         loop {
             match resp.chunk().await {
                 Ok(Some(chunk)) => {
+                    received += chunk.len();
+                    if received > self.max_listing_bytes {
+                        drop(tx);
+                        let _ = parser.await;
+                        return Attempt::Done(Err(self.too_large(endpoint)));
+                    }
                     if tx.send(chunk).await.is_err() {
                         break; // the parser stopped early: it has an error to report
                     }
@@ -184,7 +216,7 @@ impl CoderClient {
         drop(tx);
         let parsed = parser.await;
         if let Some(e) = stream_error {
-            return body_failure(endpoint, &e);
+            return body_failure(endpoint, BodyError::Transport(error_chain(&e.without_url())));
         }
         match parsed {
             Ok(Ok(list)) => Attempt::Done(Ok(list)),
@@ -246,6 +278,7 @@ impl CoderClient {
         path_and_query: String,
         body: Option<&impl Serialize>,
     ) -> Result<T, CoderError> {
+        self.check_hold(endpoint)?;
         let url = format!("{}{}", self.base, path_and_query);
         let body = match body.map(serde_json::to_vec).transpose() {
             Ok(b) => b,
@@ -254,10 +287,34 @@ impl CoderClient {
         retry(policy, || self.try_once(method.clone(), endpoint, &url, body.as_deref())).await
     }
 
-    /// A request with the token, and the bypass header once the owner role is confirmed.
+    /// A request with the token (in its header only: never in a URL).
     fn request(&self, method: Method, url: &str) -> reqwest::RequestBuilder {
-        let req = self.http.request(method, url).header(TOKEN_HEADER, self.token.expose()).header("Accept", "application/json");
-        if self.bypass_ratelimit.load(Ordering::Relaxed) { req.header(BYPASS_RATELIMIT_HEADER, "true") } else { req }
+        self.http.request(method, url).header(TOKEN_HEADER, self.token.expose()).header("Accept", "application/json")
+    }
+
+    /// Fails at once while Coder's `Retry-After` for this route has not passed.
+    fn check_hold(&self, endpoint: &'static str) -> Result<(), CoderError> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        match held.get(endpoint) {
+            Some(until) if *until > Instant::now() => {
+                let left = until.saturating_duration_since(Instant::now()).as_secs() + 1;
+                let message = format!("rate limited by Coder; asking again in {left}s (its Retry-After)");
+                Err(CoderError { kind: ErrorKind::RateLimited, endpoint, message })
+            }
+            Some(_) => {
+                held.remove(endpoint);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn too_large(&self, endpoint: &'static str) -> CoderError {
+        let limit = crate::http::bytes_human(self.max_listing_bytes);
+        let message = format!(
+            "the workspace listing is larger than max_listing_mib ({limit}); raise it in the config file if the fleet is that large"
+        );
+        CoderError { kind: ErrorKind::Decode, endpoint, message }
     }
 
     fn transport_failure<T>(&self, endpoint: &'static str, e: &reqwest::Error) -> Attempt<T, CoderError> {
@@ -268,17 +325,30 @@ impl CoderClient {
         Attempt::Retry { error, after: None }
     }
 
-    /// A non-2xx answer: transient ones are retried (honouring `Retry-After`), others are final.
-    fn status_failure<T>(
-        &self,
-        endpoint: &'static str,
-        status: StatusCode,
-        body: &[u8],
-        after: Option<Duration>,
-    ) -> Attempt<T, CoderError> {
-        let error = CoderError { kind: classify(status), endpoint, message: describe(status, body) };
+    /// A non-2xx answer: 5xx are retried, a 429 holds the route until its `Retry-After`, a
+    /// redirect is refused (and names only the target's host), others are final.
+    async fn status_failure<T>(&self, endpoint: &'static str, resp: reqwest::Response) -> Attempt<T, CoderError> {
+        let status = resp.status();
+        if status.is_redirection() {
+            let message = redirect_refused(status.as_u16(), resp.headers());
+            return Attempt::Done(Err(CoderError { kind: ErrorKind::Status(status.as_u16()), endpoint, message }));
+        }
+        let after = retry_after(resp.headers());
+        let body = read_limited(resp, MAX_ERROR_BODY).await.unwrap_or_default();
+        let error = CoderError { kind: classify(status), endpoint, message: describe(status, &body) };
         match status.as_u16() {
-            429 | 500 | 502 | 503 | 504 => Attempt::Retry { error, after },
+            429 => {
+                let hold = after.unwrap_or(DEFAULT_RATE_LIMIT_HOLD);
+                self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(endpoint, Instant::now() + hold);
+                tracing::warn!(
+                    event = "rate_limited",
+                    endpoint,
+                    retry_after_seconds = hold.as_secs(),
+                    "Coder rate-limited this route; the next pass after its Retry-After asks again"
+                );
+                Attempt::Done(Err(error))
+            }
+            500 | 502 | 503 | 504 => Attempt::Retry { error, after },
             _ => Attempt::Done(Err(error)),
         }
     }
@@ -300,16 +370,15 @@ impl CoderClient {
         };
         let status = resp.status();
         self.observe(endpoint, status.as_u16());
-        let retry_after = retry_after(resp.headers());
-        let bytes = match resp.bytes().await {
-            Ok(b) => b,
-            Err(e) => return body_failure(endpoint, &e),
-        };
-        if status.is_success() {
-            let bytes: &[u8] = if status == StatusCode::NO_CONTENT || bytes.is_empty() { b"null" } else { &bytes };
-            return Attempt::Done(serde_json::from_slice(bytes).map_err(|e| unexpected_body(endpoint, e)));
+        if !status.is_success() {
+            return self.status_failure(endpoint, resp).await;
         }
-        self.status_failure(endpoint, status, &bytes, retry_after)
+        let bytes = match read_limited(resp, MAX_OBJECT_BODY).await {
+            Ok(b) => b,
+            Err(e) => return body_failure(endpoint, e),
+        };
+        let bytes: &[u8] = if status == StatusCode::NO_CONTENT || bytes.is_empty() { b"null" } else { &bytes };
+        Attempt::Done(serde_json::from_slice(bytes).map_err(|e| unexpected_body(endpoint, e)))
     }
 
     fn observe(&self, endpoint: &'static str, status: u16) {
@@ -319,10 +388,15 @@ impl CoderClient {
     }
 }
 
-/// The connection broke while the body was read: worth another try.
-fn body_failure<T>(endpoint: &'static str, e: &reqwest::Error) -> Attempt<T, CoderError> {
-    let message = format!("reading the body failed: {}", error_chain(e));
-    Attempt::Retry { error: CoderError { kind: ErrorKind::Transport, endpoint, message }, after: None }
+/// The connection broke while the body was read (worth another try), or it was too large
+/// (final).
+fn body_failure<T>(endpoint: &'static str, e: BodyError) -> Attempt<T, CoderError> {
+    match e {
+        BodyError::Transport(_) => {
+            Attempt::Retry { error: CoderError { kind: ErrorKind::Transport, endpoint, message: e.to_string() }, after: None }
+        }
+        BodyError::TooLarge { .. } => Attempt::Done(Err(CoderError { kind: ErrorKind::Decode, endpoint, message: e.to_string() })),
+    }
 }
 
 /// A 2xx whose body is not what Coder sends: final.
@@ -382,20 +456,11 @@ fn describe(status: StatusCode, body: &[u8]) -> String {
     format!("HTTP {}: {}", status.as_u16(), if text.is_empty() { "(empty body)" } else { &text })
 }
 
+/// `Retry-After` in seconds, clamped to `MAX_RETRY_AFTER` (a huge value must not overflow a
+/// deadline). The HTTP-date form is not used by Coder and is ignored.
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    value.trim().parse::<u64>().ok().map(Duration::from_secs)
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
+    value.trim().parse::<u64>().ok().map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER))
 }
 
 /// Percent-encodes a path segment (ids are UUIDs, but never trust input to be one).
@@ -426,6 +491,17 @@ mod tests {
             describe(StatusCode::PRECONDITION_REQUIRED, plain),
             "HTTP 428: \"X-Coder-Bypass-Ratelimit\" provided but user is not owner"
         );
+    }
+
+    #[test]
+    fn retry_after_is_clamped() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(reqwest::header::RETRY_AFTER, "18446744073709551615".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(MAX_RETRY_AFTER));
+        h.insert(reqwest::header::RETRY_AFTER, "60".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(60)));
+        h.insert(reqwest::header::RETRY_AFTER, "Wed, 21 Oct 2015 07:28:00 GMT".parse().unwrap());
+        assert_eq!(retry_after(&h), None);
     }
 
     #[test]

@@ -14,11 +14,14 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::error::Error;
-use crate::http::http_url;
+use crate::http::{Tls, error_chain, host_port, http_url, read_limited, redact, redirect_refused};
 
 /// Scrapes in flight at once: bounds sockets and memory on large fleets (each body is parsed
 /// into readings inside its task and dropped there).
 const MAX_CONCURRENT_SCRAPES: usize = 32;
+/// One exporter's body at most: a node of 8 GPUs is about 80 KB (30 metrics each), a MIG node
+/// a few hundred KB; an endless body stops here instead of filling memory.
+pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 
 use super::{Collection, GpuReading, GpuSource, Ownership, SourceFailure, readings_from_exposition};
 
@@ -44,8 +47,8 @@ impl ExporterTarget {
 impl fmt::Display for ExporterTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ExporterTarget::Url(u) => write!(f, "{u}"),
-            ExporterTarget::Dns(u) => write!(f, "dns+{u}"),
+            ExporterTarget::Url(u) => write!(f, "{}", redact(u)),
+            ExporterTarget::Dns(u) => write!(f, "dns+{}", redact(u)),
         }
     }
 }
@@ -54,34 +57,42 @@ pub struct ExporterSource {
     http: reqwest::Client,
     targets: Vec<ExporterTarget>,
     ownership: Ownership,
+    max_body: usize,
 }
 
 impl ExporterSource {
     pub fn new(targets: Vec<ExporterTarget>, ownership: Ownership, timeout: Duration) -> Result<Self, Error> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(3)))
-            .build()
-            .map_err(|e| Error::runtime(format!("cannot build the HTTP client: {e}")))?;
-        Ok(ExporterSource { http, targets, ownership })
+        Self::with_options(targets, ownership, timeout, &Tls::default(), DEFAULT_MAX_BODY)
+    }
+
+    pub fn with_options(
+        targets: Vec<ExporterTarget>,
+        ownership: Ownership,
+        timeout: Duration,
+        tls: &Tls,
+        max_body: usize,
+    ) -> Result<Self, Error> {
+        let http = crate::http::client(timeout, Duration::from_secs(3), tls)?;
+        Ok(ExporterSource { http, targets, ownership, max_body })
     }
 
     /// The concrete URLs to scrape this pass, with failures for names that did not resolve.
-    async fn expand(&self) -> (Vec<String>, Vec<SourceFailure>) {
+    async fn expand(&self) -> (Vec<Url>, Vec<SourceFailure>) {
         let mut urls = Vec::new();
         let mut failures = Vec::new();
         for target in &self.targets {
             let url = match target {
                 ExporterTarget::Url(u) => {
-                    urls.push(u.to_string());
+                    urls.push(u.clone());
                     continue;
                 }
                 ExporterTarget::Dns(u) => u,
             };
+            let fail = |error: String| SourceFailure::new(format!("dns+{}", redact(url)), host_port(url), error);
             match resolve_all(url).await {
                 Ok(expanded) if !expanded.is_empty() => urls.extend(expanded),
-                Ok(_) => failures.push(SourceFailure { source: target.to_string(), error: "the name resolved to no address".into() }),
-                Err(e) => failures.push(SourceFailure { source: target.to_string(), error: e }),
+                Ok(_) => failures.push(fail("the name resolved to no address".into())),
+                Err(e) => failures.push(fail(e)),
             }
         }
         (urls, failures)
@@ -89,17 +100,17 @@ impl ExporterSource {
 }
 
 /// `http://name:port/path` -> one URL per resolved address.
-async fn resolve_all(url: &Url) -> Result<Vec<String>, String> {
+async fn resolve_all(url: &Url) -> Result<Vec<Url>, String> {
     let host = url.host_str().unwrap_or_default();
     let port = url.port_or_known_default().unwrap_or(80);
     let addrs = tokio::net::lookup_host((host, port)).await.map_err(|e| format!("cannot resolve {host}: {e}"))?;
-    let mut urls: Vec<String> = addrs
+    let mut urls: Vec<Url> = addrs
         .map(|a| {
             let mut u = url.clone();
             // An IP host and a port are always valid for an http(s) URL.
             let _ = u.set_ip_host(a.ip());
             let _ = u.set_port(Some(a.port()));
-            u.to_string()
+            u
         })
         .collect();
     urls.sort();
@@ -108,52 +119,62 @@ async fn resolve_all(url: &Url) -> Result<Vec<String>, String> {
 }
 
 /// Parses one exporter's body into readings; an empty or unparseable body is a failure.
-fn read_exposition(url: &str, body: &str, now: DateTime<Utc>, ownership: &Ownership) -> Result<Vec<GpuReading>, String> {
+fn read_exposition(source: &Arc<str>, body: &str, now: DateTime<Utc>, ownership: &Ownership) -> Result<Vec<GpuReading>, String> {
     if body.trim().is_empty() {
         return Err("empty body (the exporter is reloading, or has no GPUs)".into());
     }
-    let source: Arc<str> = Arc::from(url);
-    let (found, errors) = readings_from_exposition(body, now, &source, ownership);
+    let (found, errors) = readings_from_exposition(body, now, source, ownership);
     if found.is_empty() {
         return Err(errors.first().map_or("no DCGM GPU metrics in the response".to_string(), |e| format!("unparseable exposition ({e})")));
     }
     if !errors.is_empty() {
-        tracing::warn!(event = "scrape_malformed_lines", source = %url, count = errors.len(), first = %errors[0], "skipped malformed exposition lines");
+        tracing::warn!(event = "scrape_malformed_lines", source = %source, count = errors.len(), first = %errors[0], "skipped malformed exposition lines");
     }
     Ok(found)
 }
 
-async fn scrape(http: reqwest::Client, url: String) -> Result<String, String> {
+/// One scrape: the body as text, at most `max_body` bytes; a redirect is refused.
+async fn scrape(http: reqwest::Client, url: Url, max_body: usize) -> Result<String, String> {
     let resp =
-        http.get(&url).send().await.map_err(|e| if e.is_timeout() { "timed out".to_string() } else { format!("no response: {e}") })?;
+        http.get(url).send().await.map_err(|e| {
+            if e.is_timeout() { "timed out".to_string() } else { format!("no response: {}", error_chain(&e.without_url())) }
+        })?;
     let status = resp.status();
+    if status.is_redirection() {
+        return Err(redirect_refused(status.as_u16(), resp.headers()));
+    }
     if !status.is_success() {
         return Err(format!("HTTP {}", status.as_u16()));
     }
-    resp.text().await.map_err(|e| format!("reading the body failed: {e}"))
+    let body = read_limited(resp, max_body).await.map_err(|e| e.to_string())?;
+    String::from_utf8(body.into()).map_err(|_| "the body is not UTF-8 text".to_string())
 }
 
 impl GpuSource for ExporterSource {
     async fn collect(&self, now: DateTime<Utc>) -> Collection {
         let (urls, mut failures) = self.expand().await;
+        let requests = urls.len();
         let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_SCRAPES));
         let mut tasks = JoinSet::new();
-        for url in urls.iter().cloned() {
-            let (http, ownership, permits) = (self.http.clone(), self.ownership.clone(), permits.clone());
+        for url in urls {
+            let (http, ownership, permits, max_body) = (self.http.clone(), self.ownership.clone(), permits.clone(), self.max_body);
             tasks.spawn(async move {
                 let _permit = permits.acquire_owned().await;
-                let result = scrape(http, url.clone()).await.and_then(|body| read_exposition(&url, &body, now, &ownership));
-                (url, result)
+                // Logs, labels and the status API show the URL without credentials or query.
+                let source: Arc<str> = Arc::from(redact(&url));
+                let host = host_port(&url);
+                let result = scrape(http, url, max_body).await.and_then(|body| read_exposition(&source, &body, now, &ownership));
+                (source, host, result)
             });
         }
         let mut readings: Vec<GpuReading> = Vec::new();
         while let Some(joined) = tasks.join_next().await {
-            let Ok((url, result)) = joined else { continue };
+            let Ok((source, host, result)) = joined else { continue };
             match result {
                 Ok(found) => readings.extend(found),
-                Err(error) => failures.push(SourceFailure { source: url, error }),
+                Err(error) => failures.push(SourceFailure::new(source.to_string(), host, error)),
             }
         }
-        Collection { readings, failures, requests: urls.len() }
+        Collection { readings, failures, requests }
     }
 }

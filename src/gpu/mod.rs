@@ -44,8 +44,18 @@ pub struct GpuReading {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SourceFailure {
+    /// The URL without credentials or query (for logs and `check`).
     pub source: String,
+    /// `host:port` only (the metric label).
+    #[serde(skip)]
+    pub host: String,
     pub error: String,
+}
+
+impl SourceFailure {
+    pub fn new(source: String, host: String, error: String) -> Self {
+        SourceFailure { source, host, error }
+    }
 }
 
 /// What one collection round returned.

@@ -14,12 +14,20 @@ use tokio::task::JoinSet;
 
 use super::signals::{Signal, SignalValues, lookup};
 use crate::error::Error;
+use crate::http::{Tls, error_chain, host_port, read_limited, redact, redirect_refused};
 
 use super::{Collection, GpuKey, GpuReading, GpuSource, Ownership, SourceFailure};
+
+/// One query's body at most: 7 queries over 10,000 GPUs read about 105 MB in all.
+pub const DEFAULT_MAX_BODY: usize = 128 << 20;
 
 pub struct PrometheusSource {
     http: reqwest::Client,
     base: String,
+    /// The base URL as logs and labels show it.
+    shown: String,
+    host: String,
+    max_body: usize,
     ownership: Ownership,
     /// How far back each query reaches (the longest rule's look-back).
     range: Duration,
@@ -44,22 +52,49 @@ struct MatrixData {
     result: Vec<Series>,
 }
 
-#[derive(Deserialize)]
-struct Series {
-    metric: HashMap<String, String>,
+/// One series of a `query_range` answer.
+#[derive(Debug, Deserialize)]
+pub struct Series {
+    pub metric: HashMap<String, String>,
     #[serde(default)]
-    values: Vec<(f64, String)>,
+    pub values: Vec<(f64, String)>,
+}
+
+/// Decodes a `query_range` answer: the series of a `matrix`, or what went wrong. Never panics,
+/// whatever the bytes.
+pub fn parse_matrix(status: u16, body: &[u8]) -> Result<Vec<Series>, String> {
+    let envelope: Envelope = serde_json::from_slice(body).map_err(|_| format!("HTTP {status}: not a Prometheus API response"))?;
+    if envelope.status != "success" || !(200..300).contains(&status) {
+        return Err(format!("HTTP {status}: {} {}", envelope.error_type, envelope.error).trim_end().to_string());
+    }
+    let data = envelope.data.ok_or("success without data")?;
+    if data.result_type != "matrix" {
+        return Err(format!("expected a matrix, got {}", data.result_type));
+    }
+    Ok(data.result)
 }
 
 impl PrometheusSource {
     pub fn new(base: &Url, ownership: Ownership, range: Duration, step: Duration, timeout: Duration) -> Result<Self, Error> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|e| Error::runtime(format!("cannot build the HTTP client: {e}")))?;
+        Self::with_options(base, ownership, range, step, timeout, &Tls::default(), DEFAULT_MAX_BODY)
+    }
+
+    pub fn with_options(
+        base: &Url,
+        ownership: Ownership,
+        range: Duration,
+        step: Duration,
+        timeout: Duration,
+        tls: &Tls,
+        max_body: usize,
+    ) -> Result<Self, Error> {
+        let http = crate::http::client(timeout, Duration::from_secs(5), tls)?;
         Ok(PrometheusSource {
             http,
             base: base.as_str().trim_end_matches('/').to_string(),
+            shown: redact(base).trim_end_matches('/').to_string(),
+            host: host_port(base),
+            max_body,
             ownership,
             range,
             step: step.max(Duration::from_secs(1)),
@@ -73,26 +108,25 @@ impl PrometheusSource {
     }
 }
 
-async fn query_range(http: reqwest::Client, base: String, query: String, start: f64, end: f64, step: f64) -> Result<Vec<Series>, String> {
-    let url = format!("{base}/api/v1/query_range");
+struct Query {
+    http: reqwest::Client,
+    base: String,
+    max_body: usize,
+}
+
+async fn query_range(q: Query, query: String, start: f64, end: f64, step: f64) -> Result<Vec<Series>, String> {
+    let url = format!("{}/api/v1/query_range", q.base);
     let params = [("query", query), ("start", format!("{start:.3}")), ("end", format!("{end:.3}")), ("step", format!("{step}s"))];
-    let resp = http
-        .get(&url)
-        .query(&params)
-        .send()
-        .await
-        .map_err(|e| if e.is_timeout() { "timed out".to_string() } else { format!("no response: {e}") })?;
+    let resp =
+        q.http.get(&url).query(&params).send().await.map_err(|e| {
+            if e.is_timeout() { "timed out".to_string() } else { format!("no response: {}", error_chain(&e.without_url())) }
+        })?;
     let status = resp.status();
-    let body = resp.text().await.map_err(|e| format!("reading the body failed: {e}"))?;
-    let envelope: Envelope = serde_json::from_str(&body).map_err(|_| format!("HTTP {}: not a Prometheus API response", status.as_u16()))?;
-    if envelope.status != "success" || !status.is_success() {
-        return Err(format!("HTTP {}: {} {}", status.as_u16(), envelope.error_type, envelope.error).trim_end().to_string());
+    if status.is_redirection() {
+        return Err(redirect_refused(status.as_u16(), resp.headers()));
     }
-    let data = envelope.data.ok_or("success without data")?;
-    if data.result_type != "matrix" {
-        return Err(format!("expected a matrix, got {}", data.result_type));
-    }
-    Ok(data.result)
+    let body = read_limited(resp, q.max_body).await.map_err(|e| e.to_string())?;
+    parse_matrix(status.as_u16(), &body)
 }
 
 impl GpuSource for PrometheusSource {
@@ -101,11 +135,11 @@ impl GpuSource for PrometheusSource {
         let start = end - self.range.as_secs_f64();
         let mut tasks = JoinSet::new();
         for signal in Signal::ALL {
-            let (http, base, query) = (self.http.clone(), self.base.clone(), Self::query_for(signal));
+            let q = Query { http: self.http.clone(), base: self.base.clone(), max_body: self.max_body };
             let step = self.step.as_secs_f64();
-            tasks.spawn(async move { (signal, query_range(http, base, query, start, end, step).await) });
+            tasks.spawn(async move { (signal, query_range(q, Self::query_for(signal), start, end, step).await) });
         }
-        let source: Arc<str> = Arc::from(self.base.as_str());
+        let source: Arc<str> = Arc::from(self.shown.as_str());
         let mut failures = Vec::new();
         let mut points: HashMap<(GpuKey, i64), GpuReading> = HashMap::new();
         while let Some(joined) = tasks.join_next().await {
@@ -113,7 +147,8 @@ impl GpuSource for PrometheusSource {
             let series = match result {
                 Ok(s) => s,
                 Err(error) => {
-                    failures.push(SourceFailure { source: self.base.clone(), error: format!("{} query: {error}", signal.as_str()) });
+                    let error = format!("{} query: {error}", signal.as_str());
+                    failures.push(SourceFailure::new(self.shown.clone(), self.host.clone(), error));
                     continue;
                 }
             };

@@ -107,6 +107,46 @@ impl GpuWindow {
     }
 }
 
+/// A workspace's GPU windows. A workspace has a handful of GPUs, so a `Vec` (a map's empty node
+/// alone is ~2 KB) searched in order; past `INDEX_FROM` windows (a hostile or misconfigured
+/// exporter can put thousands of series on one pod) a key index keeps each lookup constant-time.
+#[derive(Debug, Default)]
+struct WorkspaceWindows {
+    windows: Vec<GpuWindow>,
+    index: HashMap<GpuKey, usize>,
+}
+
+const INDEX_FROM: usize = 8;
+
+impl WorkspaceWindows {
+    fn position(&self, key: &GpuKey) -> Option<usize> {
+        if self.windows.len() > INDEX_FROM { self.index.get(key).copied() } else { self.windows.iter().position(|w| &w.key == key) }
+    }
+
+    fn push(&mut self, window: GpuWindow) -> usize {
+        self.windows.push(window);
+        let n = self.windows.len();
+        if n == INDEX_FROM + 1 {
+            self.index = self.windows.iter().enumerate().map(|(i, w)| (w.key.clone(), i)).collect();
+        } else if n > INDEX_FROM + 1 {
+            self.index.insert(self.windows[n - 1].key.clone(), n - 1);
+        }
+        n - 1
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&mut GpuWindow) -> bool) {
+        let before = self.windows.len();
+        self.windows.retain_mut(keep);
+        if self.windows.len() != before {
+            self.index = if self.windows.len() > INDEX_FROM {
+                self.windows.iter().enumerate().map(|(i, w)| (w.key.clone(), i)).collect()
+            } else {
+                HashMap::new()
+            };
+        }
+    }
+}
+
 /// All windows, keyed by workspace id.
 #[derive(Debug, Default)]
 pub struct Windows {
@@ -114,8 +154,7 @@ pub struct Windows {
     /// Samples a window holds at most (the look-back over the interval): reserved up front,
     /// so a full window costs no more than its samples.
     capacity: usize,
-    /// A workspace has a handful of GPUs: a Vec (not a map, whose empty node alone is ~2 KB).
-    by_workspace: HashMap<String, Vec<GpuWindow>>,
+    by_workspace: HashMap<String, WorkspaceWindows>,
 }
 
 impl Windows {
@@ -129,16 +168,15 @@ impl Windows {
     pub fn record(&mut self, reading: &GpuReading) {
         let Some(ws) = &reading.workspace_id else { return };
         let gpus = self.by_workspace.entry(ws.clone()).or_default();
-        let index = match gpus.iter().position(|w| w.key == reading.key) {
+        let index = match gpus.position(&reading.key) {
             Some(i) => i,
             None => {
                 let mut w = GpuWindow::new(reading.key.clone(), reading.source.clone());
                 w.samples.reserve_exact(self.capacity);
-                gpus.push(w);
-                gpus.len() - 1
+                gpus.push(w)
             }
         };
-        let window = &mut gpus[index];
+        let window = &mut gpus.windows[index];
         window.source = reading.source.clone();
         if window.model.is_none() {
             window.model.clone_from(&reading.model);
@@ -148,7 +186,7 @@ impl Windows {
 
     /// Flags every GPU last reported by a source that failed this pass (and clears the rest).
     pub fn mark_failed_sources(&mut self, failed: &HashSet<&str>) {
-        for window in self.by_workspace.values_mut().flat_map(|g| g.iter_mut()) {
+        for window in self.by_workspace.values_mut().flat_map(|g| g.windows.iter_mut()) {
             window.source_failed = failed.contains(window.source.as_ref());
         }
     }
@@ -160,13 +198,13 @@ impl Windows {
             if !live.contains(ws.as_str()) {
                 return false;
             }
-            gpus.retain_mut(|w| {
+            gpus.retain(|w| {
                 while w.samples.front().is_some_and(|s| s.at < cutoff) {
                     w.samples.pop_front();
                 }
                 !w.samples.is_empty()
             });
-            !gpus.is_empty()
+            !gpus.windows.is_empty()
         });
     }
 
@@ -176,7 +214,7 @@ impl Windows {
     }
 
     pub fn get(&self, workspace_id: &str) -> Option<&[GpuWindow]> {
-        self.by_workspace.get(workspace_id).map(Vec::as_slice)
+        self.by_workspace.get(workspace_id).map(|g| g.windows.as_slice())
     }
 
     pub fn workspace_count(&self) -> usize {
@@ -184,7 +222,7 @@ impl Windows {
     }
 
     pub fn sample_count(&self) -> usize {
-        self.by_workspace.values().flat_map(|g| g.iter()).map(|w| w.samples.len()).sum()
+        self.by_workspace.values().flat_map(|g| g.windows.iter()).map(|w| w.samples.len()).sum()
     }
 }
 
@@ -237,6 +275,32 @@ mod tests {
         let w = window(&[(0, 0.0), (60, 0.5), (60, 0.9), (30, 0.9)]);
         assert_eq!(w.samples.len(), 2);
         assert_eq!(w.max_since(Signal::GpuUtil, t(0)), Some(0.5));
+    }
+
+    #[test]
+    fn many_series_on_one_workspace_are_found_by_key() {
+        let mut ws = Windows::new(Duration::seconds(600), std::time::Duration::from_secs(10));
+        let reading = |i: usize, at: i64| GpuReading {
+            key: GpuKey { uuid: format!("GPU-{i}"), gpu_instance: None, pod: None },
+            workspace_id: Some("a".into()),
+            namespace: None,
+            model: None,
+            at: t(at),
+            values: util(0.0),
+            source: Arc::from("x"),
+        };
+        for at in [0, 10] {
+            for i in 0..20_000 {
+                ws.record(&reading(i, at));
+            }
+        }
+        let gpus = ws.get("a").unwrap();
+        assert_eq!(gpus.len(), 20_000);
+        assert!(gpus.iter().all(|w| w.samples.len() == 2), "each series kept its own window");
+        ws.prune(t(605), &HashSet::from(["a"]));
+        assert_eq!(ws.sample_count(), 20_000, "the first samples aged out");
+        ws.record(&reading(7, 20));
+        assert_eq!(ws.get("a").unwrap()[7].samples.len(), 2, "the index still finds keys after pruning");
     }
 
     #[test]

@@ -1,0 +1,304 @@
+//! Hostile and broken peers on loopback against the real binary: redirects that would carry the
+//! token away, a 307 on the stop POST, an absurd `Retry-After`, endless bodies (peak RSS read
+//! from /proc), slow connections against the HTTP server, the status token on the fleet routes,
+//! secrets in URLs kept out of logs and labels; and property tests that no parser the network
+//! feeds can panic.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::routing::get;
+use mocks::{FakeCoder, FakeExporter, Fault, Load};
+use proptest::prelude::*;
+use wiremock::matchers::any as any_request;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::common::{binary, fixture, fixture_json};
+use crate::e2e::{Service, until, world};
+
+const TOKEN: &str = "k3y1d00001-v3ryS3cr3tTok3nValue";
+
+/// Peak resident memory of a process, from /proc (KiB).
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn run_binary(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(binary())
+        .args(args)
+        .env("CODER_SESSION_TOKEN", TOKEN)
+        .env_remove("CODER_URL")
+        .env_remove("DCGM_EXPORTER_URLS")
+        .env_remove("CODER_GPU_RECLAIMER_CONFIG")
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// Serves `router` on a loopback port for the rest of the test.
+async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}")
+}
+
+/// A body that never ends (until the client hangs up, or 4 GiB, whichever comes first).
+fn endless(prefix: &'static str, repeat: String) -> Body {
+    let chunk = Bytes::from(repeat.repeat((64 * 1024 / repeat.len().max(1)).max(1)));
+    let stream = futures_util::stream::unfold(0usize, move |sent| {
+        let chunk = chunk.clone();
+        async move {
+            if sent > 4 << 30 {
+                return None;
+            }
+            let next = if sent == 0 { Bytes::from_static(prefix.as_bytes()) } else { chunk };
+            Some((Ok::<Bytes, std::io::Error>(next.clone()), sent + next.len().max(1)))
+        }
+    });
+    Body::from_stream(stream)
+}
+
+#[tokio::test]
+async fn a_redirect_never_carries_the_token_away() {
+    let sink = MockServer::start().await;
+    Mock::given(any_request()).respond_with(ResponseTemplate::new(200)).mount(&sink).await;
+    let coder = MockServer::start().await;
+    Mock::given(any_request())
+        .respond_with(ResponseTemplate::new(302).insert_header("Location", format!("{}/api/v2/buildinfo", sink.uri())))
+        .mount(&coder)
+        .await;
+    let (code, out) = tokio::task::spawn_blocking({
+        let url = coder.uri();
+        move || run_binary(&["plan", "--coder-url", &url, "--dcgm-exporter", "http://127.0.0.1:9/metrics", "--sample-for", "0s"])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("HTTP 302: a redirect to 127.0.0.1, not followed"), "{out}");
+    assert!(sink.received_requests().await.unwrap().is_empty(), "the redirect target never heard from us");
+    assert!(!out.contains("v3ryS3cr3t"), "{out}");
+}
+
+#[tokio::test]
+async fn a_307_on_the_stop_post_is_not_replayed() {
+    let sink = MockServer::start().await;
+    Mock::given(any_request()).respond_with(ResponseTemplate::new(201)).mount(&sink).await;
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap();
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| w.ws_index(a).is_some_and(|i| w.is_running(&w.workspaces[i]))).await;
+    coder.with(|w| w.set_load(a, Load::Idle));
+    coder.set_fault(
+        &format!("/api/v2/workspaces/{a}/builds"),
+        Fault { redirect_to: Some(format!("{}/steal", sink.uri())), ..Fault::default() },
+    );
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    let failed = svc.wait_event("stop_failed", Duration::from_secs(30)).await;
+    assert!(failed["error"].as_str().unwrap().contains("HTTP 307: a redirect to 127.0.0.1, not followed"), "{failed}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(sink.received_requests().await.unwrap().is_empty(), "neither the stop nor the token went to the redirect target");
+    assert_eq!(coder.with(|w| w.stop_builds_by(a, "admin")), 0);
+}
+
+#[tokio::test]
+async fn an_absurd_retry_after_is_clamped_not_a_crash() {
+    let coder = MockServer::start().await;
+    Mock::given(any_request())
+        .respond_with(
+            ResponseTemplate::new(503)
+                .insert_header("Retry-After", "18446744073709551615")
+                .set_body_json(serde_json::json!({"message": "Service unavailable."})),
+        )
+        .mount(&coder)
+        .await;
+    let started = Instant::now();
+    let (code, out) = tokio::task::spawn_blocking({
+        let url = coder.uri();
+        move || run_binary(&["plan", "--coder-url", &url, "--dcgm-exporter", "http://127.0.0.1:9/metrics", "--sample-for", "0s"])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(1), "a runtime failure, not a panic (101): {out}");
+    assert!(out.contains("HTTP 503"), "{out}");
+    assert!(started.elapsed() < Duration::from_secs(30), "gave up within the retry budget");
+}
+
+#[tokio::test]
+async fn an_endless_exporter_body_is_cut_off_at_its_limit() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let line = "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-1\",pod=\"x\"} 0\n".to_string();
+    let url =
+        serve(Router::new().route("/metrics", get(move || async move { endless("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n", line) }))).await;
+    let svc = Service::start(&coder, &[format!("{url}/metrics")], &coder.owner_token(), &[]);
+    let failed = svc.wait_event("scrape_failed", Duration::from_secs(20)).await;
+    assert!(failed["error"].as_str().unwrap().contains("larger than the limit of 16 MiB"), "{failed}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let peak = peak_rss_kib(svc.pid());
+    assert!(peak > 0 && peak < 120 * 1024, "peak RSS {peak} KiB with an endless exporter");
+}
+
+#[tokio::test]
+async fn an_endless_coder_listing_fails_the_pass_not_the_process() {
+    let owner = fixture("coder/user_owner.json");
+    let info = fixture("coder/buildinfo.json");
+    let ws = fixture_json("coder/workspaces_running.json")["workspaces"][0].to_string() + ",";
+    let router = Router::new()
+        .route("/api/v2/buildinfo", get(move || async move { info }))
+        .route("/api/v2/users/me", get(move || async move { owner }))
+        .route("/api/v2/workspaces", get(move || async move { endless("{\"workspaces\":[", ws) }));
+    let url = serve(router).await;
+    let dir = std::env::temp_dir().join(format!("cgr-endless-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("limits.toml");
+    std::fs::write(&config, "max_listing_mib = 16\n").unwrap();
+    let svc = Service::start_url(&url, &["http://127.0.0.1:9/metrics".into()], TOKEN, &["--config", config.to_str().unwrap()]);
+    let failed = svc.wait_event("pass_failed", Duration::from_secs(20)).await;
+    assert!(failed["error"].as_str().unwrap().contains("larger than max_listing_mib (16 MiB)"), "{failed}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(svc.events("pass_failed").len() >= 2, "the service keeps going");
+    let peak = peak_rss_kib(svc.pid());
+    assert!(peak > 0 && peak < 120 * 1024, "peak RSS {peak} KiB with an endless listing");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn slow_connections_cannot_exhaust_the_http_server() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap();
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    let addr = svc.addr().await;
+    let rss_before = peak_rss_kib(svc.pid());
+    let slow: Vec<TcpStream> = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || {
+            (0..600)
+                .filter_map(|_| {
+                    let mut s = TcpStream::connect(&addr).ok()?;
+                    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").ok()?; // never finishes its headers
+                    Some(s)
+                })
+                .collect()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(slow.len() > 100, "the connections were made");
+    tokio::time::sleep(Duration::from_secs(7)).await; // past the 5 s header timeout
+    let closed = tokio::task::spawn_blocking(move || {
+        slow.into_iter()
+            .filter(|s| {
+                let mut s = s.try_clone().unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                let mut buf = [0u8; 512];
+                // Closed by the server: EOF, a 408, or a reset; still open: a timeout.
+                match s.read(&mut buf) {
+                    Ok(_n) => true,
+                    Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+                }
+            })
+            .count()
+    })
+    .await
+    .unwrap();
+    assert!(closed >= 590, "the server closed the slow connections ({closed} of 600)");
+    let health = reqwest::get(format!("http://{addr}/healthz")).await.unwrap();
+    assert_eq!(health.status(), 200, "a normal request is served afterwards");
+    let peak = peak_rss_kib(svc.pid());
+    assert!(peak < rss_before + 64 * 1024, "600 slow connections cost {} KiB", peak.saturating_sub(rss_before));
+}
+
+#[tokio::test]
+async fn the_fleet_routes_need_the_status_token_and_a_workspace_route_does_not() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap();
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| w.ws_index(a).is_some_and(|i| w.is_running(&w.workspaces[i]))).await;
+    let dir = std::env::temp_dir().join(format!("cgr-status-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token_file = dir.join("status-token");
+    std::fs::write(&token_file, "st4tus-t0ken\n").unwrap();
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--status-token-file", token_file.to_str().unwrap()]);
+    let addr = svc.addr().await;
+    svc.wait_event("pass", Duration::from_secs(10)).await;
+    let http = reqwest::Client::new();
+    let fleet = format!("http://{addr}/api/v1/workspaces");
+    assert_eq!(http.get(&fleet).send().await.unwrap().status(), 401);
+    assert_eq!(http.get(&fleet).bearer_auth("wrong").send().await.unwrap().status(), 401);
+    let ok = http.get(&fleet).bearer_auth("st4tus-t0ken").send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert!(ok.text().await.unwrap().contains(&a.to_string()));
+    let one = http.get(format!("http://{addr}/api/v1/workspaces/{a}?format=text")).send().await.unwrap();
+    assert_eq!(one.status(), 200, "the template's agent reads its own line without a token");
+    assert!(!svc.raw().contains("st4tus-t0ken"), "the status token is never logged");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn secrets_in_urls_stay_out_of_logs_and_labels() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap();
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| w.ws_index(a).is_some_and(|i| w.is_running(&w.workspaces[i]))).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let with_credentials = format!("http://scraper:s3cretpass@{dead}/metrics?token=qu3rysecret");
+    let hook = format!("http://{dead}/services/T000/B000/W3bh00kS3cret");
+    let svc = Service::start(&coder, &[ex.url(), with_credentials], &coder.owner_token(), &["--notify-webhook", &hook]);
+    let addr = svc.addr().await;
+    svc.wait_event("scrape_failed", Duration::from_secs(15)).await;
+    svc.wait_event("notify_failed", Duration::from_secs(30)).await;
+    let metrics = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(&format!("coder_gpu_reclaimer_scrape_errors_total{{source=\"{dead}\"}}")), "host:port only:\n{metrics}");
+    let logs = svc.raw();
+    for secret in ["s3cretpass", "qu3rysecret", "W3bh00kS3cret", "scraper:"] {
+        assert!(!logs.contains(secret) && !metrics.contains(secret), "{secret} leaked:\n{logs}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The Coder listing parser (serde over the streamed body) never panics, whatever the bytes.
+    #[test]
+    fn coder_json_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let _ = serde_json::from_slice::<coder_gpu_reclaimer::coder::types::WorkspacesResponse>(&bytes);
+    }
+
+    /// Nor does it on a real listing with bytes flipped, cut short or spliced.
+    #[test]
+    fn mutated_coder_listings_never_panic(cut in 0usize..12_000, at in 0usize..12_000, byte in any::<u8>()) {
+        let mut body = fixture("coder/workspaces_running.json").into_bytes();
+        let at = at % body.len();
+        body[at] = byte;
+        body.truncate(cut.max(1).min(body.len()));
+        let _ = serde_json::from_slice::<coder_gpu_reclaimer::coder::types::WorkspacesResponse>(&body);
+    }
+
+    /// The Prometheus response parser never panics, whatever the bytes or a mutation of a real answer.
+    #[test]
+    fn prometheus_json_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048), at in 0usize..400, byte in any::<u8>()) {
+        let _ = coder_gpu_reclaimer::gpu::prometheus::parse_matrix(200, &bytes);
+        let mut real = br#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","UUID":"GPU-1","pod":"p"},"values":[[1700000000,"0"],[1700000060,"NaN"]]}]}}"#.to_vec();
+        let at = at % real.len();
+        real[at] = byte;
+        let _ = coder_gpu_reclaimer::gpu::prometheus::parse_matrix(200, &real);
+    }
+
+    /// The exposition parser, fed arbitrary bytes as text, never panics.
+    #[test]
+    fn exposition_never_panics(text in "\\PC{0,600}") {
+        let _ = coder_gpu_reclaimer::gpu::readings_from_exposition(
+            &text,
+            chrono::Utc::now(),
+            &std::sync::Arc::from("x"),
+            &coder_gpu_reclaimer::gpu::Ownership::default(),
+        );
+    }
+}
