@@ -6,6 +6,12 @@ locals {
   }, var.labels)
   token_secret = var.coder_session_token_secret != null ? var.coder_session_token_secret : "${local.name}-token"
   audit_path   = "/var/log/${local.name}/audit.jsonl"
+  secrets_dir  = "/var/run/secrets/${local.name}"
+  # Secrets are files, never arguments or env vars: a mounted Secret is updated in place when it
+  # is rotated (the service re-reads the token file), and the pod spec shows no value.
+  has_webhook      = var.notify_webhook != null
+  has_status_token = var.status_token != null
+  has_ca           = var.ca_pem != null
 
   # One to one onto the CLI of `coder-gpu-reclaimer run` (tests check every flag against it).
   args = concat(
@@ -20,8 +26,11 @@ locals {
     "--config", "/etc/${local.name}/policy.toml"],
     var.prometheus_url != null ? ["--prometheus-url", var.prometheus_url] : flatten([for u in var.dcgm_exporter_urls : ["--dcgm-exporter", u]]),
     var.enforce ? ["--enforce"] : [],
+    ["--token-file", "${local.secrets_dir}/token/token"],
     var.audit_log ? ["--audit-log", local.audit_path] : [],
-    var.notify_webhook != null ? ["--notify-webhook", var.notify_webhook] : [],
+    local.has_webhook ? ["--notify-webhook-file", "${local.secrets_dir}/notify/webhook"] : [],
+    local.has_status_token ? ["--status-token-file", "${local.secrets_dir}/status/token"] : [],
+    local.has_ca ? ["--ca-file", "/etc/${local.name}-ca/ca.pem"] : [],
   )
 }
 
@@ -41,6 +50,39 @@ resource "kubernetes_secret_v1" "token" {
     labels    = local.labels
   }
   data       = { token = var.coder_session_token }
+  depends_on = [kubernetes_namespace_v1.this]
+}
+
+resource "kubernetes_secret_v1" "notify" {
+  count = local.has_webhook ? 1 : 0
+  metadata {
+    name      = "${local.name}-notify"
+    namespace = var.namespace
+    labels    = local.labels
+  }
+  data       = { webhook = var.notify_webhook }
+  depends_on = [kubernetes_namespace_v1.this]
+}
+
+resource "kubernetes_secret_v1" "status_token" {
+  count = local.has_status_token ? 1 : 0
+  metadata {
+    name      = "${local.name}-status-token"
+    namespace = var.namespace
+    labels    = local.labels
+  }
+  data       = { token = var.status_token }
+  depends_on = [kubernetes_namespace_v1.this]
+}
+
+resource "kubernetes_config_map_v1" "ca" {
+  count = local.has_ca ? 1 : 0
+  metadata {
+    name      = "${local.name}-ca"
+    namespace = var.namespace
+    labels    = local.labels
+  }
+  data       = { "ca.pem" = var.ca_pem }
   depends_on = [kubernetes_namespace_v1.this]
 }
 
@@ -90,15 +132,6 @@ resource "kubernetes_deployment_v1" "this" {
           name  = local.name
           image = var.image
           args  = local.args
-          env {
-            name = "CODER_SESSION_TOKEN"
-            value_from {
-              secret_key_ref {
-                name = local.token_secret
-                key  = "token"
-              }
-            }
-          }
           port {
             name           = "http"
             container_port = var.listen_port
@@ -137,6 +170,35 @@ resource "kubernetes_deployment_v1" "this" {
             name       = "audit"
             mount_path = "/var/log/${local.name}"
           }
+          volume_mount {
+            name       = "token"
+            mount_path = "${local.secrets_dir}/token"
+            read_only  = true
+          }
+          dynamic "volume_mount" {
+            for_each = local.has_webhook ? [1] : []
+            content {
+              name       = "notify"
+              mount_path = "${local.secrets_dir}/notify"
+              read_only  = true
+            }
+          }
+          dynamic "volume_mount" {
+            for_each = local.has_status_token ? [1] : []
+            content {
+              name       = "status-token"
+              mount_path = "${local.secrets_dir}/status"
+              read_only  = true
+            }
+          }
+          dynamic "volume_mount" {
+            for_each = local.has_ca ? [1] : []
+            content {
+              name       = "ca"
+              mount_path = "/etc/${local.name}-ca"
+              read_only  = true
+            }
+          }
         }
         volume {
           name = "policy"
@@ -148,10 +210,86 @@ resource "kubernetes_deployment_v1" "this" {
           name = "audit"
           empty_dir {}
         }
+        volume {
+          name = "token"
+          secret {
+            secret_name = local.token_secret
+          }
+        }
+        dynamic "volume" {
+          for_each = local.has_webhook ? [1] : []
+          content {
+            name = "notify"
+            secret {
+              secret_name = kubernetes_secret_v1.notify[0].metadata[0].name
+            }
+          }
+        }
+        dynamic "volume" {
+          for_each = local.has_status_token ? [1] : []
+          content {
+            name = "status-token"
+            secret {
+              secret_name = kubernetes_secret_v1.status_token[0].metadata[0].name
+            }
+          }
+        }
+        dynamic "volume" {
+          for_each = local.has_ca ? [1] : []
+          content {
+            name = "ca"
+            config_map {
+              name = kubernetes_config_map_v1.ca[0].metadata[0].name
+            }
+          }
+        }
       }
     }
   }
   depends_on = [kubernetes_secret_v1.token]
+}
+
+# Every workspace can reach this service's port (the template's agent reads its own status line),
+# so it takes no other traffic, and it talks only to DNS and the ports it needs.
+resource "kubernetes_network_policy_v1" "this" {
+  count = var.network_policy ? 1 : 0
+  metadata {
+    name      = local.name
+    namespace = var.namespace
+    labels    = local.labels
+  }
+  spec {
+    pod_selector {
+      match_labels = { "app.kubernetes.io/name" = local.name }
+    }
+    policy_types = ["Ingress", "Egress"]
+    ingress {
+      ports {
+        port     = var.listen_port
+        protocol = "TCP"
+      }
+    }
+    egress {
+      ports {
+        port     = 53
+        protocol = "UDP"
+      }
+      ports {
+        port     = 53
+        protocol = "TCP"
+      }
+    }
+    egress {
+      dynamic "ports" {
+        for_each = var.egress_ports
+        content {
+          port     = ports.value
+          protocol = "TCP"
+        }
+      }
+    }
+  }
+  depends_on = [kubernetes_namespace_v1.this]
 }
 
 resource "kubernetes_service_v1" "this" {

@@ -17,7 +17,7 @@ variable "image" {
 
 variable "coder_url" {
   type        = string
-  description = "Coder's URL as seen from the cluster, e.g. http://coder.coder.svc.cluster.local or https://coder.example.com."
+  description = "Coder's URL as seen from the cluster, e.g. https://coder.example.com (https where you can: the owner token travels on it; add ca_pem for an internal CA)."
 }
 
 variable "coder_session_token" {
@@ -87,8 +87,34 @@ variable "policy_toml" {
 
 variable "notify_webhook" {
   type        = string
-  description = "POST a JSON event (Slack-compatible `text`) on each warning and stop."
+  description = "POST a JSON event (Slack-compatible `text`) on each warning and stop. A secret (Slack's URL is its key): kept in a Secret and mounted as a file."
   default     = null
+  sensitive   = true
+}
+
+variable "status_token" {
+  type        = string
+  description = "When set, / and /api/v1/workspaces (everyone's workspaces) require `Authorization: Bearer <this>`; the per-workspace route the template calls stays open."
+  default     = null
+  sensitive   = true
+}
+
+variable "ca_pem" {
+  type        = string
+  description = "PEM of extra CAs to trust (an internal CA in front of Coder or Prometheus), mounted and passed as --ca-file."
+  default     = null
+}
+
+variable "network_policy" {
+  type        = bool
+  description = "Create a NetworkPolicy: ingress only to the HTTP port; egress only to DNS and egress_ports."
+  default     = true
+}
+
+variable "egress_ports" {
+  type        = list(number)
+  description = "TCP ports the service may connect to: Coder (80/443 or its own), dcgm-exporter (9400), Prometheus (9090), the webhook (443)."
+  default     = [80, 443, 3000, 8080, 9090, 9400]
 }
 
 variable "audit_log" {

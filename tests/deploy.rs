@@ -296,3 +296,40 @@ fn the_policy_reference_names_every_key() {
         assert!(reference.contains(&format!("`{key}`")), "docs/policy.md does not describe `{key}`");
     }
 }
+
+#[test]
+fn secrets_are_mounted_files_and_a_network_policy_guards_the_pod() {
+    let bodies = tf_files("terraform");
+    let mut f = Found::default();
+    bodies.iter().for_each(|(_, b)| visit_body(b, &mut f));
+    let flags: Vec<&str> = f.strings.iter().map(|(s, _)| s.as_str()).filter(|s| s.starts_with("--")).collect();
+    for file_flag in ["--token-file", "--notify-webhook-file", "--status-token-file"] {
+        assert!(flags.contains(&file_flag), "the module passes {file_flag}: {flags:?}");
+    }
+    assert!(!flags.contains(&"--notify-webhook"), "the webhook URL is a secret: never an argument");
+    let main = std::fs::read_to_string(repo("terraform/main.tf")).unwrap();
+    assert!(!main.contains("CODER_SESSION_TOKEN"), "the token is a mounted file, not an env var");
+    let resources: Vec<String> =
+        bodies.iter().flat_map(|(_, b)| blocks(b, "resource")).filter_map(|r| r.labels.first().map(|l| l.as_str().to_string())).collect();
+    assert!(resources.iter().any(|r| r == "kubernetes_network_policy_v1"), "{resources:?}");
+    let variables = blocks(&bodies.iter().find(|(p, _)| p.ends_with("variables.tf")).unwrap().1, "variable");
+    for secret in ["coder_session_token", "notify_webhook", "status_token"] {
+        let v = variables.iter().find(|v| v.labels.first().is_some_and(|l| l.as_str() == secret)).unwrap();
+        let sensitive = v.body.attributes().find(|a| a.key.as_str() == "sensitive").map(|a| a.expr.clone());
+        assert_eq!(sensitive, Some(Expression::Bool(true)), "var.{secret} is sensitive");
+    }
+    let yaml = std::fs::read_to_string(repo("deploy/coder-gpu-reclaimer.yaml")).unwrap();
+    assert!(yaml.contains("kind: NetworkPolicy") && yaml.contains("- --token-file") && !yaml.contains("CODER_SESSION_TOKEN"));
+}
+
+#[test]
+fn the_dockerfile_pins_every_base_image_by_digest() {
+    let dockerfile = std::fs::read_to_string(repo("Dockerfile")).unwrap();
+    let froms: Vec<&str> = dockerfile.lines().filter(|l| l.starts_with("FROM ")).collect();
+    assert_eq!(froms.len(), 2, "{froms:?}");
+    for from in froms {
+        let image = from.split_whitespace().nth(1).unwrap();
+        let digest = image.split_once("@sha256:").map(|(_, d)| d).unwrap_or("");
+        assert!(digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()), "{from}: pin it by digest");
+    }
+}

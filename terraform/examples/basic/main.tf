@@ -21,7 +21,7 @@ module "gpu_reclaimer" {
   source = "../.."
 
   image               = "registry.example.com/platform/coder-gpu-reclaimer:0.1.0"
-  coder_url           = "http://coder.coder.svc.cluster.local"
+  coder_url           = "https://coder.example.com"
   coder_session_token = var.coder_session_token
   dcgm_exporter_urls  = ["dns+http://nvidia-dcgm-exporter.gpu-operator.svc.cluster.local:9400/metrics"]
   enforce             = false
