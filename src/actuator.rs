@@ -21,11 +21,29 @@ use crate::error::Error;
 use crate::evaluate::Evaluation;
 use crate::metrics::{Metrics, StopFailureLabels, StopLabels};
 use crate::retry::RetryPolicy;
+use crate::startup::Identity;
 
 /// How many times a stop is tried before it is abandoned (until the workspace's next build).
 pub const MAX_STOP_ATTEMPTS: u32 = 5;
 /// The longest wait between two attempts to stop one workspace.
 pub const MAX_STOP_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+/// Refuses to start when the token may not do what the mode needs: reading workspaces always,
+/// stopping them in enforce mode (in observe mode a missing stop permission is a warning, so a
+/// rollout can begin with a read-only token).
+pub fn require_permissions(mode: Mode, identity: &Identity) -> Result<(), Error> {
+    if let Some(why) = identity.cannot_read() {
+        return Err(Error::Config(why));
+    }
+    match (mode, identity.cannot_stop()) {
+        (_, None) => Ok(()),
+        (Mode::Enforce, Some(why)) => Err(Error::Config(why)),
+        (Mode::Observe, Some(why)) => {
+            tracing::warn!(event = "permission_missing", "{why}; observe mode goes on, but --enforce would refuse to start");
+            Ok(())
+        }
+    }
+}
 
 /// Observe (report only) or enforce (send stop builds).
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
@@ -73,6 +91,10 @@ enum StopState {
 #[derive(Debug, Clone)]
 struct TrackedStop {
     event: AuditEvent,
+    /// When the current state began (for a stop in flight: when it was sent).
+    since: DateTime<Utc>,
+    /// `stop_stuck` was reported for this stop build.
+    stuck: bool,
     /// The build the stop was decided on (the running start build): a different latest build
     /// in the listing means a new session, and tracking starts afresh.
     session: String,
@@ -97,6 +119,26 @@ impl Outputs {
     }
 }
 
+/// How often and how long the actuator tries.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StopLimits {
+    /// Between passes: a failed stop's first retry waits this long.
+    pub interval: std::time::Duration,
+    pub max_stops_per_pass: usize,
+    /// A stop build pending longer than this (no provisioner took it) is reported as stuck.
+    pub stop_timeout: std::time::Duration,
+}
+
+/// A stop build that has stayed pending longer than `stop_timeout`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StuckStop {
+    pub workspace_id: String,
+    pub workspace: String,
+    pub owner: String,
+    pub build_id: String,
+    pub pending_since: DateTime<Utc>,
+}
+
 /// What `act` did this pass (for tests, logs and the demo).
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct ActReport {
@@ -105,6 +147,8 @@ pub struct ActReport {
     pub build_active: Vec<String>,
     pub failed: Vec<String>,
     pub abandoned: Vec<String>,
+    /// Stop builds that became stuck this pass (reported once each).
+    pub stuck: Vec<String>,
 }
 
 /// One stop to attempt this pass.
@@ -120,6 +164,7 @@ pub struct Actuator {
     outputs: Outputs,
     backoff: RetryPolicy,
     max_stops_per_pass: usize,
+    stop_timeout: Duration,
     /// The token's user: stop builds it initiated are ours (a lost reply is recognised by it).
     self_id: Option<String>,
     tracked: HashMap<String, TrackedStop>,
@@ -133,19 +178,35 @@ impl Actuator {
         coder: CoderClient,
         metrics: Arc<Metrics>,
         outputs: Outputs,
-        interval: std::time::Duration,
-        max_stops_per_pass: usize,
+        limits: StopLimits,
         self_id: Option<String>,
     ) -> Self {
         // A failed stop waits one pass, then twice as long each time, at most 30 minutes.
+        let interval = limits.interval;
         let backoff =
             RetryPolicy { initial: interval, max_interval: MAX_STOP_BACKOFF.max(interval), max_elapsed: std::time::Duration::ZERO };
         tracing::info!(event = "mode", mode = mode.as_str(), "{}", mode.describe());
-        Actuator { mode, coder, metrics, outputs, backoff, max_stops_per_pass, self_id, tracked: HashMap::new(), reported: HashSet::new() }
+        Actuator {
+            mode,
+            coder,
+            metrics,
+            outputs,
+            backoff,
+            max_stops_per_pass: limits.max_stops_per_pass,
+            stop_timeout: crate::duration::chrono(limits.stop_timeout),
+            self_id,
+            tracked: HashMap::new(),
+            reported: HashSet::new(),
+        }
     }
 
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// The token's user changed (a rotated token of another account): its stops are ours.
+    pub fn set_self_id(&mut self, id: String) {
+        self.self_id = Some(id);
     }
 
     /// Stops being followed, retried later, or abandoned.
@@ -177,7 +238,7 @@ impl Actuator {
             return report;
         }
         self.announce_warnings(eval, AuditKind::Warn);
-        self.follow(now).await;
+        self.follow(now, &mut report).await;
         self.reconcile(now, &eval.workspaces);
         if eval.fleet.breaker.is_none() {
             let candidates = self.candidates(eval);
@@ -329,10 +390,8 @@ impl Actuator {
         tracing::info!(event = "stop_sent", workspace_id = %id, owner = %event.owner, reason = event.reason, build_id = %build_id, attempt = attempts, reply_lost = lost_reply, "{}", event.message);
         self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "enforce" }).inc();
         self.announce(&event, true);
-        self.tracked.insert(
-            id.clone(),
-            TrackedStop { event, session: c.session, attempts, state: StopState::InFlight { build_id: build_id.to_string() } },
-        );
+        let state = StopState::InFlight { build_id: build_id.to_string() };
+        self.tracked.insert(id.clone(), TrackedStop { event, since: now, stuck: false, session: c.session, attempts, state });
         report.stops_sent.push(id);
     }
 
@@ -351,19 +410,21 @@ impl Actuator {
             tracing::error!(event = "stop_abandoned", workspace_id = %id, owner = %event.owner, attempts, "giving up on stopping this workspace until its next build; look at its build log and the token's permissions in Coder");
             self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "abandoned" }).inc();
             self.announce(&event, true);
-            self.tracked.insert(id.clone(), TrackedStop { event, session, attempts, state: StopState::Abandoned { since: now } });
+            let state = StopState::Abandoned { since: now };
+            self.tracked.insert(id.clone(), TrackedStop { event, since: now, stuck: false, session, attempts, state });
             report.abandoned.push(id);
             return;
         }
         let delay = crate::duration::chrono(self.backoff.delay_for_attempt(attempts));
-        self.tracked
-            .insert(id.clone(), TrackedStop { event, session, attempts, state: StopState::Failed { retry_at: now + delay, failed_build } });
+        let state = StopState::Failed { retry_at: now + delay, failed_build };
+        self.tracked.insert(id.clone(), TrackedStop { event, since: now, stuck: false, session, attempts, state });
         report.failed.push(id);
     }
 
     /// Follows every in-flight stop build: `stop_done` when its job succeeds, `stop_failed`
-    /// (and a later retry) when it fails or is canceled.
-    async fn follow(&mut self, now: DateTime<Utc>) {
+    /// (and a later retry) when it fails or is canceled, `stop_stuck` (once, and never a second
+    /// stop) when its job stays pending past `stop_timeout`: no provisioner took it.
+    async fn follow(&mut self, now: DateTime<Utc>, report: &mut ActReport) {
         let in_flight: Vec<(String, String)> = self
             .tracked
             .iter()
@@ -382,6 +443,15 @@ impl Actuator {
             };
             let status = build.job.status;
             if !status.is_final() {
+                let stuck_timeout = self.stop_timeout;
+                if let Some(t) =
+                    self.tracked.get_mut(&id).filter(|t| !t.stuck && status == JobStatus::Pending && now - t.since >= stuck_timeout)
+                {
+                    t.stuck = true;
+                    tracing::error!(event = "stop_stuck", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, pending_for = %human(now - t.since), "the stop build is still pending: no provisioner has taken it; check the provisioner daemons in Coder (it is not sent again)");
+                    self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "stuck" }).inc();
+                    report.stuck.push(id.clone());
+                }
                 continue;
             }
             let Some(tracked) = self.tracked.remove(&id) else { continue };
@@ -395,6 +465,28 @@ impl Actuator {
                 self.fail(now, tracked.event, tracked.session, tracked.attempts, Some(build_id), &mut ignored);
             }
         }
+        self.metrics.stuck_stops.set(self.stuck_stops().len() as i64);
+    }
+
+    /// Stop builds reported stuck and still pending (for the status document).
+    pub fn stuck_stops(&self) -> Vec<StuckStop> {
+        let mut out: Vec<StuckStop> = self
+            .tracked
+            .values()
+            .filter(|t| t.stuck)
+            .filter_map(|t| match &t.state {
+                StopState::InFlight { build_id } => Some(StuckStop {
+                    workspace_id: t.event.workspace_id.clone(),
+                    workspace: t.event.workspace.clone(),
+                    owner: t.event.owner.clone(),
+                    build_id: build_id.clone(),
+                    pending_since: t.since,
+                }),
+                _ => None,
+            })
+            .collect();
+        out.sort_by(|a, b| a.workspace_id.cmp(&b.workspace_id));
+        out
     }
 
     async fn restore_ttls(&self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) {

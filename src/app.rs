@@ -4,14 +4,15 @@
 //! has none), report (status document, metrics, log line).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::actuator::{ActReport, Actuator, Mode, Outputs};
+use crate::actuator::require_permissions;
+use crate::actuator::{ActReport, Actuator, Mode, Outputs, StopLimits};
 use crate::coder::types::Workspace;
-use crate::coder::{ClientOptions, CoderClient, CoderError};
+use crate::coder::{ClientOptions, CoderClient, CoderError, TokenSource};
 use crate::config::{GpuSourceSettings, Settings};
 use crate::decide::{Decision, FleetOutcome};
 use crate::error::Error;
@@ -21,8 +22,9 @@ use crate::gpu::exporter::ExporterSource;
 use crate::gpu::prometheus::PrometheusSource;
 use crate::http::Secret;
 use crate::metrics::Metrics;
+use crate::report::TokenProblem;
 use crate::report::{self, State};
-use crate::startup::{Identity, confirm_owner};
+use crate::startup::{Identity, connect};
 
 /// What the service is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +55,12 @@ pub struct Application {
     pub coder: CoderClient,
     /// How warnings are phrased in the report (plan reports as observe).
     mode: Mode,
+    /// When the token was last asked about (expiry, permissions).
+    token_checked: Instant,
 }
+
+/// How often the token's expiry and permissions are asked about when it does not change.
+const TOKEN_RECHECK: Duration = Duration::from_secs(24 * 3600);
 
 /// The Coder client the settings describe, counting its requests in `metrics`.
 pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>) -> Result<CoderClient, Error> {
@@ -62,7 +69,11 @@ pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>) -> Result<Coder
         max_listing_bytes: settings.limits.listing,
         ..ClientOptions::new(settings.request_timeout, settings.api_retry)
     };
-    Ok(CoderClient::with_options(&settings.coder_url, settings.token.clone(), options)?.with_observer(metrics.observer()))
+    let token = match &settings.token_file {
+        Some(path) => TokenSource::file(settings.token.clone(), path.clone()),
+        None => TokenSource::fixed(settings.token.clone()),
+    };
+    Ok(CoderClient::with_options(&settings.coder_url, token, options)?.with_observer(metrics.observer()))
 }
 
 /// The GPU source the settings describe.
@@ -98,33 +109,61 @@ impl Application {
             Role::Run => Some(Outputs::open(settings)?),
             Role::Plan => None,
         };
-        let identity = confirm_owner(&coder, &settings.token).await?;
-        if let Some(exp) = identity.token_expires_at {
-            metrics.token_expiry.set(exp.timestamp() as f64);
-        }
         let mode = match role {
             Role::Run => settings.mode,
             Role::Plan => Mode::Observe,
         };
+        let identity = connect(&coder).await?;
+        require_permissions(mode, &identity)?;
+        if let Some(exp) = identity.token_expires_at {
+            metrics.token_expiry.set(exp.timestamp() as f64);
+        }
         let state = Arc::new(State::new(metrics.clone(), mode, settings.interval));
-        let actuator = outputs.map(|outputs| {
-            Actuator::new(
-                mode,
-                coder.clone(),
-                metrics,
-                outputs,
-                settings.interval,
-                settings.policy.max_stops_per_pass,
-                Some(identity.user_id.clone()),
-            )
-        });
+        let limits = StopLimits {
+            interval: settings.interval,
+            max_stops_per_pass: settings.policy.max_stops_per_pass,
+            stop_timeout: settings.policy.stop_timeout,
+        };
+        let actuator = outputs.map(|outputs| Actuator::new(mode, coder.clone(), metrics, outputs, limits, Some(identity.user_id.clone())));
         let evaluator = Evaluator::new(coder.clone(), source, settings.policy.clone(), settings.interval);
-        Ok(Application { state, evaluator, actuator, identity, coder, mode })
+        Ok(Application { state, evaluator, actuator, identity, coder, mode, token_checked: Instant::now() })
+    }
+
+    /// Re-reads the token file each pass; a new token (or a day since the last look) is asked
+    /// about again: expiry, permissions. A token that may not do what the mode needs fails
+    /// /readyz until a good one arrives.
+    async fn refresh_token(&mut self) {
+        let changed = self.coder.reload_token();
+        if !changed && self.token_checked.elapsed() < TOKEN_RECHECK {
+            return;
+        }
+        self.token_checked = Instant::now();
+        match connect(&self.coder).await {
+            Ok(identity) => {
+                if let Some(exp) = identity.token_expires_at {
+                    self.state.metrics.token_expiry.set(exp.timestamp() as f64);
+                }
+                match require_permissions(self.mode, &identity) {
+                    Ok(()) => {
+                        if matches!(self.state.token_problem(), Some(TokenProblem::Permission(_))) {
+                            self.state.set_token_problem(None);
+                        }
+                    }
+                    Err(e) => self.state.set_token_problem(Some(TokenProblem::Permission(e.message().to_string()))),
+                }
+                if let Some(a) = &mut self.actuator {
+                    a.set_self_id(identity.user_id.clone());
+                }
+                self.identity = identity;
+            }
+            Err(e) => tracing::warn!(event = "token_check_failed", error = %e, "cannot ask Coder about the token; trying again next pass"),
+        }
     }
 
     /// One pass: evaluate, act (when there is an actuator), report. Fails only when the listing
     /// fails; then nothing was decided and nothing is stopped.
     pub async fn pass(&mut self, shutdown: &watch::Receiver<bool>) -> Result<PassReport, CoderError> {
+        self.refresh_token().await;
         let eval = match self.evaluator.evaluate().await {
             Ok(e) => e,
             Err((error, failures)) => {
@@ -137,7 +176,8 @@ impl Application {
             None => ActReport::default(),
         };
         let in_flight = self.actuator.as_ref().map_or(0, Actuator::tracked_count);
-        report::publish(&self.state, &eval, self.evaluator.windows(), self.evaluator.policy(), self.mode, &acted, in_flight);
+        let stuck = self.actuator.as_ref().map(Actuator::stuck_stops).unwrap_or_default();
+        report::publish(&self.state, &eval, self.evaluator.windows(), self.evaluator.policy(), self.mode, &acted, in_flight, stuck);
         Ok(PassReport { workspaces: eval.workspaces, decisions: eval.decisions, fleet: eval.fleet, gpu_requests: eval.gpu_requests, acted })
     }
 

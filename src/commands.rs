@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::gpu::{GpuKey, GpuSource, Sources};
 use crate::metrics::Metrics;
 use crate::retry::RetryPolicy;
-use crate::startup::confirm_owner;
+use crate::startup::connect;
 
 /// Sets `shutdown` to true when SIGTERM or ctrl-c arrives (in a task of its own).
 pub fn spawn_signal_handler(shutdown: watch::Sender<bool>) {
@@ -128,10 +128,14 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
             return false;
         }
     };
-    let identity = match confirm_owner(&coder, &settings.token).await {
+    let identity = match connect(&coder).await {
         Ok(id) => {
-            line(true, "coder", &format!("{} reachable, version {}", settings.coder_url, id.coder_version));
-            line(true, "token", &format!("belongs to {:?}, an owner", id.username));
+            line(true, "coder", &format!("{} reachable, version {}", crate::http::redact(&settings.coder_url), id.coder_version));
+            line(true, "token", &format!("belongs to {:?}", id.username));
+            match id.cannot_read().or_else(|| id.cannot_stop()) {
+                None => line(true, "permission", "the token may read and stop workspaces (POST /api/v2/authcheck)"),
+                Some(why) => line(false, "permission", &why),
+            }
             Some(id)
         }
         Err(e) => {
@@ -166,8 +170,21 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
         line(false, "gpu source", "no GPU series at all: check the exporter URLs and that dcgm-exporter runs with --kubernetes");
     }
     if identity.is_some() {
-        match coder.running_workspaces().await {
-            Ok(ws) => {
+        match coder.listing().await {
+            Ok(listing) => {
+                match listing.clock_offset {
+                    Some(offset) if offset.num_seconds().abs() > crate::evaluate::CLOCK_SKEW_WARNING.num_seconds() => line(
+                        false,
+                        "clock",
+                        &format!(
+                            "Coder's clock is {}s off this machine's; decisions use Coder's, but fix NTP on one of them",
+                            offset.num_seconds()
+                        ),
+                    ),
+                    Some(offset) => line(true, "clock", &format!("Coder's clock is {}s off this machine's", offset.num_seconds())),
+                    None => line(false, "clock", "Coder's answer had no Date header: its clock cannot be compared"),
+                }
+                let ws = listing.workspaces;
                 let mapped: HashSet<&str> = collection.readings.iter().filter_map(|r| r.workspace_id.as_deref()).collect();
                 let covered = ws.iter().filter(|w| mapped.contains(w.id.as_str())).count();
                 line(true, "coverage", &format!("{covered} of {} running workspaces have GPU series mapped to them", ws.len()));

@@ -77,6 +77,9 @@ pub struct FileConfig {
     pub stale_after: Option<Duration>,
     pub max_stops_per_pass: Option<usize>,
     pub max_idle_fraction: Option<f64>,
+    pub reclaim_tasks: Option<bool>,
+    #[serde(default, with = "crate::duration::opt")]
+    pub stop_timeout: Option<Duration>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<Rule>,
 }
@@ -118,6 +121,8 @@ pub enum GpuSourceSettings {
 pub struct Settings {
     pub coder_url: Url,
     pub token: SessionToken,
+    /// Where the token was read from, when a file: it is re-read when it changes.
+    pub token_file: Option<PathBuf>,
     pub gpu: GpuSourceSettings,
     pub ownership: Ownership,
     pub interval: Duration,
@@ -175,6 +180,7 @@ impl Settings {
         Settings {
             coder_url,
             token,
+            token_file: None,
             gpu,
             ownership: Ownership::default(),
             interval: DEFAULT_INTERVAL,
@@ -213,12 +219,12 @@ impl Settings {
         // An explicit --token-file (or CODER_SESSION_TOKEN_FILE) wins over CODER_SESSION_TOKEN,
         // which wins over the config file's token_file.
         let from_file = |path: &Path| SessionToken::from_file(path).map_err(|e| Error::config(format!("--token-file: {e}")));
-        let token = match (&args.token_file, token_env.filter(|t| !t.trim().is_empty()), &file.token_file) {
-            (Some(path), _, _) => from_file(path)?,
+        let (token, token_file) = match (&args.token_file, token_env.filter(|t| !t.trim().is_empty()), &file.token_file) {
+            (Some(path), _, _) => (from_file(path)?, Some(path.clone())),
             (None, Some(t), _) => {
-                SessionToken::new(&t).map_err(|e| Error::config(format!("CODER_SESSION_TOKEN: {e}: set it to an owner token")))?
+                (SessionToken::new(&t).map_err(|e| Error::config(format!("CODER_SESSION_TOKEN: {e}: set it to an owner token")))?, None)
             }
-            (None, None, Some(path)) => from_file(path)?,
+            (None, None, Some(path)) => (from_file(path)?, Some(path.clone())),
             (None, None, None) => {
                 return err(
                     "no session token: set CODER_SESSION_TOKEN, or pass --token-file PATH (make one as an owner with `coder tokens create --lifetime 168h`)",
@@ -296,6 +302,7 @@ impl Settings {
         Ok(Settings {
             coder_url,
             token,
+            token_file,
             gpu,
             ownership: Ownership { namespace: file.namespace.clone(), workspace_id_label: file.workspace_id_label.clone() },
             interval,
@@ -404,6 +411,11 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
         );
     }
     p.max_stops_per_pass = file.max_stops_per_pass.unwrap_or(p.max_stops_per_pass);
+    p.reclaim_tasks = file.reclaim_tasks.unwrap_or(p.reclaim_tasks);
+    p.stop_timeout = file.stop_timeout.unwrap_or(p.stop_timeout);
+    if p.stop_timeout < interval {
+        return err("stop_timeout must be at least the interval: a stop build is looked at once a pass");
+    }
     for (i, r) in file.rules.iter().enumerate() {
         if r.template.is_none() && r.owner.is_none() && r.workspace.is_none() {
             return err(format!("rule {} matches everything: give it a template, owner or workspace pattern", i + 1));

@@ -43,6 +43,8 @@ impl Verdict {
 pub enum Reason {
     NotRunning,
     BuildActive,
+    Prebuild,
+    Task,
     Excluded,
     NoGpu,
     WaitingForGpu,
@@ -67,6 +69,8 @@ impl Reason {
         match self {
             Reason::NotRunning => "not-running",
             Reason::BuildActive => "build-active",
+            Reason::Prebuild => "prebuild",
+            Reason::Task => "task",
             Reason::Excluded => "excluded",
             Reason::NoGpu => "no-gpu",
             Reason::WaitingForGpu => "waiting-for-gpu",
@@ -173,6 +177,12 @@ impl Builder<'_> {
     }
 }
 
+/// Every agent connected once and is now `disconnected`: the pod was evicted or rescheduled.
+fn agent_lost(ws: &Workspace) -> bool {
+    let mut agents = ws.latest_build.agents().peekable();
+    agents.peek().is_some() && agents.all(|a| a.first_connected_at.is_some() && a.status == AgentStatus::Disconnected)
+}
+
 /// Build succeeded, but no agent has ever connected: the pod is Pending (no GPU for it).
 fn agent_never_connected(ws: &Workspace) -> bool {
     let mut agents = ws.latest_build.agents().peekable();
@@ -182,6 +192,7 @@ fn agent_never_connected(ws: &Workspace) -> bool {
 
 /// Judges one workspace. `prior_stop_at` is the stop time of a warning issued in an earlier
 /// pass (grace), which the caller remembers and clears when the verdict is no longer eligible.
+/// Coder's timestamps are read on this machine's clock; see `decide_with_coder_clock`.
 pub fn decide(
     now: DateTime<Utc>,
     ws: &Workspace,
@@ -189,8 +200,23 @@ pub fn decide(
     policy: &Policy,
     prior_stop_at: Option<DateTime<Utc>>,
 ) -> Decision {
+    decide_with_coder_clock(now, Duration::zero(), ws, gpus, policy, prior_stop_at)
+}
+
+/// `decide`, with Coder's clock `coder_offset` ahead of this machine's (negative: behind).
+/// `last_used_at` and build times are Coder's, so they are judged against `now + coder_offset`;
+/// GPU samples are this machine's, judged against `now`.
+pub fn decide_with_coder_clock(
+    now: DateTime<Utc>,
+    coder_offset: Duration,
+    ws: &Workspace,
+    gpus: Option<&[GpuWindow]>,
+    policy: &Policy,
+    prior_stop_at: Option<DateTime<Utc>>,
+) -> Decision {
+    let coder_now = now + coder_offset;
     let windows: Vec<&GpuWindow> = gpus.map(|g| g.iter().filter(|w| !w.samples.is_empty()).collect()).unwrap_or_default();
-    let b = Builder { ws, connection_idle: (now - ws.last_used_at).max(Duration::zero()) };
+    let b = Builder { ws, connection_idle: (coder_now - ws.last_used_at).max(Duration::zero()) };
     let build = &ws.latest_build;
     if build.job.status.is_active() {
         return b.out(
@@ -203,6 +229,15 @@ pub fn decide(
     if build.transition != Transition::Start || build.job.status != JobStatus::Succeeded {
         let msg = format!("latest build is {} ({})", build.transition.as_str(), build.status.as_str());
         return b.out(Verdict::Skip, Reason::NotRunning, msg, None);
+    }
+    // A stopped prebuild is never claimed, and Coder creates a replacement that asks for a GPU
+    // again; a Pending prebuild is not a person waiting.
+    if ws.is_prebuild() {
+        return b.out(Verdict::Skip, Reason::Prebuild, "a prebuilt workspace, waiting to be claimed".into(), None);
+    }
+    // Stopping a Task's workspace pauses an agent mid-work without telling anyone.
+    if ws.task_id.is_some() && !policy.reclaim_tasks {
+        return b.out(Verdict::Skip, Reason::Task, "backs a Coder Task (set reclaim_tasks = true to judge it)".into(), None);
     }
     let (th, exempt) = policy.for_workspace(ws);
     if exempt {
@@ -219,13 +254,22 @@ pub fn decide(
             None,
         );
     }
+    let fresh_gpu = windows.iter().any(|w| w.last_at().is_some_and(|t| now - t <= dur(policy.stale_after)));
+    if gpu_template && agent_lost(ws) && !fresh_gpu {
+        return b.out(
+            Verdict::Waiting,
+            Reason::WaitingForGpu,
+            "its agent lost its connection and no GPU reports for it: the pod was evicted or rescheduled and waits for a GPU".into(),
+            None,
+        );
+    }
     if windows.is_empty() {
         if gpu_template && !policy.gpu_templates.is_empty() {
             return b.out(Verdict::Unknown, Reason::NoGpuData, "a GPU template, but no GPU series maps to this workspace".into(), None);
         }
         return b.out(Verdict::Skip, Reason::NoGpu, "no GPU series maps to this workspace".into(), None);
     }
-    let mut d = judge_gpus(now, ws, &windows, policy, &th, b);
+    let mut d = judge_gpus(now, coder_now, ws, &windows, policy, &th, b);
     if d.is_stop_eligible() && !th.grace.is_zero() {
         let stop_at = prior_stop_at.unwrap_or(now + dur(th.grace));
         d.stop_at = Some(stop_at);
@@ -244,7 +288,15 @@ pub fn decide(
     d
 }
 
-fn judge_gpus(now: DateTime<Utc>, ws: &Workspace, windows: &[&GpuWindow], policy: &Policy, th: &Thresholds, b: Builder<'_>) -> Decision {
+fn judge_gpus(
+    now: DateTime<Utc>,
+    coder_now: DateTime<Utc>,
+    ws: &Workspace,
+    windows: &[&GpuWindow],
+    policy: &Policy,
+    th: &Thresholds,
+    b: Builder<'_>,
+) -> Decision {
     let idle_after = dur(th.idle_after);
     let span_start = now - idle_after;
     if let Some(w) = windows.iter().find(|w| w.source_failed) {
@@ -300,9 +352,12 @@ fn judge_gpus(now: DateTime<Utc>, ws: &Workspace, windows: &[&GpuWindow], policy
 
     if let Some(max_lifetime) = th.max_lifetime {
         let started = ws.latest_build.job.completed_at.unwrap_or(ws.created_at);
-        if now - started >= dur(max_lifetime) {
-            let msg =
-                format!("running for {} (max lifetime {}) and the GPU is not computing", human(now - started), human(dur(max_lifetime)));
+        if coder_now - started >= dur(max_lifetime) {
+            let msg = format!(
+                "running for {} (max lifetime {}) and the GPU is not computing",
+                human(coder_now - started),
+                human(dur(max_lifetime))
+            );
             return b.out(Verdict::Reclaim, Reason::MaxLifetime, msg, Some(gpu_idle));
         }
     }

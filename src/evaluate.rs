@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 
 use crate::coder::types::Workspace;
 use crate::coder::{CoderClient, CoderError};
-use crate::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide};
+use crate::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide_with_coder_clock};
 use crate::gpu::window::Windows;
 use crate::gpu::{GpuSource, SourceFailure, Sources};
 use crate::policy::Policy;
@@ -31,7 +31,14 @@ pub struct Evaluation {
     pub source_failures: Vec<SourceFailure>,
     /// Entries the listing repeated (offset paging can repeat one); each was dropped.
     pub duplicates: usize,
+    /// Coder's clock minus this machine's (from the listing's `Date` header); Coder's
+    /// timestamps were judged by it.
+    pub coder_clock_offset: Option<chrono::Duration>,
 }
+
+/// A clock difference larger than this is logged (`clock_skew`): decisions correct for it, but
+/// it means NTP is off somewhere.
+pub const CLOCK_SKEW_WARNING: chrono::Duration = chrono::Duration::seconds(30);
 
 pub struct Evaluator {
     coder: CoderClient,
@@ -42,12 +49,22 @@ pub struct Evaluator {
     warnings: HashMap<String, DateTime<Utc>>,
     /// The latest build id seen per workspace: a new build is a new session.
     sessions: HashMap<String, String>,
+    /// Coder's clock offset as last measured (kept when a response lacks the header).
+    coder_clock_offset: chrono::Duration,
 }
 
 impl Evaluator {
     pub fn new(coder: CoderClient, source: Sources, policy: Policy, interval: std::time::Duration) -> Self {
         let retain = crate::duration::chrono(policy.longest_lookback());
-        Evaluator { windows: Windows::new(retain, interval), coder, source, policy, warnings: HashMap::new(), sessions: HashMap::new() }
+        Evaluator {
+            windows: Windows::new(retain, interval),
+            coder,
+            source,
+            policy,
+            warnings: HashMap::new(),
+            sessions: HashMap::new(),
+            coder_clock_offset: chrono::Duration::zero(),
+        }
     }
 
     pub fn policy(&self) -> &Policy {
@@ -75,12 +92,23 @@ impl Evaluator {
     pub async fn evaluate(&mut self) -> Result<Evaluation, (CoderError, Vec<SourceFailure>)> {
         let started = Instant::now();
         let now = Utc::now();
-        let (listing, collection) = tokio::join!(self.coder.running_workspaces(), self.source.collect(now));
-        let listed = match listing {
-            Ok(w) => w,
+        let (listing, collection) = tokio::join!(self.coder.listing(), self.source.collect(now));
+        let listing = match listing {
+            Ok(l) => l,
             Err(e) => return Err((e, collection.failures)),
         };
-        let (workspaces, duplicates) = dedup_by_id(listed);
+        if let Some(offset) = listing.clock_offset {
+            let was_skewed = self.coder_clock_offset.abs() > CLOCK_SKEW_WARNING;
+            if offset.abs() > CLOCK_SKEW_WARNING && !was_skewed {
+                tracing::warn!(
+                    event = "clock_skew",
+                    offset_seconds = offset.num_seconds(),
+                    "Coder's clock differs from this machine's by more than 30 s; its timestamps are judged by its own clock, but fix NTP"
+                );
+            }
+            self.coder_clock_offset = offset;
+        }
+        let (workspaces, duplicates) = dedup_by_id(listing.workspaces);
         let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
         for ws in &workspaces {
             let build = &ws.latest_build.id;
@@ -103,7 +131,10 @@ impl Evaluator {
 
         let mut decisions: Vec<Decision> = workspaces
             .iter()
-            .map(|ws| decide(now, ws, self.windows.get(&ws.id), &self.policy, self.warnings.get(&ws.id).copied()))
+            .map(|ws| {
+                let prior = self.warnings.get(&ws.id).copied();
+                decide_with_coder_clock(now, self.coder_clock_offset, ws, self.windows.get(&ws.id), &self.policy, prior)
+            })
             .collect();
         let fleet = apply_fleet_rules(&mut decisions, &self.policy);
         let new_warnings = (0..decisions.len())
@@ -121,6 +152,7 @@ impl Evaluator {
             gpu_requests: collection.requests,
             source_failures: collection.failures,
             duplicates,
+            coder_clock_offset: listing.clock_offset,
         })
     }
 }

@@ -62,6 +62,8 @@ pub struct Metrics {
     pub token_expiry: Gauge<f64, AtomicU64>,
     pub waiting: Gauge,
     pub last_pass: Gauge<f64, AtomicU64>,
+    pub coder_clock_offset: Gauge<f64, AtomicU64>,
+    pub stuck_stops: Gauge,
 }
 
 impl Default for Metrics {
@@ -86,6 +88,8 @@ impl Metrics {
             token_expiry: Gauge::default(),
             waiting: Gauge::default(),
             last_pass: Gauge::default(),
+            coder_clock_offset: Gauge::default(),
+            stuck_stops: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("passes", "Passes run, by result (ok, failed)", m.passes.clone());
@@ -104,6 +108,12 @@ impl Metrics {
         registry.register("token_expiry_timestamp_seconds", "When the owner session token expires (unix time)", m.token_expiry.clone());
         registry.register("waiting_workspaces", "GPU workspaces waiting for a GPU in the latest pass", m.waiting.clone());
         registry.register("last_pass_timestamp_seconds", "When the latest successful pass finished (unix time)", m.last_pass.clone());
+        registry.register(
+            "coder_clock_offset_seconds",
+            "Coder's clock minus this service's, from the listing's Date header",
+            m.coder_clock_offset.clone(),
+        );
+        registry.register("stuck_stops", "Stop builds whose job has stayed pending longer than stop_timeout", m.stuck_stops.clone());
         Metrics { registry, ..m }
     }
 

@@ -55,6 +55,11 @@ pub struct Policy {
     pub stale_after: Duration,
     pub max_stops_per_pass: usize,
     pub max_idle_fraction: f64,
+    /// Judge workspaces that back a Coder Task too (skipped by default: stopping one pauses an
+    /// agent mid-work).
+    pub reclaim_tasks: bool,
+    /// A stop build whose job stays pending this long (no provisioner took it) is reported.
+    pub stop_timeout: Duration,
     pub rules: Vec<Rule>,
 }
 
@@ -112,6 +117,8 @@ impl Policy {
             stale_after: interval * 2,
             max_stops_per_pass: 10,
             max_idle_fraction: 0.5,
+            reclaim_tasks: false,
+            stop_timeout: Duration::from_secs(10 * 60),
             rules: Vec::new(),
         }
     }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
-use crate::actuator::{ActReport, Mode};
-use crate::coder::CoderError;
+use crate::actuator::{ActReport, Mode, StuckStop};
+use crate::coder::{CoderError, ErrorKind};
 use crate::decide::Verdict;
 use crate::evaluate::Evaluation;
 use crate::gpu::SourceFailure;
@@ -17,6 +17,23 @@ use crate::metrics::{Metrics, PassLabels, SourceLabels};
 use crate::policy::Policy;
 use crate::status::{StatusDocument, WorkspaceStatus};
 
+/// What is wrong with the token.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenProblem {
+    /// Coder answered 401: expired or revoked. A listing that succeeds clears it.
+    Rejected(String),
+    /// It may not do what the mode needs. A re-check of a new token clears it.
+    Permission(String),
+}
+
+impl TokenProblem {
+    pub fn message(&self) -> &str {
+        match self {
+            TokenProblem::Rejected(m) | TokenProblem::Permission(m) => m,
+        }
+    }
+}
+
 /// What the loop and the HTTP server share.
 pub struct State {
     pub metrics: Arc<Metrics>,
@@ -24,6 +41,8 @@ pub struct State {
     last_good_pass: Mutex<Option<Instant>>,
     /// The end of the latest pass, good or failed (or the start): the loop is alive.
     last_pass_end: Mutex<Instant>,
+    /// Why the token is not good enough, while it is not: /readyz fails with it.
+    token_problem: Mutex<Option<TokenProblem>>,
     pub interval: Duration,
 }
 
@@ -34,6 +53,7 @@ impl State {
             status: RwLock::new(Arc::new(StatusDocument::empty(mode.as_str()))),
             last_good_pass: Mutex::new(None),
             last_pass_end: Mutex::new(Instant::now()),
+            token_problem: Mutex::new(None),
             interval,
         }
     }
@@ -78,8 +98,29 @@ impl State {
         }
     }
 
-    /// Ready when the latest good pass finished within three intervals.
+    /// Records (or clears) a token problem; logs `token_rejected` when one begins or changes,
+    /// `token_accepted` when it ends.
+    pub fn set_token_problem(&self, problem: Option<TokenProblem>) {
+        let mut current = self.token_problem.lock().unwrap_or_else(|p| p.into_inner());
+        if *current == problem {
+            return;
+        }
+        match &problem {
+            Some(p) => tracing::error!(event = "token_rejected", "{}", p.message()),
+            None => tracing::info!(event = "token_accepted", "the token works again"),
+        }
+        *current = problem;
+    }
+
+    pub fn token_problem(&self) -> Option<TokenProblem> {
+        self.token_problem.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Ready when the token is good and the latest good pass finished within three intervals.
     pub fn ready(&self) -> Result<(), String> {
+        if let Some(p) = self.token_problem() {
+            return Err(p.message().to_string());
+        }
         let last = self.last_good_pass.lock().ok().and_then(|t| *t);
         match last {
             None => Err("no successful pass yet".into()),
@@ -99,13 +140,30 @@ fn scrape_failures(metrics: &Metrics, failures: &[SourceFailure]) {
 /// A pass whose listing failed: nothing was decided, nothing was stopped.
 pub fn failed_pass(state: &State, error: &CoderError, failures: &[SourceFailure]) {
     scrape_failures(&state.metrics, failures);
+    if error.kind == ErrorKind::Unauthorized {
+        let why = format!(
+            "Coder rejects the token ({}): it expired or was revoked; put a new one in the token file (it is picked up without a restart) or CODER_SESSION_TOKEN (restart)",
+            error.message
+        );
+        state.set_token_problem(Some(TokenProblem::Rejected(why)));
+    }
     tracing::error!(event = "pass_failed", error = %error, "cannot list workspaces; nothing is stopped this pass");
     state.metrics.passes.get_or_create(&PassLabels { result: "failed" }).inc();
     state.mark_pass_end();
 }
 
 /// Publishes one pass. `mode` phrases warning countdowns (plan reports as observe).
-pub fn publish(state: &State, eval: &Evaluation, windows: &Windows, policy: &Policy, mode: Mode, acted: &ActReport, in_flight: usize) {
+#[allow(clippy::too_many_arguments)]
+pub fn publish(
+    state: &State,
+    eval: &Evaluation,
+    windows: &Windows,
+    policy: &Policy,
+    mode: Mode,
+    acted: &ActReport,
+    in_flight: usize,
+    stuck_stops: Vec<StuckStop>,
+) {
     let metrics = &state.metrics;
     scrape_failures(metrics, &eval.source_failures);
     if eval.duplicates > 0 {
@@ -127,6 +185,9 @@ pub fn publish(state: &State, eval: &Evaluation, windows: &Windows, policy: &Pol
         metrics.breaker_trips.inc();
     }
     metrics.set_verdicts(decisions.iter().map(|d| (d.verdict, d.reason)));
+    if let Some(offset) = eval.coder_clock_offset {
+        metrics.coder_clock_offset.set(offset.num_milliseconds() as f64 / 1000.0);
+    }
     metrics.waiting.set(eval.fleet.waiting as i64);
     metrics.passes.get_or_create(&PassLabels { result: "ok" }).inc();
     metrics.pass_duration.observe(eval.started.elapsed().as_secs_f64());
@@ -135,6 +196,8 @@ pub fn publish(state: &State, eval: &Evaluation, windows: &Windows, policy: &Pol
         generated_at: eval.now,
         mode: mode.as_str(),
         breaker: eval.fleet.breaker.clone(),
+        coder_clock_offset_seconds: eval.coder_clock_offset.map(|o| o.num_seconds()),
+        stuck_stops,
         notes: Vec::new(),
         workspaces: eval
             .workspaces
@@ -151,6 +214,9 @@ pub fn publish(state: &State, eval: &Evaluation, windows: &Windows, policy: &Pol
     };
     state.publish(doc);
     state.mark_good_pass();
+    if matches!(state.token_problem(), Some(TokenProblem::Rejected(_))) {
+        state.set_token_problem(None);
+    }
     tracing::info!(
         event = "pass",
         workspaces = eval.workspaces.len(),

@@ -1,10 +1,11 @@
-//! Start-up against Coder, shared by `run`, `plan`, `check` and the demo: log Coder's version,
-//! confirm the token's user is an owner (only owners may stop other users' workspaces), and
-//! read the token's expiry.
+//! What the token is, shared by `run`, `plan`, `check` and the demo, and re-asked whenever the
+//! token changes (and daily): Coder's version, the token's user, what the token may do
+//! (`POST /api/v2/authcheck`, which honours the token's scope and organization roles, unlike
+//! the role names of `users/me`), and when it expires.
 
 use chrono::{DateTime, Utc};
 
-use crate::coder::{CoderClient, ErrorKind, SessionToken};
+use crate::coder::{CoderClient, CoderError, ErrorKind};
 use crate::error::Error;
 
 #[derive(Debug, Clone)]
@@ -14,26 +15,63 @@ pub struct Identity {
     pub user_id: String,
     pub username: String,
     pub token_expires_at: Option<DateTime<Utc>>,
+    pub permissions: Permissions,
+}
+
+/// What the token may do to workspaces, in any organization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permissions {
+    pub read: bool,
+    pub stop: bool,
+}
+
+/// How to get a token that may do what this service needs.
+pub const TOKEN_ADVICE: &str = "create one as an owner (or an organization admin, for its organization) with no --scope: \
+`coder tokens create --name gpu-reclaimer --lifetime 168h`, and update CODER_SESSION_TOKEN or the token file";
+
+impl Identity {
+    /// Why this token cannot read every workspace, if it cannot.
+    pub fn cannot_read(&self) -> Option<String> {
+        (!self.permissions.read).then(|| {
+            format!("the token of {:?} may not read workspaces (authcheck: workspace read = false): {TOKEN_ADVICE}", self.username)
+        })
+    }
+
+    /// Why this token cannot stop workspaces, if it cannot.
+    pub fn cannot_stop(&self) -> Option<String> {
+        (!self.permissions.stop).then(|| {
+            format!(
+                "the token of {:?} may not stop workspaces (authcheck: workspace stop = false; a member, a template admin, or a token whose --scope leaves out workspace:stop): {TOKEN_ADVICE}",
+                self.username
+            )
+        })
+    }
 }
 
 /// Warn when the token expires within this.
 pub const EXPIRY_WARNING: chrono::Duration = chrono::Duration::hours(48);
 
-/// A wrong token (expired, not an owner) is a configuration error (exit 2): the operator must
-/// fix it. An unreachable or failing Coder is a runtime error (exit 1): it may pass.
-pub async fn confirm_owner(coder: &CoderClient, token: &SessionToken) -> Result<Identity, Error> {
-    let classify = |e: crate::coder::CoderError| match e.kind {
+/// A wrong token (expired, revoked) is a configuration error (exit 2): the operator must fix it.
+/// An unreachable or failing Coder is a runtime error (exit 1): it may pass.
+pub fn classify(e: CoderError) -> Error {
+    match e.kind {
         ErrorKind::Unauthorized | ErrorKind::NoPermission => Error::Config(e.to_string()),
         _ => Error::Runtime(e.to_string()),
-    };
+    }
+}
+
+/// Asks Coder who the token is and what it may do. Refusing to run for missing permissions is
+/// the caller's decision (it depends on the mode: `actuator::require_permissions`).
+pub async fn connect(coder: &CoderClient) -> Result<Identity, Error> {
     let info = coder.buildinfo().await.map_err(classify)?;
     let me = coder.me().await.map_err(classify)?;
-    if !me.is_owner() {
-        return Err(Error::Config(format!(
-            "the session token belongs to {:?}, who is not an owner: only owners may stop other users' workspaces; create the token as a user with the owner role (`coder tokens create --lifetime 168h`)",
-            me.username
-        )));
-    }
+    let permissions = match coder.authcheck(&["read", "stop"], "workspace").await {
+        Ok(answers) => {
+            Permissions { read: answers.get("read").copied().unwrap_or(false), stop: answers.get("stop").copied().unwrap_or(false) }
+        }
+        Err(e) => return Err(classify(e)),
+    };
+    let token = coder.token();
     let token_expires_at = match token.key_id() {
         Some(id) => match coder.api_key(id).await {
             Ok(key) => Some(key.expires_at),
@@ -51,10 +89,10 @@ pub async fn confirm_owner(coder: &CoderClient, token: &SessionToken) -> Result<
                 event = "token_expiring",
                 expires_at = %exp,
                 hours_left = left.num_hours(),
-                "the owner token expires soon: create a new one (owner tokens last at most CODER_MAX_ADMIN_TOKEN_LIFETIME, 7 days by default) and update the Secret"
+                "the token expires soon: create a new one (owner tokens last at most CODER_MAX_ADMIN_TOKEN_LIFETIME, 7 days by default) and update the Secret; a token file is picked up without a restart"
             );
         }
     }
-    tracing::info!(event = "coder_connected", coder_version = %info.version, user = %me.username, token_expires_at = ?token_expires_at, "connected to Coder as an owner");
-    Ok(Identity { coder_version: info.version, user_id: me.id, username: me.username, token_expires_at })
+    tracing::info!(event = "coder_connected", coder_version = %info.version, user = %me.username, may_stop = permissions.stop, token_expires_at = ?token_expires_at, "connected to Coder");
+    Ok(Identity { coder_version: info.version, user_id: me.id, username: me.username, token_expires_at, permissions })
 }

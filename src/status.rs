@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::actuator::StuckStop;
 use crate::coder::types::Workspace;
 use crate::decide::{Decision, Reason, SampleState, Verdict, classify, human};
 use crate::gpu::GpuKey;
@@ -56,6 +57,12 @@ pub struct StatusDocument {
     /// Set while the circuit breaker refuses stops.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub breaker: Option<String>,
+    /// Coder's clock minus this service's; Coder's timestamps are judged by Coder's clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coder_clock_offset_seconds: Option<i64>,
+    /// Stop builds pending past `stop_timeout` (no provisioner took them); never sent again.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stuck_stops: Vec<StuckStop>,
     /// Caveats about this document (for example, a short sampling history in `plan`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -104,7 +111,15 @@ impl WorkspaceStatus {
 
 impl StatusDocument {
     pub fn empty(mode: &'static str) -> Self {
-        StatusDocument { generated_at: DateTime::UNIX_EPOCH, mode, breaker: None, notes: Vec::new(), workspaces: Vec::new() }
+        StatusDocument {
+            generated_at: DateTime::UNIX_EPOCH,
+            mode,
+            breaker: None,
+            coder_clock_offset_seconds: None,
+            stuck_stops: Vec::new(),
+            notes: Vec::new(),
+            workspaces: Vec::new(),
+        }
     }
 
     /// An aligned table for people (`plan --output table`).
@@ -155,6 +170,9 @@ impl StatusDocument {
         }
         if let Some(b) = &self.breaker {
             out.push_str(&format!("\ncircuit breaker: {b}\n"));
+        }
+        for s in &self.stuck_stops {
+            out.push_str(&format!("\nstuck stop: {}/{} build {} pending since {}\n", s.owner, s.workspace, s.build_id, s.pending_since));
         }
         for n in &self.notes {
             out.push_str(&format!("\nnote: {n}\n"));

@@ -71,9 +71,21 @@ async fn unknown_enum_values_parse_instead_of_failing_the_listing() {
     assert_eq!(ws.latest_build.status.as_str(), "unknown");
 }
 
-/// A Coder that answers buildinfo and `users/me` (with the token) from fixtures.
-async fn coder_with_user(user_fixture: &str) -> MockServer {
+/// A Coder that answers buildinfo and `users/me` (with the token) from fixtures, and authcheck
+/// with `may_stop` for the stop check.
+async fn coder_with_user(user_fixture: &str, may_stop: bool) -> MockServer {
     let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/api/v2/authcheck"))
+        .and(header("Coder-Session-Token", TOKEN))
+        .and(body_json(json!({"checks": {
+            "read": {"object": {"resource_type": "workspace", "any_org": true}, "action": "read"},
+            "stop": {"object": {"resource_type": "workspace", "any_org": true}, "action": "stop"}
+        }})))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"read": true, "stop": may_stop})))
+        .expect(1)
+        .mount(&server)
+        .await;
     Mock::given(method("GET"))
         .and(path("/api/v2/buildinfo"))
         .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/buildinfo.json")))
@@ -92,7 +104,7 @@ async fn coder_with_user(user_fixture: &str) -> MockServer {
 async fn start_up_calls_never_send_the_rate_limit_bypass() {
     // Coder answers a non-owner's bypass header with 428 on every request, and one listing a
     // minute never comes near the limit: the header is never sent.
-    let server = coder_with_user("coder/user_owner.json").await;
+    let server = coder_with_user("coder/user_owner.json", true).await;
     let key = fixture_json("coder/api_key.json");
     Mock::given(method("GET"))
         .and(path("/api/v2/users/me/keys/a1b2c3d4e5"))
@@ -101,8 +113,8 @@ async fn start_up_calls_never_send_the_rate_limit_bypass() {
         .mount(&server)
         .await;
     let c = client(&server, RetryPolicy::none());
-    let token = SessionToken::new(TOKEN).unwrap();
-    let id = coder_gpu_reclaimer::startup::confirm_owner(&c, &token).await.unwrap();
+    let id = coder_gpu_reclaimer::startup::connect(&c).await.unwrap();
+    assert_eq!(id.permissions, coder_gpu_reclaimer::startup::Permissions { read: true, stop: true });
     assert_eq!(id.coder_version, "v2.34.3+4653f32");
     assert_eq!(id.username, "admin");
     assert_eq!(
@@ -114,16 +126,16 @@ async fn start_up_calls_never_send_the_rate_limit_bypass() {
 }
 
 #[tokio::test]
-async fn a_member_token_is_refused_with_the_reason() {
-    let server = coder_with_user("coder/user_member.json").await;
+async fn a_token_that_may_not_stop_is_refused_in_enforce_mode_only() {
+    use coder_gpu_reclaimer::actuator::{Mode, require_permissions};
+    // authcheck, not the role name, decides: a member, or an owner's token with a narrow --scope.
+    let server = coder_with_user("coder/user_owner.json", false).await;
     let c = client(&server, RetryPolicy::none());
-    let err = coder_gpu_reclaimer::startup::confirm_owner(&c, &SessionToken::new(TOKEN).unwrap()).await.unwrap_err();
-    let msg = format!("{err:?}");
-    assert!(
-        msg.contains("Config") && msg.contains("\\\"alice\\\", who is not an owner: only owners may stop other users' workspaces"),
-        "{msg}"
-    );
-    assert_eq!(server.received_requests().await.unwrap().iter().filter(|r| r.headers.get("X-Coder-Bypass-Ratelimit").is_some()).count(), 0);
+    let id = coder_gpu_reclaimer::startup::connect(&c).await.unwrap();
+    let err = require_permissions(Mode::Enforce, &id).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    assert!(err.message().contains("may not stop workspaces") && err.message().contains("coder tokens create"), "{err}");
+    assert!(require_permissions(Mode::Observe, &id).is_ok(), "observe mode warns and goes on");
 }
 
 #[tokio::test]

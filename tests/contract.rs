@@ -1,9 +1,12 @@
 //! Contract tests against Coder v2.34.3's OpenAPI spec (`reference/coder/swagger.json`):
 //! every fixture, every response of the fake Coder, and every request the client sends must fit
 //! its schema. A tiny Swagger 2.0 validator lives here (types, formats, enums, required,
-//! unknown fields). Two documented gaps are allowed: the build POST answers 201 where the spec
-//! says 200, and nullable fields (Go's NullTime, pointers) may be `null`, which Swagger 2.0
-//! cannot express.
+//! unknown fields). Four documented gaps are allowed: the build POST answers 201 where the spec
+//! says 200; nullable fields (Go's NullTime, pointers) may be `null`, which Swagger 2.0 cannot
+//! express; `uuid.NullUUID` (`task_id`) is documented as its Go struct but marshals as a UUID
+//! string or `null` (google/uuid `NullUUID.MarshalJSON`); and an authcheck's `action` carries an
+//! inline enum of four CRUD verbs while its type, `codersdk.RBACAction`, has them all
+//! (`start`, `stop`, ...), which coderd evaluates (`coderd/authorize.go`; reference NOTES §14).
 
 use std::time::Duration;
 
@@ -37,14 +40,26 @@ fn nullable(schema: &Value) -> bool {
     schema.get("$ref").is_some() || schema.get("allOf").is_some() || schema.get("format").and_then(Value::as_str) == Some("date-time")
 }
 
+/// An authcheck action: its inline enum lists four CRUD verbs, its type `codersdk.RBACAction`
+/// lists every action coderd evaluates.
+fn rbac_action(at: &str) -> bool {
+    at.starts_with("codersdk.AuthorizationRequest.checks.") && at.ends_with(".action")
+}
+
 pub fn validate(spec: &Value, schema: &Value, value: &Value, at: &str, errors: &mut Vec<String>) {
     if let Some(parts) = schema.get("allOf").and_then(Value::as_array) {
         for p in parts {
             validate(spec, p, value, at, errors);
         }
     }
+    if schema.get("$ref").and_then(Value::as_str) == Some("#/definitions/uuid.NullUUID") && value.is_string() {
+        if value.as_str().and_then(uuid_shape).is_none() {
+            errors.push(format!("{at}: {value} is not a UUID"));
+        }
+        return;
+    }
     let schema = resolve(spec, schema);
-    if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array).filter(|_| !(rbac_action(at) && schema.get("allOf").is_some())) {
         if !allowed.contains(value) {
             errors.push(format!("{at}: {value} is not one of {allowed:?}"));
         }
@@ -177,6 +192,8 @@ fn every_path_the_client_calls_is_in_the_spec() {
         ("post", "/api/v2/workspaces/{workspace}/builds"),
         ("get", "/api/v2/workspacebuilds/{workspacebuild}"),
         ("put", "/api/v2/workspaces/{workspace}/ttl"),
+        ("get", "/api/v2/workspaces/{workspace}"),
+        ("post", "/api/v2/authcheck"),
     ] {
         let op = &spec["paths"][path][method];
         assert!(op.is_object(), "{method} {path} is not in the spec");
@@ -207,12 +224,14 @@ async fn every_request_body_fits_its_schema() {
     client.stop_workspace(crate::common::WS_ID).await.unwrap();
     client.set_ttl(crate::common::WS_ID, Some(8 * 3_600_000)).await.ok();
     client.set_ttl(crate::common::WS_ID, None).await.ok();
+    client.authcheck(&["read", "stop"], "workspace").await.ok();
     let requests = server.received_requests().await.unwrap();
-    assert_eq!(requests.len(), 3);
+    assert_eq!(requests.len(), 4);
     for (req, def) in requests.iter().zip([
         "codersdk.CreateWorkspaceBuildRequest",
         "codersdk.UpdateWorkspaceTTLRequest",
         "codersdk.UpdateWorkspaceTTLRequest",
+        "codersdk.AuthorizationRequest",
     ]) {
         let body: Value = serde_json::from_slice(&req.body).unwrap();
         let errors = check(&spec, def, &body);
@@ -227,17 +246,43 @@ async fn the_fake_coder_answers_in_the_spec_shapes() {
     let fake = mocks::FakeCoder::start(mocks::WorldConfig { scale: 600.0, gpus: 1, ..mocks::WorldConfig::default() }).await.unwrap();
     let a = fake.with(|w| w.create_workspace("alice", "a", Some(3_600_000))).unwrap();
     fake.with(|w| w.create_workspace("bob", "b", None)).unwrap();
+    // Prebuilds, tasks and evicted pods (disconnected agents) are in the listing too.
+    let p = fake.with(|w| w.create_prebuild("pre")).unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
+    fake.with(|w| {
+        w.make_task(a);
+        w.evict(a);
+    });
     let token = fake.owner_token();
     let http = reqwest::Client::new();
     let get = |path: String| {
         let (http, token, url) = (http.clone(), token.clone(), fake.url());
         async move { http.get(format!("{url}{path}")).header("Coder-Session-Token", token).send().await.unwrap() }
     };
-    let list: Value = get("/api/v2/workspaces?q=status:running".into()).await.json().await.unwrap();
-    assert_eq!(list["count"], 2, "{list}");
+    let resp = get("/api/v2/workspaces?q=status:running".into()).await;
+    assert!(resp.headers().get("date").is_some(), "every coderd response has a Date header");
+    let list: Value = resp.json().await.unwrap();
+    assert_eq!(list["count"], 3, "{list}");
     let errors = check(&spec, "codersdk.WorkspacesResponse", &list);
     assert!(errors.is_empty(), "{errors:#?}");
+    let ws = list["workspaces"].as_array().unwrap();
+    let pre = ws.iter().find(|w| w["id"] == p.to_string()).unwrap();
+    assert_eq!((pre["is_prebuild"].as_bool(), pre["owner_id"].as_str()), (Some(true), Some(mocks::world::PREBUILDS_USER_ID)));
+    let evicted = ws.iter().find(|w| w["id"] == a.to_string()).unwrap();
+    assert!(evicted["task_id"].is_string());
+    assert_eq!(evicted["latest_build"]["resources"][1]["agents"][0]["status"], "disconnected", "{evicted}");
+    let auth: Value = http
+        .post(format!("{}/api/v2/authcheck", fake.url()))
+        .header("Coder-Session-Token", &token)
+        .json(&serde_json::json!({"checks": {"stop": {"object": {"resource_type": "workspace", "any_org": true}, "action": "stop"}}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(check(&spec, "codersdk.AuthorizationResponse", &auth).is_empty());
+    assert_eq!(auth["stop"], true);
     let me: Value = get("/api/v2/users/me".into()).await.json().await.unwrap();
     assert!(check(&spec, "codersdk.User", &me).is_empty());
     let key_id = token.split('-').next().unwrap().to_string();

@@ -370,3 +370,71 @@ fn a_never_connected_agent_waits_even_with_stale_gpu_series() {
     let d = decide(now(), &pending_workspace(WS_ID), Some(&steady(NOTHING, Fields::All, 40)), &policy(), None);
     assert_eq!((d.verdict, d.reason), (Verdict::Waiting, Reason::WaitingForGpu));
 }
+
+/// Coder as it really is (reference NOTES §14): prebuilds, Tasks, evicted pods, Coder's clock.
+#[test]
+fn prebuilds_tasks_evictions_and_coders_clock() {
+    use coder_gpu_reclaimer::coder::types::{AgentStatus, PREBUILDS_USER_ID};
+    use coder_gpu_reclaimer::decide::decide_with_coder_clock;
+    let p = policy();
+    let idle = steady(NOTHING, Fields::All, 40);
+
+    let mut prebuild = ws(mins(40));
+    prebuild.is_prebuild = true;
+    let mut old_server_prebuild = ws(mins(40));
+    old_server_prebuild.owner_id = PREBUILDS_USER_ID.into();
+    let mut pending_prebuild = pending_workspace(WS_ID);
+    pending_prebuild.is_prebuild = true;
+    let mut task = ws(mins(40));
+    task.task_id = Some("3f1c2b8a-7d6e-4f5a-9b0c-1d2e3f4a5b6c".into());
+    for (what, w, g) in [
+        ("idle prebuild", &prebuild, &idle[..]),
+        ("prebuild by its owner id (servers without is_prebuild)", &old_server_prebuild, &idle[..]),
+        ("Pending prebuild: not a person waiting", &pending_prebuild, &[][..]),
+    ] {
+        let d = judge(w, g, &p);
+        assert_eq!((d.verdict, d.reason), (Verdict::Skip, Reason::Prebuild), "{what}: {}", d.message);
+    }
+    let d = judge(&task, &idle, &p);
+    assert_eq!((d.verdict, d.reason), (Verdict::Skip, Reason::Task), "{}", d.message);
+    let d = judge(&task, &idle, &Policy { reclaim_tasks: true, ..policy() });
+    assert_eq!(d.verdict, Verdict::Reclaim, "reclaim_tasks = true judges Tasks too");
+
+    // Evicted: the agent had connected and is now disconnected; the old pod's series stopped.
+    let mut evicted = ws(mins(40));
+    for a in evicted.latest_build.resources.iter_mut().flat_map(|r| r.agents.iter_mut()) {
+        a.status = AgentStatus::Disconnected;
+    }
+    let old_series = gpu((10..=40).rev().map(|m| (m * 60, values(NOTHING, Fields::All))));
+    for (what, g) in [("no series at all", &[][..]), ("only the evicted pod's old series", &old_series[..])] {
+        let d = judge(&evicted, g, &p);
+        assert_eq!((d.verdict, d.reason), (Verdict::Waiting, Reason::WaitingForGpu), "{what}: {}", d.message);
+    }
+    let d = judge(&evicted, &idle, &p);
+    assert_ne!(d.verdict, Verdict::Waiting, "a disconnected agent whose GPU still reports is no waiter (a network blip)");
+
+    // Coder's clock 2 h behind: last_used_at 1 minute ago by Coder's clock reads 2h01m old here.
+    let behind = Duration::hours(-2);
+    let connected = running_workspace(WS_ID, now() + behind - mins(1));
+    let d = decide_with_coder_clock(now(), behind, &connected, Some(&idle), &p, None);
+    assert_eq!((d.verdict, d.reason), (Verdict::Keep, Reason::Connected), "judged by Coder's clock: {}", d.message);
+    let d = decide(now(), &connected, Some(&idle), &p, None);
+    assert_eq!(d.verdict, Verdict::Reclaim, "without the correction the connected user would be stopped");
+    let away = running_workspace(WS_ID, now() + behind - mins(40));
+    let d = decide_with_coder_clock(now(), behind, &away, Some(&idle), &p, None);
+    assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "a disconnected idle one is still stopped");
+}
+
+#[test]
+fn prebuilds_are_neither_demand_nor_counted_by_the_breaker() {
+    let p = Policy { reclaim_when: ReclaimWhen::Contended, ..policy() };
+    let idle = steady(NOTHING, Fields::All, 40);
+    let mut pending_prebuild = pending_workspace("11111111-2222-4333-8444-555555555555");
+    pending_prebuild.is_prebuild = true;
+    let user = ws(mins(40));
+    let mut decisions = vec![decide(now(), &user, Some(&idle), &p, None), decide(now(), &pending_prebuild, None, &p, None)];
+    let out = apply_fleet_rules(&mut decisions, &p);
+    assert_eq!(out.waiting, 0, "a Pending prebuild is not a waiter");
+    assert_eq!(out.gpu_workspaces, 1, "the breaker counts people's GPU workspaces only");
+    assert!(out.stop_order.is_empty() && decisions[0].reason == Reason::NoContention, "nobody is stopped for a prebuild");
+}

@@ -123,7 +123,7 @@ pub fn build_json(w: &World, ws: &Workspace, b: &Build) -> Value {
             "status": status, "lifecycle_state": a.lifecycle, "name": "main", "resource_id": derived(&ws.id, 2),
             "version": "v2.34.3", "api_version": "2.6", "apps": [], "architecture": "amd64", "operating_system": "linux",
             "connection_timeout_seconds": a.connection_timeout_seconds, "troubleshooting_url": "https://coder.com/docs/admin/templates/troubleshooting",
-            "health": if status == "connected" { json!({"healthy": true}) } else { json!({"healthy": false, "reason": if status == "timeout" { "agent is taking too long to connect" } else { "agent has not yet connected" }}) },
+            "health": if status == "connected" { json!({"healthy": true}) } else { json!({"healthy": false, "reason": match status { "timeout" => "agent is taking too long to connect", "disconnected" => "agent has lost connection", _ => "agent has not yet connected" }}) },
             "startup_script_behavior": "non-blocking", "scripts": [], "log_sources": [], "logs_length": 0, "logs_overflowed": false,
             "display_apps": ["vscode", "web_terminal"], "environment_variables": {}, "subsystems": [], "latency": {},
             "directory": "/home/coder", "expanded_directory": "/home/coder", "instance_id": ""
@@ -132,6 +132,7 @@ pub fn build_json(w: &World, ws: &Workspace, b: &Build) -> Value {
         for (k, v) in [
             ("first_connected_at", a.first_connected_at),
             ("last_connected_at", a.last_connected_at),
+            ("disconnected_at", a.disconnected_at),
             ("started_at", a.first_connected_at),
             ("ready_at", a.first_connected_at),
         ] {
@@ -187,8 +188,8 @@ pub fn workspace_json(w: &World, ws: &Workspace) -> Value {
         "template_active_version_id": w.template_version_id, "template_require_active_version": false, "template_use_classic_parameter_flow": false,
         "latest_build": latest, "latest_app_status": null, "outdated": false, "name": ws.name, "last_used_at": ts(ws.last_used_at),
         "deleting_at": null, "dormant_at": null, "health": {"healthy": failing.is_empty(), "failing_agents": failing},
-        "automatic_updates": "never", "allow_renames": false, "favorite": false, "next_start_at": null, "is_prebuild": false,
-        "task_id": null, "shared_with": []
+        "automatic_updates": "never", "allow_renames": false, "favorite": false, "next_start_at": null, "is_prebuild": ws.prebuild,
+        "task_id": ws.task_id, "shared_with": []
     });
     if let Some(ttl) = ws.ttl_ms {
         out["ttl_ms"] = json!(ttl); // omitempty: absent when autostop is off
@@ -201,9 +202,9 @@ fn user_json(w: &World, i: usize) -> Value {
     let roles: Vec<Value> = if u.owner { vec![json!({"name": "owner", "display_name": "Owner"})] } else { vec![] };
     json!({
         "id": u.id, "username": u.username, "name": u.username, "email": format!("{}@example.com", u.username),
-        "created_at": ts(u.created_at), "updated_at": ts(u.created_at), "last_seen_at": ts(Utc::now()), "status": "active",
-        "login_type": "password", "roles": roles, "organization_ids": [w.organization_id], "theme_preference": "", "avatar_url": "",
-        "has_ai_seat": false, "is_service_account": false
+        "created_at": ts(u.created_at), "updated_at": ts(u.created_at), "last_seen_at": ts(w.now()), "status": "active",
+        "login_type": if u.system { "none" } else { "password" }, "roles": roles, "organization_ids": [w.organization_id], "theme_preference": "", "avatar_url": "",
+        "has_ai_seat": false, "is_service_account": u.system
     })
 }
 
@@ -302,14 +303,19 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
                 detail: String::new(),
             });
         };
-        let Some(ui) = w.user_by_token(&token) else {
+        // A removed (revoked) key is no longer found (`httpmw/apikey.go`).
+        let Some(key) = w.token(&token).cloned() else {
             return coder_error(ApiError { status: 401, message: signed_out.into(), detail: "API key is invalid.".into() });
         };
-        let exp = w.users[ui].expires_at;
-        if exp <= Utc::now() {
-            return coder_error(ApiError { status: 401, message: signed_out.into(), detail: format!("API key expired at {}", ts(exp)) });
+        if key.expires_at <= w.now() {
+            return coder_error(ApiError {
+                status: 401,
+                message: signed_out.into(),
+                detail: format!("API key expired at \"{}\".", ts(key.expires_at)),
+            });
         }
-        (ui, w.users[ui].owner, w.real(Duration::from_secs(60)), w.config.rate_limit_per_minute)
+        req.extensions_mut().insert(key.clone());
+        (key.user, w.users[key.user].owner, w.real(Duration::from_secs(60)), w.config.rate_limit_per_minute)
     };
     let (ui, owner, window, limit) = caller;
     let bypass = header(req.headers(), "X-Coder-Bypass-Ratelimit").and_then(|v| parse_bool(&v)).unwrap_or(false);
@@ -341,6 +347,16 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
         tokio::time::sleep(delay_reply).await;
     }
     response
+}
+
+/// Every coderd response carries Go's `Date` header, from coderd's clock (which may be off).
+async fn date_header(State(s): State<CoderState>, req: Request, next: Next) -> Response {
+    let mut resp = next.run(req).await;
+    let now = lock(&s.world).now();
+    if let Ok(v) = axum::http::HeaderValue::from_str(&now.format("%a, %d %b %Y %H:%M:%S GMT").to_string()) {
+        resp.headers_mut().insert(axum::http::header::DATE, v);
+    }
+    resp
 }
 
 fn header(h: &HeaderMap, name: &str) -> Option<String> {
@@ -379,15 +395,49 @@ async fn get_user(State(s): State<CoderState>, Path(user): Path<String>, req: Re
 async fn get_key(State(s): State<CoderState>, Path((user, key)): Path<(String, String)>, req: Request) -> Response {
     let w = lock(&s.world);
     let me = caller(req.extensions());
-    match resolve_user(&w, me, &user).map(|i| &w.users[i]) {
-        Some(u) if u.key_id == key && (u.username == w.users[me].username || w.users[me].owner) => axum::Json(json!({
-            "id": u.key_id, "user_id": u.id, "last_used": ts(Utc::now()), "expires_at": ts(u.expires_at), "created_at": ts(u.created_at),
-            "updated_at": ts(u.created_at), "login_type": "token", "scope": "all", "scopes": ["coder:all"], "token_name": "gpu-reclaimer",
-            "lifetime_seconds": (u.expires_at - u.created_at).num_seconds(), "allow_list": []
-        }))
-        .into_response(),
+    let found = resolve_user(&w, me, &user).and_then(|ui| w.tokens.iter().find(|t| t.user == ui && t.key_id == key && !t.revoked));
+    match found {
+        Some(t) if t.user == me || w.users[me].owner => {
+            let u = &w.users[t.user];
+            let scopes: Vec<&str> = if t.scopes.is_empty() { vec!["coder:all"] } else { t.scopes.iter().map(String::as_str).collect() };
+            axum::Json(json!({
+                "id": t.key_id, "user_id": u.id, "last_used": ts(w.now()), "expires_at": ts(t.expires_at), "created_at": ts(t.created_at),
+                "updated_at": ts(t.created_at), "login_type": "token", "scope": if t.scopes.is_empty() { "all" } else { "" }, "scopes": scopes,
+                "token_name": "gpu-reclaimer", "lifetime_seconds": (t.expires_at - t.created_at).num_seconds(), "allow_list": []
+            }))
+            .into_response()
+        }
         _ => coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() }),
     }
+}
+
+/// `POST /api/v2/authcheck`: each check answered for the calling token, its role and scope
+/// (`coderd/authorize.go` `checkAuthorization`).
+async fn authcheck(State(s): State<CoderState>, req: Request) -> Response {
+    let Some(key) = req.extensions().get::<crate::world::ApiToken>().cloned() else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let Ok(bytes) = axum::body::to_bytes(req.into_body(), 1 << 20).await else {
+        return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
+    };
+    let Ok(body) = serde_json::from_slice::<Value>(&bytes) else {
+        return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
+    };
+    let w = lock(&s.world);
+    let mut out = serde_json::Map::new();
+    for (k, check) in body["checks"].as_object().into_iter().flatten() {
+        let o = &check["object"];
+        let allowed = w.authorize(
+            &key,
+            o["resource_type"].as_str().unwrap_or(""),
+            check["action"].as_str().unwrap_or(""),
+            o["owner_id"].as_str(),
+            o["organization_id"].as_str(),
+            o["any_org"].as_bool().unwrap_or(false),
+        );
+        out.insert(k.clone(), Value::Bool(allowed));
+    }
+    axum::Json(Value::Object(out)).into_response()
 }
 
 #[derive(Deserialize)]
@@ -586,6 +636,7 @@ pub fn router(state: CoderState) -> Router {
         .route("/api/v2/buildinfo", get(buildinfo))
         .route("/api/v2/users/{user}", get(get_user))
         .route("/api/v2/users/{user}/keys/{keyid}", get(get_key))
+        .route("/api/v2/authcheck", post(authcheck))
         .route("/api/v2/workspaces", get(list_workspaces))
         .route("/api/v2/workspaces/{workspace}", get(get_workspace))
         .route("/api/v2/workspaces/{workspace}/builds", post(post_build))
@@ -595,5 +646,6 @@ pub fn router(state: CoderState) -> Router {
         .route("/control/events", get(events))
         .route("/control/{*parts}", post(control))
         .layer(middleware::from_fn_with_state(state.clone(), gate))
+        .layer(middleware::from_fn_with_state(state.clone(), date_header))
         .with_state(state)
 }

@@ -85,6 +85,9 @@ pub struct WorldConfig {
     pub owner_token_lifetime: chrono::Duration,
     /// Seed of the random GPU assignment (deterministic per seed).
     pub seed: u64,
+    /// Coder's clock minus the real one: every timestamp Coder writes, and its `Date` header,
+    /// use coderd's own clock (`reference/coder/NOTES.md` section 14, "Time").
+    pub clock_offset: chrono::Duration,
 }
 
 impl Default for WorldConfig {
@@ -101,6 +104,7 @@ impl Default for WorldConfig {
             gpu_model: "NVIDIA A10G".into(),
             owner_token_lifetime: chrono::Duration::days(7),
             seed: 0x9E37_79B9_7F4A_7C15,
+            clock_offset: chrono::Duration::zero(),
         }
     }
 }
@@ -115,12 +119,36 @@ pub const TAIL_REFRESHES: u32 = 2;
 pub struct User {
     pub id: Uuid,
     pub username: String,
+    /// The site role `owner`: every action on every workspace.
     pub owner: bool,
+    /// The organization role `organization-admin`: every workspace action but ssh and
+    /// application_connect, in its organization (`coderd/rbac/roles.go`).
+    pub org_admin: bool,
+    /// A system user (`prebuilds`): not a person.
+    pub system: bool,
+    /// The user's first token (see `World::tokens` for all).
     pub key_id: String,
     pub token: String,
     pub expires_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
 }
+
+/// One API key: `<10-char id>-<secret>` (`apikey/apikey.go`). A token made with `--scope`
+/// may do less than its user (`coderd/authorize.go` evaluates the scope).
+#[derive(Debug, Clone)]
+pub struct ApiToken {
+    pub key_id: String,
+    pub token: String,
+    pub user: usize,
+    /// Empty: `coder:all`. Otherwise `resource:action` entries such as `workspace:read`.
+    pub scopes: Vec<String>,
+    pub expires_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub revoked: bool,
+}
+
+/// The prebuilds system user's id (`coderd/database/migrations`, `prebuilds` user).
+pub const PREBUILDS_USER_ID: &str = "c42fdf75-3097-471c-8c33-fb52454d81c0";
 
 #[derive(Debug, Clone)]
 pub struct Agent {
@@ -128,6 +156,9 @@ pub struct Agent {
     pub created_at: DateTime<Utc>,
     pub first_connected_at: Option<DateTime<Utc>>,
     pub last_connected_at: Option<DateTime<Utc>>,
+    pub disconnected_at: Option<DateTime<Utc>>,
+    /// Its pod runs and it heartbeats.
+    pub online: bool,
     pub lifecycle: &'static str,
     pub connection_timeout_seconds: i64,
 }
@@ -155,6 +186,8 @@ pub struct Build {
     pub agent: Option<Agent>,
     queued_real: Instant,
     fail: bool,
+    /// No provisioner takes this job: it stays `pending` (`reference/coder/NOTES.md` section 14).
+    stalled: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -181,6 +214,12 @@ pub struct Workspace {
     pub home_files: Vec<String>,
     pub tmp_files: Vec<String>,
     fail_next_stop: bool,
+    /// The next stop build's job is never picked up (no provisioner matches): it stays pending.
+    stall_next_stop: bool,
+    /// A prebuilt workspace, owned by the `prebuilds` system user until a user claims it.
+    pub prebuild: bool,
+    /// The Coder Task this workspace backs, if any.
+    pub task_id: Option<Uuid>,
 }
 
 impl Workspace {
@@ -214,6 +253,7 @@ pub const NOT_FOUND: &str = "Resource not found or you do not have access to thi
 pub struct World {
     pub config: WorldConfig,
     pub users: Vec<User>,
+    pub tokens: Vec<ApiToken>,
     pub template_id: Uuid,
     pub template_version_id: Uuid,
     pub organization_id: Uuid,
@@ -230,29 +270,50 @@ pub struct World {
 
 impl World {
     pub fn new(config: WorldConfig) -> Self {
-        let now = Utc::now();
+        let now = Utc::now() + config.clock_offset;
         let user = |name: &str, owner: bool, lifetime: chrono::Duration| {
             let key_id: String = Uuid::new_v4().simple().to_string()[..10].to_string();
             User {
                 id: Uuid::new_v4(),
                 username: name.into(),
                 owner,
+                org_admin: false,
+                system: false,
                 token: format!("{key_id}-{}", Uuid::new_v4().simple()),
                 key_id,
                 expires_at: now + lifetime,
                 created_at: now,
             }
         };
-        let users = vec![
+        let mut users = vec![
             user("admin", true, config.owner_token_lifetime),
             user("alice", false, chrono::Duration::days(30)),
             user("bob", false, chrono::Duration::days(30)),
+            User { org_admin: true, ..user("orgadmin", false, chrono::Duration::days(30)) },
+            User { system: true, ..user("prebuilds", false, chrono::Duration::days(30)) },
         ];
+        if let (Some(p), Ok(id)) = (users.last_mut(), Uuid::parse_str(PREBUILDS_USER_ID)) {
+            p.id = id;
+        }
+        let tokens = users
+            .iter()
+            .enumerate()
+            .map(|(i, u)| ApiToken {
+                key_id: u.key_id.clone(),
+                token: u.token.clone(),
+                user: i,
+                scopes: Vec::new(),
+                expires_at: u.expires_at,
+                created_at: u.created_at,
+                revoked: false,
+            })
+            .collect();
         let now_real = Instant::now();
         let gpus = config.gpus;
         let scale = config.scale.max(0.001);
         World {
             users,
+            tokens,
             template_id: Uuid::new_v4(),
             template_version_id: Uuid::new_v4(),
             organization_id: Uuid::new_v4(),
@@ -273,8 +334,72 @@ impl World {
         coder.div_f64(self.config.scale.max(0.001))
     }
 
+    /// Coder's clock (the real one plus `clock_offset`).
+    pub fn now(&self) -> DateTime<Utc> {
+        Utc::now() + self.config.clock_offset
+    }
+
+    /// The token, if it exists and is not revoked (expiry is the caller's check).
+    pub fn token(&self, token: &str) -> Option<&ApiToken> {
+        self.tokens.iter().find(|t| t.token == token && !t.revoked)
+    }
+
     pub fn user_by_token(&self, token: &str) -> Option<usize> {
-        self.users.iter().position(|u| u.token == token)
+        self.token(token).map(|t| t.user)
+    }
+
+    /// `coder tokens create [--scope ...]` for `user`: a new token (the old ones stay valid).
+    pub fn create_token(&mut self, user: &str, scopes: &[&str], lifetime: chrono::Duration) -> Option<String> {
+        let ui = self.user_index(user)?;
+        let key_id: String = Uuid::new_v4().simple().to_string()[..10].to_string();
+        let token = format!("{key_id}-{}", Uuid::new_v4().simple());
+        let now = self.now();
+        self.tokens.push(ApiToken {
+            key_id,
+            token: token.clone(),
+            user: ui,
+            scopes: scopes.iter().map(|s| s.to_string()).collect(),
+            expires_at: now + lifetime,
+            created_at: now,
+            revoked: false,
+        });
+        Some(token)
+    }
+
+    /// `coder tokens remove`: the key is deleted; its next request gets 401.
+    pub fn revoke_token(&mut self, token: &str) {
+        for t in self.tokens.iter_mut().filter(|t| t.token == token) {
+            t.revoked = true;
+        }
+    }
+
+    /// What `POST /api/v2/authcheck` answers for one check: the role's permission on the
+    /// object set, then the token's scope (`coderd/authorize.go`, `rbac/roles.go`, `rbac/scopes.go`).
+    pub fn authorize(
+        &self,
+        token: &ApiToken,
+        resource: &str,
+        action: &str,
+        owner_id: Option<&str>,
+        org: Option<&str>,
+        any_org: bool,
+    ) -> bool {
+        let u = &self.users[token.user];
+        let in_org = any_org || org == Some(self.organization_id.to_string().as_str());
+        let role = match resource {
+            "workspace" => {
+                u.owner
+                    || (u.org_admin && in_org && !matches!(action, "ssh" | "application_connect"))
+                    || owner_id == Some(u.id.to_string().as_str())
+            }
+            _ => u.owner,
+        };
+        let scoped = token.scopes.is_empty()
+            || token
+                .scopes
+                .iter()
+                .any(|s| s == "coder:all" || s == "all" || *s == format!("{resource}:{action}") || *s == format!("{resource}:*"));
+        role && scoped
     }
 
     pub fn user_index(&self, name: &str) -> Option<usize> {
@@ -294,7 +419,7 @@ impl World {
     }
 
     fn log(&mut self, workspace: &str, kind: &'static str, detail: String) {
-        self.events.push(Event { at: Utc::now(), workspace: workspace.into(), kind, detail });
+        self.events.push(Event { at: self.now(), workspace: workspace.into(), kind, detail });
     }
 
     fn random(&mut self) -> u64 {
@@ -307,7 +432,7 @@ impl World {
     /// Creates a workspace for `owner` and queues its first start build.
     pub fn create_workspace(&mut self, owner: &str, name: &str, ttl_ms: Option<i64>) -> Result<Uuid, ApiError> {
         let owner_idx = self.user_index(owner).ok_or_else(|| api_error(400, "unknown user"))?;
-        let now = Utc::now();
+        let now = self.now();
         let id = Uuid::new_v4();
         self.workspaces.push(Workspace {
             id,
@@ -324,9 +449,29 @@ impl World {
             home_files: Vec::new(),
             tmp_files: Vec::new(),
             fail_next_stop: false,
+            stall_next_stop: false,
+            prebuild: false,
+            task_id: None,
         });
         self.create_build(id, "start", owner_idx, "initiator")?;
         Ok(id)
+    }
+
+    /// A prebuilt workspace, as the prebuild reconciler creates it: owned by `prebuilds`,
+    /// `is_prebuild: true`, started (it asks for a GPU like any other).
+    pub fn create_prebuild(&mut self, name: &str) -> Result<Uuid, ApiError> {
+        let id = self.create_workspace("prebuilds", name, None)?;
+        if let Some(wi) = self.ws_index(id) {
+            self.workspaces[wi].prebuild = true;
+        }
+        Ok(id)
+    }
+
+    /// Marks a workspace as backing a Coder Task.
+    pub fn make_task(&mut self, ws_id: Uuid) {
+        if let Some(wi) = self.ws_index(ws_id) {
+            self.workspaces[wi].task_id = Some(Uuid::new_v4());
+        }
     }
 
     /// `POST /api/v2/workspaces/{id}/builds`, as `by` (a user index).
@@ -342,10 +487,11 @@ impl World {
             e.detail = "A workspace build is already active.".into();
             return Err(e);
         }
-        let now = Utc::now();
+        let now = self.now();
         let ws = &mut self.workspaces[wi];
         let number = ws.builds.len() as i64 + 1;
         let fail = transition == "stop" && std::mem::take(&mut ws.fail_next_stop);
+        let stalled = transition == "stop" && std::mem::take(&mut ws.stall_next_stop);
         let id = Uuid::new_v4();
         ws.builds.push(Build {
             id,
@@ -359,6 +505,7 @@ impl World {
             agent: None,
             queued_real: Instant::now(),
             fail,
+            stalled,
         });
         let name = ws.name.clone();
         let who = self.users[by].username.clone();
@@ -378,24 +525,26 @@ impl World {
             let Some(bi) = self.workspaces[wi].builds.len().checked_sub(1) else { continue };
             let b = &self.workspaces[wi].builds[bi];
             let age = now_real.duration_since(b.queued_real);
-            if b.job.status == "pending" && age >= queue {
+            if b.job.status == "pending" && age >= queue && !b.stalled {
+                let now = self.now();
                 let b = &mut self.workspaces[wi].builds[bi];
                 b.job.status = "running";
-                b.job.started_at = Some(Utc::now());
+                b.job.started_at = Some(now);
             } else if b.job.status == "running" && age >= queue + run {
                 self.finish_build(wi, bi);
             }
         }
         self.schedule_pods();
         for wi in 0..self.workspaces.len() {
+            let now = self.now();
             let ws = &mut self.workspaces[wi];
             let Some(pod) = &mut ws.pod else { continue };
             if pod.connect_at.is_some_and(|t| now_real >= t) {
                 pod.connect_at = None;
-                let now = Utc::now();
                 if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()) {
-                    agent.first_connected_at = Some(now);
+                    agent.first_connected_at = agent.first_connected_at.or(Some(now));
                     agent.last_connected_at = Some(now);
+                    agent.online = true;
                     agent.lifecycle = "ready";
                 }
                 let name = ws.name.clone();
@@ -403,9 +552,9 @@ impl World {
             }
         }
         // Connected agents heartbeat.
-        let now = Utc::now();
+        let now = self.now();
         for ws in &mut self.workspaces {
-            if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()).filter(|a| a.first_connected_at.is_some()) {
+            if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()).filter(|a| a.online) {
                 agent.last_connected_at = Some(now);
             }
         }
@@ -432,7 +581,7 @@ impl World {
     }
 
     fn finish_build(&mut self, wi: usize, bi: usize) {
-        let now = Utc::now();
+        let now = self.now();
         let timeout = self.config.connection_timeout_seconds;
         let ws = &mut self.workspaces[wi];
         let b = &mut ws.builds[bi];
@@ -455,6 +604,8 @@ impl World {
                     created_at: now,
                     first_connected_at: None,
                     last_connected_at: None,
+                    disconnected_at: None,
+                    online: false,
                     lifecycle: "created",
                     connection_timeout_seconds: timeout,
                 });
@@ -465,6 +616,7 @@ impl World {
                         if let Some(agent) = &mut b.agent {
                             agent.first_connected_at = Some(now);
                             agent.last_connected_at = Some(now);
+                            agent.online = true;
                             agent.lifecycle = "ready";
                         }
                     }
@@ -520,21 +672,26 @@ impl World {
 
     /// Agent status, derived the way Coder derives it (`WorkspaceAgent.Status`).
     pub fn agent_status(&self, agent: &Agent) -> &'static str {
-        let now = Utc::now();
+        let now = self.now();
         match agent.first_connected_at {
             None => {
                 let timeout = self.real(Duration::from_secs(agent.connection_timeout_seconds.max(0) as u64));
                 let waited = (now - agent.created_at).to_std().unwrap_or_default();
                 if agent.connection_timeout_seconds > 0 && waited > timeout { "timeout" } else { "connecting" }
             }
-            Some(_) => "connected",
+            // `disconnected_at >= last_connected_at`, or no heartbeat for 30 s (Coder time).
+            Some(_) => {
+                let last = agent.last_connected_at.unwrap_or(agent.created_at);
+                let silent = (now - last).to_std().unwrap_or_default() > self.real(Duration::from_secs(30));
+                if agent.disconnected_at.is_some_and(|d| d >= last) || silent { "disconnected" } else { "connected" }
+            }
         }
     }
 
     pub fn open_connection(&mut self, ws_id: Uuid) {
         if let Some(wi) = self.ws_index(ws_id) {
             self.workspaces[wi].connections += 1;
-            let now = Utc::now();
+            let now = self.now();
             let name = self.workspaces[wi].name.clone();
             self.log(&name, "connection_opened", format!("at {now}"));
         }
@@ -560,6 +717,39 @@ impl World {
         }
     }
 
+    /// Makes the next stop build of this workspace stay pending (no provisioner takes it).
+    pub fn stall_next_stop(&mut self, ws_id: Uuid) {
+        if let Some(wi) = self.ws_index(ws_id) {
+            self.workspaces[wi].stall_next_stop = true;
+        }
+    }
+
+    /// The pod is evicted (node drain, preemption): its GPU is freed, a new pod waits for one,
+    /// and the agent, which had connected, is `disconnected` until the new pod runs.
+    pub fn evict(&mut self, ws_id: Uuid) {
+        let Some(wi) = self.ws_index(ws_id) else { return };
+        let now = self.now();
+        let ws = &mut self.workspaces[wi];
+        let Some(pod) = ws.pod.as_mut() else { return };
+        let freed = pod.gpu.take();
+        pod.connect_at = None;
+        pod.created_at = now;
+        let suffix = &Uuid::new_v4().simple().to_string()[..5];
+        if let Some((prefix, _)) = pod.name.rsplit_once('-') {
+            pod.name = format!("{prefix}-{suffix}");
+        }
+        if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()) {
+            agent.disconnected_at = Some(now);
+            agent.online = false;
+        }
+        let name = ws.name.clone();
+        if let Some(g) = freed {
+            self.gpu_holders[g] = None;
+            self.log(&name, "gpu_released", format!("GPU {g} is free (pod evicted)"));
+        }
+        self.log(&name, "pod_evicted", "a new pod waits for a GPU".into());
+    }
+
     /// Makes the next stop build of this workspace fail (its job ends `failed`).
     pub fn fail_next_stop(&mut self, ws_id: Uuid) {
         if let Some(wi) = self.ws_index(ws_id) {
@@ -578,6 +768,7 @@ impl World {
     pub fn extend(&mut self, ws_id: Uuid, deadline: DateTime<Utc>) -> Result<String, ApiError> {
         let wi = self.ws_index(ws_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
         let min_ahead = self.real(Duration::from_secs(29 * 60));
+        let now = self.now();
         let ws = &mut self.workspaces[wi];
         let b = ws.builds.last_mut().ok_or_else(|| api_error(409, "Workspace must be started, current status: stop"))?;
         if b.transition != "start" {
@@ -589,7 +780,7 @@ impl World {
         if b.deadline.is_none() {
             return Err(api_error(409, "Workspace shutdown is manual."));
         }
-        if deadline < Utc::now() + chrono::Duration::from_std(min_ahead).unwrap_or_default() {
+        if deadline < now + chrono::Duration::from_std(min_ahead).unwrap_or_default() {
             return Err(api_error(400, "Cannot extend workspace: new deadline must be at least 30 minutes in the future"));
         }
         b.deadline = Some(deadline);

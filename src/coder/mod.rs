@@ -9,6 +9,7 @@ pub mod types;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use serde::de::DeserializeOwned;
 use crate::error::Error;
 use crate::http::{BodyError, Tls, error_chain, read_limited, redirect_refused};
 use crate::retry::{Attempt, RetryPolicy, retry};
-pub use token::SessionToken;
+pub use token::{SessionToken, TokenSource};
 use types::*;
 
 pub const TOKEN_HEADER: &str = "Coder-Session-Token";
@@ -79,6 +80,14 @@ impl fmt::Display for CoderError {
 
 impl std::error::Error for CoderError {}
 
+/// One listing of the running workspaces.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    pub workspaces: Vec<Workspace>,
+    /// Coder's clock minus ours, when the response had a `Date` header.
+    pub clock_offset: Option<chrono::Duration>,
+}
+
 /// The outcome of asking Coder to stop a workspace.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StopOutcome {
@@ -108,7 +117,7 @@ impl ClientOptions {
 pub struct CoderClient {
     http: reqwest::Client,
     base: String,
-    token: SessionToken,
+    token: Arc<TokenSource>,
     retry: RetryPolicy,
     max_listing_bytes: usize,
     /// Routes Coder rate-limited, and until when (from `Retry-After`).
@@ -124,20 +133,52 @@ impl fmt::Debug for CoderClient {
 
 impl CoderClient {
     pub fn new(base_url: &Url, token: SessionToken, timeout: Duration, retry: RetryPolicy) -> Result<Self, Error> {
-        Self::with_options(base_url, token, ClientOptions::new(timeout, retry))
+        Self::with_options(base_url, TokenSource::fixed(token), ClientOptions::new(timeout, retry))
     }
 
-    pub fn with_options(base_url: &Url, token: SessionToken, options: ClientOptions) -> Result<Self, Error> {
+    pub fn with_options(base_url: &Url, token: TokenSource, options: ClientOptions) -> Result<Self, Error> {
         let http = crate::http::client(options.timeout, Duration::from_secs(5), &options.tls)?;
         Ok(CoderClient {
             http,
             base: base_url.as_str().trim_end_matches('/').to_string(),
-            token,
+            token: Arc::new(token),
             retry: options.retry,
             max_listing_bytes: options.max_listing_bytes,
             held: Arc::new(Mutex::new(HashMap::new())),
             observer: None,
         })
+    }
+
+    /// The token requests carry now.
+    pub fn token(&self) -> SessionToken {
+        self.token.current()
+    }
+
+    /// Re-reads the token file; true when a new token took effect (logged as `token_reloaded`).
+    pub fn reload_token(&self) -> bool {
+        match self.token.reload() {
+            Ok(true) => {
+                tracing::info!(
+                    event = "token_reloaded",
+                    key_id = self.token.current().key_id().unwrap_or("?"),
+                    "the token file changed; using the new token"
+                );
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!(event = "token_file_unreadable", error = %e, "cannot re-read the token file; keeping the current token");
+                false
+            }
+        }
+    }
+
+    /// Runs `call`; after a 401, re-reads the token file and, if it holds a new token, once more.
+    async fn with_fresh_token<T, Fut: Future<Output = Result<T, CoderError>>>(&self, call: impl Fn() -> Fut) -> Result<T, CoderError> {
+        match call().await {
+            Err(e) if e.kind == ErrorKind::Unauthorized && self.reload_token() => call().await,
+            other => other,
+        }
     }
 
     pub fn with_observer(mut self, observer: RequestObserver) -> Self {
@@ -167,18 +208,25 @@ impl CoderClient {
     /// The body is parsed as it streams in (10,000 workspaces are about 42 MB of JSON), so only
     /// the fields this service reads are ever held in memory.
     pub async fn running_workspaces(&self) -> Result<Vec<Workspace>, CoderError> {
+        self.listing().await.map(|l| l.workspaces)
+    }
+
+    /// The running workspaces, with Coder's clock as its `Date` header showed it.
+    pub async fn listing(&self) -> Result<Listing, CoderError> {
         const ENDPOINT: &str = "GET /api/v2/workspaces";
         let url = format!("{}/api/v2/workspaces?q=status%3Arunning", self.base);
         self.check_hold(ENDPOINT)?;
-        let resp: WorkspacesResponse = retry(self.retry, || self.list_once(ENDPOINT, &url)).await?;
-        Ok(resp.workspaces)
+        let (resp, clock_offset) = self.with_fresh_token(|| retry(self.retry, || self.list_once(ENDPOINT, &url))).await?;
+        Ok(Listing { workspaces: resp.workspaces, clock_offset })
     }
 
-    async fn list_once(&self, endpoint: &'static str, url: &str) -> Attempt<WorkspacesResponse, CoderError> {
+    async fn list_once(&self, endpoint: &'static str, url: &str) -> Attempt<(WorkspacesResponse, Option<chrono::Duration>), CoderError> {
+        let sent = chrono::Utc::now();
         let mut resp = match self.request(Method::GET, url).send().await {
             Ok(r) => r,
             Err(e) => return self.transport_failure(endpoint, &e),
         };
+        let clock_offset = clock_offset(resp.headers(), sent, chrono::Utc::now());
         let status = resp.status();
         self.observe(endpoint, status.as_u16());
         if !status.is_success() {
@@ -219,10 +267,24 @@ impl CoderClient {
             return body_failure(endpoint, BodyError::Transport(error_chain(&e.without_url())));
         }
         match parsed {
-            Ok(Ok(list)) => Attempt::Done(Ok(list)),
+            Ok(Ok(list)) => Attempt::Done(Ok((list, clock_offset))),
             Ok(Err(e)) => Attempt::Done(Err(unexpected_body(endpoint, e))),
             Err(e) => Attempt::Done(Err(unexpected_body(endpoint, format!("the parser task failed: {e}")))),
         }
+    }
+
+    /// `POST /api/v2/authcheck`: what the token may do (its user's roles and its scope).
+    /// Checks are asked for any organization: an organization admin may act in its own.
+    pub async fn authcheck(&self, actions: &[&str], resource_type: &str) -> Result<HashMap<String, bool>, CoderError> {
+        let checks = actions
+            .iter()
+            .map(|a| {
+                let object = AuthorizationObject { resource_type: resource_type.to_string(), any_org: true };
+                (a.to_string(), AuthorizationCheck { object, action: a.to_string() })
+            })
+            .collect();
+        let body = AuthorizationRequest { checks };
+        self.call(Method::POST, "POST /api/v2/authcheck", "/api/v2/authcheck".into(), Some(&body)).await
     }
 
     /// `GET /api/v2/workspaces/{id}`: one workspace, its latest build included.
@@ -284,12 +346,12 @@ impl CoderClient {
             Ok(b) => b,
             Err(e) => return Err(CoderError { kind: ErrorKind::Decode, endpoint, message: format!("cannot encode the request: {e}") }),
         };
-        retry(policy, || self.try_once(method.clone(), endpoint, &url, body.as_deref())).await
+        self.with_fresh_token(|| retry(policy, || self.try_once(method.clone(), endpoint, &url, body.as_deref()))).await
     }
 
     /// A request with the token (in its header only: never in a URL).
     fn request(&self, method: Method, url: &str) -> reqwest::RequestBuilder {
-        self.http.request(method, url).header(TOKEN_HEADER, self.token.expose()).header("Accept", "application/json")
+        self.http.request(method, url).header(TOKEN_HEADER, self.token.current().expose()).header("Accept", "application/json")
     }
 
     /// Fails at once while Coder's `Retry-After` for this route has not passed.
@@ -456,6 +518,20 @@ fn describe(status: StatusCode, body: &[u8]) -> String {
     format!("HTTP {}: {}", status.as_u16(), if text.is_empty() { "(empty body)" } else { &text })
 }
 
+/// Coder's clock minus ours, from the response's `Date` header against the midpoint of the
+/// request (the header has 1 s resolution; the estimate is good to about a second plus half
+/// the round trip).
+fn clock_offset(
+    headers: &reqwest::header::HeaderMap,
+    sent: chrono::DateTime<chrono::Utc>,
+    received: chrono::DateTime<chrono::Utc>,
+) -> Option<chrono::Duration> {
+    let date = headers.get(reqwest::header::DATE)?.to_str().ok()?;
+    let coder = chrono::DateTime::parse_from_rfc2822(date).ok()?.with_timezone(&chrono::Utc);
+    let midpoint = sent + (received - sent) / 2;
+    Some(coder - midpoint)
+}
+
 /// `Retry-After` in seconds, clamped to `MAX_RETRY_AFTER` (a huge value must not overflow a
 /// deadline). The HTTP-date form is not used by Coder and is ignored.
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
@@ -491,6 +567,16 @@ mod tests {
             describe(StatusCode::PRECONDITION_REQUIRED, plain),
             "HTTP 428: \"X-Coder-Bypass-Ratelimit\" provided but user is not owner"
         );
+    }
+
+    #[test]
+    fn coders_clock_from_the_date_header() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(reqwest::header::DATE, "Sun, 29 Nov 2026 08:00:00 GMT".parse().unwrap());
+        let sent = chrono::DateTime::parse_from_rfc3339("2026-11-29T10:00:00Z").unwrap().with_timezone(&chrono::Utc);
+        let offset = clock_offset(&h, sent, sent + chrono::Duration::seconds(2)).unwrap();
+        assert_eq!(offset, chrono::Duration::seconds(-2 * 3600 - 1), "Coder is 2 h behind (against the midpoint)");
+        assert_eq!(clock_offset(&reqwest::header::HeaderMap::new(), sent, sent), None);
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! The owner session token: read from the environment or a file, never printed. `Debug` and
-//! `Display` are redacted, so it cannot leak through logs, errors or `--help`.
+//! `Display` are redacted, so it cannot leak through logs, errors or `--help`. A token read
+//! from a file is re-read when the file changes (Kubernetes swaps a mounted Secret in place)
+//! and after a 401, so a rotated token takes effect without a restart.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 
 #[derive(Clone, PartialEq, Eq)]
 pub struct SessionToken(String);
@@ -36,6 +39,46 @@ impl SessionToken {
     }
 }
 
+/// Where the client's token comes from: fixed (the environment), or a file that may change.
+#[derive(Debug)]
+pub struct TokenSource {
+    current: RwLock<SessionToken>,
+    file: Option<PathBuf>,
+}
+
+impl TokenSource {
+    pub fn fixed(token: SessionToken) -> Self {
+        TokenSource { current: RwLock::new(token), file: None }
+    }
+
+    /// `token` was read from `path` (at start-up, by the settings).
+    pub fn file(token: SessionToken, path: PathBuf) -> Self {
+        TokenSource { current: RwLock::new(token), file: Some(path) }
+    }
+
+    pub fn current(&self) -> SessionToken {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Re-reads the file. `Ok(true)` when it holds a new token (now current); `Ok(false)` when
+    /// unchanged or not from a file; an unreadable or empty file (mid-rotation) keeps the
+    /// current token and says why.
+    pub fn reload(&self) -> Result<bool, String> {
+        let Some(path) = &self.file else { return Ok(false) };
+        let fresh = SessionToken::from_file(path)?;
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if *current == fresh {
+            return Ok(false);
+        }
+        *current = fresh;
+        Ok(true)
+    }
+
+    pub fn from_file(&self) -> bool {
+        self.file.is_some()
+    }
+}
+
 impl fmt::Debug for SessionToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("SessionToken(<redacted>)")
@@ -57,6 +100,22 @@ mod tests {
         let t = SessionToken::new("abcDEF1234-s3cr3tvalue").unwrap();
         assert!(!format!("{t:?} {t}").contains("s3cr3t"));
         assert_eq!(t.key_id(), Some("abcDEF1234"));
+    }
+
+    #[test]
+    fn a_token_file_is_reread_when_it_changes() {
+        let path = std::env::temp_dir().join(format!("cgr-token-{}", std::process::id()));
+        std::fs::write(&path, "key0000001-first\n").unwrap();
+        let source = TokenSource::file(SessionToken::from_file(&path).unwrap(), path.clone());
+        assert_eq!(source.reload(), Ok(false));
+        std::fs::write(&path, "key0000002-second\n").unwrap();
+        assert_eq!(source.reload(), Ok(true));
+        assert_eq!(source.current().key_id(), Some("key0000002"));
+        std::fs::write(&path, "").unwrap();
+        assert!(source.reload().is_err(), "an empty file mid-rotation is an error...");
+        assert_eq!(source.current().key_id(), Some("key0000002"), "...and the current token stays");
+        std::fs::remove_file(&path).ok();
+        assert_eq!(TokenSource::fixed(SessionToken::new("a-b").unwrap()).reload(), Ok(false));
     }
 
     #[test]

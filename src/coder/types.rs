@@ -22,6 +22,8 @@ pub struct Workspace {
     pub name: String,
     pub owner_name: String,
     #[serde(default)]
+    pub owner_id: String,
+    #[serde(default)]
     pub template_name: String,
     pub created_at: Time,
     pub last_used_at: Time,
@@ -30,6 +32,22 @@ pub struct Workspace {
     pub ttl_ms: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autostart_schedule: Option<String>,
+    /// A prebuilt workspace (owned by the `prebuilds` system user until claimed).
+    #[serde(default)]
+    pub is_prebuild: bool,
+    /// The Coder Task this workspace backs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+}
+
+/// The `prebuilds` system user (`coderd/database/migrations`): its workspaces are prebuilds,
+/// also on servers older than the `is_prebuild` field.
+pub const PREBUILDS_USER_ID: &str = "c42fdf75-3097-471c-8c33-fb52454d81c0";
+
+impl Workspace {
+    pub fn is_prebuild(&self) -> bool {
+        self.is_prebuild || self.owner_id.eq_ignore_ascii_case(PREBUILDS_USER_ID)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -82,6 +100,8 @@ pub struct WorkspaceAgent {
     pub first_connected_at: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_connected_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disconnected_at: Option<Time>,
 }
 
 macro_rules! lenient_enum {
@@ -152,12 +172,6 @@ pub struct User {
     pub status: String,
 }
 
-impl User {
-    pub fn is_owner(&self) -> bool {
-        self.roles.iter().any(|r| r.name == "owner")
-    }
-}
-
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct SlimRole {
     pub name: String,
@@ -206,6 +220,26 @@ pub struct ValidationError {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct CreateWorkspaceBuildRequest {
     pub transition: Transition,
+}
+
+/// `codersdk.AuthorizationRequest`: named permission checks.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AuthorizationRequest {
+    pub checks: std::collections::BTreeMap<String, AuthorizationCheck>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AuthorizationCheck {
+    pub object: AuthorizationObject,
+    /// An RBAC action (`codersdk.RBACAction`: `read`, `stop`, ...).
+    pub action: String,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct AuthorizationObject {
+    pub resource_type: String,
+    /// Any organization the user belongs to (an organization admin's rights are per org).
+    pub any_org: bool,
 }
 
 /// `codersdk.UpdateWorkspaceTTLRequest`. `None` (null) disables autostop.
