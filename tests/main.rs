@@ -5,6 +5,7 @@
 mod architecture;
 mod cli;
 mod coder_client;
+mod coder_world;
 mod common;
 mod contract;
 mod decide;

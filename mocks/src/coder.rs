@@ -474,7 +474,7 @@ async fn list_workspaces(State(s): State<CoderState>, Query(lq): Query<ListQuery
     let mut rows: Vec<&Workspace> = w
         .workspaces
         .iter()
-        .filter(|ws| w.users[me].owner || ws.owner == me)
+        .filter(|ws| w.may_act_on(me, ws))
         .filter(|ws| owner.as_deref().is_none_or(|o| w.users[ws.owner].username == o || (o == "me" && ws.owner == me)))
         .filter(|ws| status.as_deref().is_none_or(|st| ws.latest().is_some_and(|b| status_of(b) == st)))
         .collect();
@@ -494,7 +494,7 @@ async fn get_workspace(State(s): State<CoderState>, Path(id): Path<String>, req:
     let w = lock(&s.world);
     let me = caller(req.extensions());
     match Uuid::parse_str(&id).ok().and_then(|id| w.ws_index(id)).map(|i| &w.workspaces[i]) {
-        Some(ws) if w.users[me].owner || ws.owner == me => axum::Json(workspace_json(&w, ws)).into_response(),
+        Some(ws) if w.may_act_on(me, ws) => axum::Json(workspace_json(&w, ws)).into_response(),
         _ => coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() }),
     }
 }

@@ -260,6 +260,8 @@ pub struct World {
     pub workspaces: Vec<Workspace>,
     /// Which workspace's pod holds each GPU.
     pub gpu_holders: Vec<Option<Uuid>>,
+    /// GPUs on drained (cordoned) nodes: nothing is scheduled onto them.
+    pub cordoned: Vec<bool>,
     pub gpu_uuids: Vec<String>,
     pub events: Vec<Event>,
     rng: u64,
@@ -319,6 +321,7 @@ impl World {
             organization_id: Uuid::new_v4(),
             workspaces: Vec::new(),
             gpu_holders: vec![None; gpus],
+            cordoned: vec![false; gpus],
             gpu_uuids: (0..gpus).map(|_| format!("GPU-{}", Uuid::new_v4())).collect(),
             events: Vec::new(),
             rng: config.seed.max(1),
@@ -371,6 +374,13 @@ impl World {
         for t in self.tokens.iter_mut().filter(|t| t.token == token) {
             t.revoked = true;
         }
+    }
+
+    /// Whether `user` may read and stop `ws`: an owner any, an organization admin those of its
+    /// organization (this world has one), a member its own (`rbac/roles.go`).
+    pub fn may_act_on(&self, user: usize, ws: &Workspace) -> bool {
+        let u = &self.users[user];
+        u.owner || u.org_admin || ws.owner == user
     }
 
     /// What `POST /api/v2/authcheck` answers for one check: the role's permission on the
@@ -477,8 +487,7 @@ impl World {
     /// `POST /api/v2/workspaces/{id}/builds`, as `by` (a user index).
     pub fn create_build(&mut self, ws_id: Uuid, transition: &'static str, by: usize, reason: &'static str) -> Result<Uuid, ApiError> {
         let wi = self.ws_index(ws_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
-        let user = &self.users[by];
-        if !user.owner && self.workspaces[wi].owner != by {
+        if !self.may_act_on(by, &self.workspaces[wi]) {
             // A member cannot read another user's workspace: Coder says 404, not 403.
             return Err(api_error(404, NOT_FOUND));
         }
@@ -647,7 +656,7 @@ impl World {
     /// Gives free GPUs to pods waiting for one: the oldest first, or at random.
     fn schedule_pods(&mut self) {
         loop {
-            let Some(free) = self.gpu_holders.iter().position(Option::is_none) else { return };
+            let Some(free) = (0..self.gpu_holders.len()).find(|&g| self.gpu_holders[g].is_none() && !self.cordoned[g]) else { return };
             let mut waiting: Vec<usize> =
                 (0..self.workspaces.len()).filter(|&i| self.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none())).collect();
             if waiting.is_empty() {
@@ -721,6 +730,17 @@ impl World {
     pub fn stall_next_stop(&mut self, ws_id: Uuid) {
         if let Some(wi) = self.ws_index(ws_id) {
             self.workspaces[wi].stall_next_stop = true;
+        }
+    }
+
+    /// The node of GPU `g` is drained: it is cordoned and the pod on it is evicted.
+    pub fn drain_gpu(&mut self, g: usize) {
+        if g >= self.cordoned.len() {
+            return;
+        }
+        self.cordoned[g] = true;
+        if let Some(ws) = self.gpu_holders[g] {
+            self.evict(ws);
         }
     }
 
