@@ -48,10 +48,12 @@ async fn serve(n: usize) {
         buildinfo: fixture("buildinfo.json"),
         owner: fixture("user_owner.json"),
     });
-    // Start-up reads buildinfo and users/me (the key lookup 404s: expiry unknown, a warning).
+    // Start-up reads buildinfo, users/me and authcheck (the key lookup 404s: expiry unknown, a
+    // warning).
     let app = Router::new()
         .route("/api/v2/buildinfo", get(|State(s): State<Arc<Served>>| async move { s.buildinfo.clone() }))
         .route("/api/v2/users/me", get(|State(s): State<Arc<Served>>| async move { s.owner.clone() }))
+        .route("/api/v2/authcheck", axum::routing::post(|| async { axum::Json(serde_json::json!({"read": true, "stop": true})) }))
         .route("/api/v2/workspaces", get(|State(s): State<Arc<Served>>| async move { s.listing.clone() }))
         .route(
             "/node/{i}/metrics",

@@ -57,6 +57,8 @@ pub struct Application {
     mode: Mode,
     /// When the token was last asked about (expiry, permissions).
     token_checked: Instant,
+    /// Exporters are scraped this often between passes (`None`: Prometheus keeps the history).
+    sample_interval: Option<Duration>,
 }
 
 /// How often the token's expiry and permissions are asked about when it does not change.
@@ -126,7 +128,11 @@ impl Application {
         };
         let actuator = outputs.map(|outputs| Actuator::new(mode, coder.clone(), metrics, outputs, limits, Some(identity.user_id.clone())));
         let evaluator = Evaluator::new(coder.clone(), source, settings.policy.clone(), settings.interval);
-        Ok(Application { state, evaluator, actuator, identity, coder, mode, token_checked: Instant::now() })
+        let sample_interval = match settings.gpu {
+            GpuSourceSettings::Exporters(_) if settings.sample_interval < settings.interval => Some(settings.sample_interval),
+            _ => None,
+        };
+        Ok(Application { state, evaluator, actuator, identity, coder, mode, token_checked: Instant::now(), sample_interval })
     }
 
     /// Re-reads the token file each pass; a new token (or a day since the last look) is asked
@@ -186,14 +192,25 @@ impl Application {
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let mut ticker = tokio::time::interval(self.state.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Between passes, the exporters are read every sample interval; those readings join
+        // the next pass's (the first sample comes one sample interval after a pass).
+        let sample_every = self.sample_interval.unwrap_or(Duration::from_secs(365 * 24 * 3600));
+        let mut sampler = tokio::time::interval_at(tokio::time::Instant::now() + sample_every, sample_every);
+        sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
-            tokio::select! {
-                _ = ticker.tick() => {}
+            let pass_due = tokio::select! {
+                _ = ticker.tick() => true,
+                _ = sampler.tick() => false,
                 _ = shutdown.changed() => break,
-            }
+            };
             if *shutdown.borrow() {
                 break;
             }
+            if !pass_due {
+                self.evaluator.sample().await;
+                continue;
+            }
+            sampler.reset();
             let stop_rx = shutdown.clone();
             let pass = self.pass(&stop_rx);
             tokio::pin!(pass);

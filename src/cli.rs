@@ -87,6 +87,10 @@ pub struct CommonArgs {
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub interval: Option<Duration>,
 
+    /// Scrape the exporters this often between passes, so no reading is skipped [default: 15s, at most --interval]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
+    pub sample_interval: Option<Duration>,
+
     /// A GPU idle this long, with no connection for as long, is reclaimed [default: 30m]
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
     pub idle_after: Option<Duration>,

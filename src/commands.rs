@@ -67,6 +67,7 @@ pub async fn plan(settings: Settings, output: OutputFormat, sample_for: Option<D
         let mut waited = Duration::ZERO;
         while waited < sample_for {
             app.evaluator.sample().await;
+            app.evaluator.flush_samples();
             let nap = step.min(sample_for - waited);
             tokio::time::sleep(nap).await;
             waited += nap;

@@ -40,6 +40,8 @@ pub struct FileConfig {
     #[serde(default, with = "crate::duration::opt")]
     pub interval: Option<Duration>,
     #[serde(default, with = "crate::duration::opt")]
+    pub sample_interval: Option<Duration>,
+    #[serde(default, with = "crate::duration::opt")]
     pub request_timeout: Option<Duration>,
     pub log_format: Option<LogFormat>,
     pub listen: Option<String>,
@@ -80,6 +82,11 @@ pub struct FileConfig {
     pub reclaim_tasks: Option<bool>,
     #[serde(default, with = "crate::duration::opt")]
     pub stop_timeout: Option<Duration>,
+    #[serde(default, with = "crate::duration::opt")]
+    pub frozen_after: Option<Duration>,
+    /// GPU model glob -> watts: a GPU drawing at least this is kept (a power veto).
+    #[serde(default)]
+    pub active_power_watts: Option<std::collections::BTreeMap<String, f64>>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<Rule>,
 }
@@ -126,6 +133,8 @@ pub struct Settings {
     pub gpu: GpuSourceSettings,
     pub ownership: Ownership,
     pub interval: Duration,
+    /// Exporters are scraped this often between passes (at most `interval`).
+    pub sample_interval: Duration,
     pub request_timeout: Duration,
     pub log_format: LogFormat,
     pub listen: SocketAddr,
@@ -172,6 +181,8 @@ fn mib(setting: &str, v: Option<usize>, default: usize) -> Result<usize, Error> 
 }
 
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+/// dcgm-exporter collects every 30 s by default: sampling at 15 s sees every reading.
+pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 9464);
 
 impl Settings {
@@ -184,6 +195,7 @@ impl Settings {
             gpu,
             ownership: Ownership::default(),
             interval: DEFAULT_INTERVAL,
+            sample_interval: DEFAULT_SAMPLE_INTERVAL,
             request_timeout: Duration::from_secs(10),
             log_format: LogFormat::Text,
             listen: DEFAULT_LISTEN,
@@ -259,6 +271,20 @@ impl Settings {
         if interval < Duration::from_secs(1) {
             return err("--interval must be at least 1s, e.g. --interval 60s");
         }
+        let sample_interval = match args.sample_interval.or(file.sample_interval) {
+            Some(d) if d > interval => {
+                return err(format!(
+                    "--sample-interval {} is longer than --interval {}: sample at most once a pass, e.g. --sample-interval 15s",
+                    humantime::format_duration(d),
+                    humantime::format_duration(interval)
+                ));
+            }
+            Some(d) if d < Duration::from_millis(500) => {
+                return err("--sample-interval must be at least 500ms, e.g. --sample-interval 15s");
+            }
+            Some(d) => d,
+            None => DEFAULT_SAMPLE_INTERVAL.min(interval),
+        };
         let request_timeout = args.request_timeout.or(file.request_timeout).unwrap_or(Duration::from_secs(10));
         if request_timeout.is_zero() {
             return err("--request-timeout must be more than 0s, e.g. --request-timeout 10s");
@@ -306,6 +332,7 @@ impl Settings {
             gpu,
             ownership: Ownership { namespace: file.namespace.clone(), workspace_id_label: file.workspace_id_label.clone() },
             interval,
+            sample_interval,
             request_timeout,
             log_format: args.log_format.or(file.log_format).unwrap_or(default_log_format),
             listen,
@@ -334,9 +361,10 @@ impl Settings {
             ReclaimWhen::Contended => "contended",
         };
         format!(
-            "coder_url={} {gpu} interval={} idle_after={} grace={} reclaim_when={when} rules={}",
+            "coder_url={} {gpu} interval={} sample_interval={} idle_after={} grace={} reclaim_when={when} rules={}",
             crate::http::redact(&self.coder_url).trim_end_matches('/'),
             humantime::format_duration(self.interval),
+            humantime::format_duration(self.sample_interval),
             humantime::format_duration(t.idle_after),
             humantime::format_duration(t.grace),
             self.policy.rules.len()
@@ -412,6 +440,22 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     }
     p.max_stops_per_pass = file.max_stops_per_pass.unwrap_or(p.max_stops_per_pass);
     p.reclaim_tasks = file.reclaim_tasks.unwrap_or(p.reclaim_tasks);
+    p.frozen_after = file.frozen_after.unwrap_or(p.frozen_after);
+    if file.frozen_after.is_some() && p.frozen_after < interval * 2 {
+        return err("frozen_after must be at least twice the interval: readings are compared pass to pass, e.g. frozen_after = \"3m\"");
+    }
+    if let Some(table) = &file.active_power_watts {
+        // The most specific pattern first: a longer glob wins over a shorter one.
+        let mut rules: Vec<(String, f64)> = Vec::with_capacity(table.len());
+        for (glob, watts) in table {
+            if !watts.is_finite() || *watts <= 0.0 {
+                return err(format!("active_power_watts {glob:?} = {watts}: write the watts a busy GPU of that model draws, e.g. 150"));
+            }
+            rules.push((glob.clone(), *watts));
+        }
+        rules.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        p.active_power_watts = rules;
+    }
     p.stop_timeout = file.stop_timeout.unwrap_or(p.stop_timeout);
     if p.stop_timeout < interval {
         return err("stop_timeout must be at least the interval: a stop build is looked at once a pass");

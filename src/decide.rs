@@ -51,6 +51,7 @@ pub enum Reason {
     NoGpuData,
     SampleGap,
     StaleData,
+    FrozenData,
     MetricsDisagree,
     GpuActive,
     Connected,
@@ -77,6 +78,7 @@ impl Reason {
             Reason::NoGpuData => "no-gpu-data",
             Reason::SampleGap => "sample-gap",
             Reason::StaleData => "stale-data",
+            Reason::FrozenData => "frozen-data",
             Reason::MetricsDisagree => "metrics-disagree",
             Reason::GpuActive => "gpu-active",
             Reason::Connected => "connected",
@@ -126,11 +128,37 @@ pub enum SampleState {
     NoCompute,
 }
 
-/// Classifies one sample by the best compute signal it has: SM_ACTIVE, else GR_ENGINE_ACTIVE,
-/// else utilization. Utilization above zero on an (almost) empty framebuffer is never work.
+/// What a sample is read with besides its values: whether the GPU is shared (virtual-GPU mode:
+/// the values are the device's), and the power veto for its model.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SampleContext {
+    pub shared: bool,
+    pub active_power_watts: Option<f64>,
+}
+
+impl SampleContext {
+    pub fn of(w: &GpuWindow, p: &Policy) -> Self {
+        SampleContext { shared: w.shared, active_power_watts: p.active_power_for(w.model.as_deref()) }
+    }
+}
+
+/// Classifies one sample of an unshared GPU without a power veto (see `classify_in`).
 pub fn classify(v: &SignalValues, p: &Policy) -> SampleState {
+    classify_in(v, p, SampleContext::default())
+}
+
+/// Classifies one sample by the best compute signal it has: SM_ACTIVE, else GR_ENGINE_ACTIVE,
+/// else utilization. Video encode or decode at the utilization minimum is work, and so is
+/// drawing the model's `active_power_watts`. Utilization above zero on an (almost) empty
+/// framebuffer is never work; a shared GPU is judged by the device's values alone.
+pub fn classify_in(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleState {
     let util = v.get(Signal::GpuUtil);
     let gr = v.get(Signal::GrEngineActive);
+    let video = [Signal::EncUtil, Signal::DecUtil].into_iter().any(|s| v.get(s).is_some_and(|x| x >= p.gpu_util_min));
+    let power = ctx.active_power_watts.is_some_and(|min| v.get(Signal::PowerWatts).is_some_and(|w| w >= min));
+    if video || power {
+        return SampleState::Active;
+    }
     let compute_active = if let Some(sm) = v.get(Signal::SmActive) {
         sm >= p.sm_active_min
     } else if let Some(gr) = gr {
@@ -140,6 +168,9 @@ pub fn classify(v: &SignalValues, p: &Policy) -> SampleState {
     } else {
         return SampleState::NoCompute;
     };
+    if ctx.shared {
+        return if compute_active { SampleState::Active } else { SampleState::Idle };
+    }
     let empty_memory = v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib);
     let claims_work = util.is_some_and(|u| u >= p.gpu_util_min) || gr.is_some_and(|g| g >= p.gr_engine_active_min);
     if compute_active && !empty_memory {
@@ -151,10 +182,41 @@ pub fn classify(v: &SignalValues, p: &Policy) -> SampleState {
     }
 }
 
-fn disagrees(v: &SignalValues, p: &Policy) -> bool {
-    let util = v.get(Signal::GpuUtil);
-    let gr = v.get(Signal::GrEngineActive);
-    matches!((util, gr), (Some(u), Some(g)) if u >= p.disagree_util_min && g <= p.disagree_gr_engine_max)
+/// A counter that contradicts another in one sample: SM_ACTIVE at zero while GR_ENGINE_ACTIVE
+/// says busy, or the chosen compute signal at zero while the tensor pipes or device memory are
+/// busy (on MIG, with no utilization at all, nothing else would contradict a stuck GR). An
+/// empty framebuffer settles it: no process, so the busy readings are phantom, not stuck.
+fn contradiction(v: &SignalValues, p: &Policy) -> Option<&'static str> {
+    if v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib) {
+        return None;
+    }
+    let zero = |s: Signal| v.get(s).is_some_and(|x| x <= p.about_zero);
+    let busy = |s: Signal, min: f64| v.get(s).is_some_and(|x| x >= min);
+    if zero(Signal::SmActive) && busy(Signal::GrEngineActive, p.gr_engine_active_min) {
+        return Some("SM_ACTIVE reads zero while GR_ENGINE_ACTIVE says busy (a stuck profiling counter?)");
+    }
+    let compute_zero = if v.get(Signal::SmActive).is_some() {
+        zero(Signal::SmActive)
+    } else if v.get(Signal::GrEngineActive).is_some() {
+        zero(Signal::GrEngineActive)
+    } else {
+        zero(Signal::GpuUtil)
+    };
+    if compute_zero && (busy(Signal::TensorActive, p.sm_active_min) || busy(Signal::DramActive, p.sm_active_min)) {
+        return Some("the compute counter reads zero while the tensor pipes or device memory are busy (a stuck counter?)");
+    }
+    None
+}
+
+/// GR_ENGINE_ACTIVE at zero while utilization says busy, in two consecutive samples (one could
+/// be two readings taken at slightly different moments).
+fn gr_stuck(samples: &[&SignalValues], p: &Policy) -> bool {
+    let one = |v: &SignalValues| {
+        v.get(Signal::FbUsedMib).is_none_or(|fb| fb >= p.empty_memory_mib)
+            && v.get(Signal::GrEngineActive).is_some_and(|g| g <= p.about_zero)
+            && v.get(Signal::GpuUtil).is_some_and(|u| u >= p.gpu_util_min)
+    };
+    samples.windows(2).any(|pair| one(pair[0]) && one(pair[1]))
 }
 
 struct Builder<'a> {
@@ -306,18 +368,33 @@ fn judge_gpus(
     if now - oldest_latest > dur(policy.stale_after) {
         return b.out(Verdict::Unknown, Reason::StaleData, format!("newest GPU sample is {} old", human(now - oldest_latest)), None);
     }
-    let recent = |w: &&GpuWindow| w.since(span_start).map(|s| s.values).collect::<Vec<_>>();
+    let frozen_after = dur(policy.frozen_after);
+    if let Some((w, since)) = windows.iter().filter_map(|w| w.unchanged_since().map(|t| (w, t))).find(|(_, t)| now - *t > frozen_after) {
+        return b.out(
+            Verdict::Unknown,
+            Reason::FrozenData,
+            format!(
+                "GPU {}: readings unchanged for {} (energy counter not rising): the exporter or hostengine serves cached values",
+                w.key.uuid,
+                human(now - since)
+            ),
+            None,
+        );
+    }
     for w in windows {
-        let values = recent(w);
-        if values.iter().any(|v| disagrees(v, policy)) {
-            return b.out(
-                Verdict::Unknown,
-                Reason::MetricsDisagree,
-                format!("GPU {}: utilization is high while GR_ENGINE_ACTIVE reads zero (profiling fields stuck?)", w.key.uuid),
-                None,
-            );
+        let values: Vec<&SignalValues> = w.since(span_start).map(|s| &s.values).collect();
+        let disagreement = if w.shared {
+            None
+        } else if gr_stuck(&values, policy) {
+            Some("GR_ENGINE_ACTIVE reads zero while utilization says busy (a stuck profiling counter?)")
+        } else {
+            values.iter().find_map(|v| contradiction(v, policy))
+        };
+        if let Some(why) = disagreement {
+            return b.out(Verdict::Unknown, Reason::MetricsDisagree, format!("GPU {}: {why}", w.key.uuid), None);
         }
-        if values.iter().any(|v| classify(v, policy) == SampleState::NoCompute) {
+        let ctx = SampleContext::of(w, policy);
+        if values.iter().any(|v| classify_in(v, policy, ctx) == SampleState::NoCompute) {
             return b.out(
                 Verdict::Unknown,
                 Reason::NoGpuData,
@@ -326,7 +403,8 @@ fn judge_gpus(
             );
         }
     }
-    if windows.iter().any(|w| w.latest().is_some_and(|s| classify(&s.values, policy) == SampleState::Active)) {
+    let active_in = |w: &GpuWindow, s: &GpuSample| classify_in(&s.values, policy, SampleContext::of(w, policy)) == SampleState::Active;
+    if windows.iter().any(|w| w.latest().is_some_and(|s| active_in(w, s))) {
         return b.out(Verdict::Keep, Reason::GpuActive, "GPU is computing".into(), Some(Duration::zero()));
     }
     let fewest = windows.iter().map(|w| w.count_since(span_start)).min().unwrap_or(0);
@@ -343,9 +421,8 @@ fn judge_gpus(
             None,
         );
     }
-    let is_active = |s: &GpuSample| classify(&s.values, policy) == SampleState::Active;
     // Every GPU is idle now; the workspace has been idle since the latest GPU went idle.
-    let idle_since = windows.iter().filter_map(|w| w.idle_since(is_active, max_gap)).max().unwrap_or(now);
+    let idle_since = windows.iter().filter_map(|w| w.idle_since(|s| active_in(w, s), max_gap)).max().unwrap_or(now);
     let gpu_idle = (now - idle_since).max(Duration::zero());
     let conn_idle = b.connection_idle;
     let history_from = windows.iter().filter_map(|w| w.first_at()).max().unwrap_or(now);
@@ -362,8 +439,7 @@ fn judge_gpus(
         }
     }
     if gpu_idle >= idle_after && conn_idle >= idle_after {
-        let idle_samples = windows.iter().flat_map(|w| w.since(idle_since));
-        let reason = idle_reason(idle_samples, windows, policy);
+        let reason = idle_reason(idle_since, windows, policy);
         let what = match reason {
             Reason::PhantomUtilization => "GPU shows utilization but no SM work",
             Reason::MemoryHeldIdle => "GPU memory held, no compute",
@@ -390,11 +466,11 @@ fn judge_gpus(
     b.out(Verdict::Keep, Reason::NotIdleLongEnough, msg, Some(gpu_idle))
 }
 
-fn idle_reason<'a>(idle_samples: impl Iterator<Item = &'a GpuSample>, windows: &[&GpuWindow], policy: &Policy) -> Reason {
-    let mut phantom = false;
-    for s in idle_samples {
-        phantom |= classify(&s.values, policy) == SampleState::Phantom;
-    }
+fn idle_reason(idle_since: DateTime<Utc>, windows: &[&GpuWindow], policy: &Policy) -> Reason {
+    let phantom = windows.iter().any(|w| {
+        let ctx = SampleContext::of(w, policy);
+        w.since(idle_since).any(|s| classify_in(&s.values, policy, ctx) == SampleState::Phantom)
+    });
     let holds_memory = windows.iter().any(|w| w.latest_value(Signal::FbUsedMib).is_some_and(|fb| fb >= policy.memory_held_mib));
     if phantom {
         Reason::PhantomUtilization

@@ -40,6 +40,9 @@ pub struct Evaluation {
 /// it means NTP is off somewhere.
 pub const CLOCK_SKEW_WARNING: chrono::Duration = chrono::Duration::seconds(30);
 
+/// Offsets this small are below what the `Date` header can tell.
+pub const CLOCK_RESOLUTION: chrono::Duration = chrono::Duration::seconds(2);
+
 pub struct Evaluator {
     coder: CoderClient,
     source: Sources,
@@ -79,12 +82,19 @@ impl Evaluator {
         &self.source
     }
 
-    /// Reads the GPU sources only, adding samples to the windows (plan's sampling before a pass).
+    /// Reads the GPU sources only, between passes (`--sample-interval`, and `plan`'s sampling):
+    /// the readings are merged into the next pass's sample, so no reading is skipped.
     pub async fn sample(&mut self) {
         let collection = self.source.collect(Utc::now()).await;
         for r in &collection.readings {
             self.windows.record(r);
         }
+    }
+
+    /// Ends a sampling step as a pass would: the readings since become one sample (`plan`
+    /// samples a few times before its one pass).
+    pub fn flush_samples(&mut self) {
+        self.windows.flush();
     }
 
     /// Gather, merge, decide, fleet rules. Fails only when the listing fails: then nothing is
@@ -97,7 +107,10 @@ impl Evaluator {
             Ok(l) => l,
             Err(e) => return Err((e, collection.failures)),
         };
-        if let Some(offset) = listing.clock_offset {
+        // The Date header has one-second resolution (and the round trip blurs it further): an
+        // offset within `CLOCK_RESOLUTION` is no measurement, so the clocks are taken as equal.
+        let measured = listing.clock_offset.map(|o| if o.abs() <= CLOCK_RESOLUTION { chrono::Duration::zero() } else { o });
+        if let Some(offset) = measured {
             let was_skewed = self.coder_clock_offset.abs() > CLOCK_SKEW_WARNING;
             if offset.abs() > CLOCK_SKEW_WARNING && !was_skewed {
                 tracing::warn!(
@@ -125,6 +138,8 @@ impl Evaluator {
                 self.windows.record(r);
             }
         }
+        // This pass's reading and every sampled one since the last pass: one sample per pass.
+        self.windows.flush();
         let failed: HashSet<&str> = collection.failures.iter().map(|f| f.source.as_str()).collect();
         self.windows.mark_failed_sources(&failed);
         self.windows.prune(now, &live);

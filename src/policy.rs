@@ -46,10 +46,15 @@ pub struct Policy {
     pub empty_memory_mib: f64,
     /// An idle GPU holding at least this much (MiB) is `memory-held-idle`.
     pub memory_held_mib: f64,
-    /// Utilization at or above this while GR_ENGINE_ACTIVE is at or below
-    /// `disagree_gr_engine_max` means the profiling fields are stuck: unknown.
-    pub disagree_util_min: f64,
-    pub disagree_gr_engine_max: f64,
+    /// A ratio at or below this reads as zero for the cross-checks (a stuck counter reads 0.000000;
+    /// one busy SM of 132 on an H100 is 0.0076, so this is well below one SM).
+    pub about_zero: f64,
+    /// A GPU whose readings have not changed this long (energy counter not rising, or no field
+    /// changing) is `unknown`: the exporter or hostengine serves cached values.
+    pub frozen_after: Duration,
+    /// Optional power veto: a GPU of a model matching the glob that draws at least this many
+    /// watts is kept (first match wins; off when empty).
+    pub active_power_watts: Vec<(String, f64)>,
     pub min_samples: usize,
     pub max_sample_gap: Duration,
     pub stale_after: Duration,
@@ -110,8 +115,9 @@ impl Policy {
             gpu_util_min: 0.05,
             empty_memory_mib: 1.0,
             memory_held_mib: 1024.0,
-            disagree_util_min: 0.5,
-            disagree_gr_engine_max: 0.01,
+            about_zero: 0.002,
+            frozen_after: Duration::from_secs(3 * 60).max(interval * 3),
+            active_power_watts: Vec::new(),
             min_samples: 3,
             max_sample_gap: interval * 3,
             stale_after: interval * 2,
@@ -140,6 +146,12 @@ impl Policy {
             t.max_lifetime = rule.max_lifetime;
         }
         (t, rule.exempt)
+    }
+
+    /// The power-veto threshold for a GPU model, if one is set for it.
+    pub fn active_power_for(&self, model: Option<&str>) -> Option<f64> {
+        let model = model?;
+        self.active_power_watts.iter().find(|(glob, _)| glob_match(glob, model)).map(|(_, w)| *w)
     }
 
     pub fn is_gpu_template(&self, template: &str) -> bool {

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::actuator::StuckStop;
 use crate::coder::types::Workspace;
-use crate::decide::{Decision, Reason, SampleState, Verdict, classify, human};
+use crate::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify_in, human};
 use crate::gpu::GpuKey;
 use crate::gpu::signals::Signal;
 use crate::gpu::window::GpuWindow;
@@ -40,7 +40,7 @@ impl GpuSummary {
             model: w.model.clone(),
             samples: w.samples.len(),
             last_sample_at: w.last_at(),
-            state: classify(&latest, p),
+            state: classify_in(&latest, p, SampleContext::of(w, p)),
             gpu_util: show(Signal::GpuUtil),
             sm_active: show(Signal::SmActive),
             gr_engine_active: show(Signal::GrEngineActive),

@@ -206,7 +206,7 @@ fn the_fake_exporter_renders_what_the_parser_expects() {
         mocks::ExporterConfig { mig: true, ..mocks::ExporterConfig::default() },
         mocks::ExporterConfig { profiling: false, ..mocks::ExporterConfig::default() },
     ] {
-        let text = mocks::exporter::render(&world, &cfg);
+        let text = mocks::exporter::render(&world, &cfg, &[1.0e9; 4]);
         let (samples, errors) = parse(&text);
         assert!(errors.is_empty() && !samples.is_empty(), "{cfg:?}: {errors:?}");
         let src: Arc<str> = Arc::from("x");

@@ -153,6 +153,7 @@ async fn an_endless_coder_listing_fails_the_pass_not_the_process() {
     let router = Router::new()
         .route("/api/v2/buildinfo", get(move || async move { info }))
         .route("/api/v2/users/me", get(move || async move { owner }))
+        .route("/api/v2/authcheck", axum::routing::post(|| async { axum::Json(serde_json::json!({"read": true, "stop": true})) }))
         .route("/api/v2/workspaces", get(move || async move { endless("{\"workspaces\":[", ws) }));
     let url = serve(router).await;
     let dir = std::env::temp_dir().join(format!("cgr-endless-{}", std::process::id()));

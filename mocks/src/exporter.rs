@@ -37,6 +37,13 @@ pub enum Behaviour {
     Garbage,
 }
 
+/// A profiling counter that reads 0 whatever the GPU does (exporter #662, #635; DCGM #244, #303).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stuck {
+    GrEngine,
+    SmActive,
+}
+
 #[derive(Debug, Clone)]
 pub struct ExporterConfig {
     /// Profiling (DCP) fields present; absent on GPUs that lack them.
@@ -50,6 +57,19 @@ pub struct ExporterConfig {
     pub hostname: String,
     /// Only the GPUs with these pool indexes (one exporter per node); all when empty.
     pub gpus: Vec<usize>,
+    /// `-c`: how often the exporter collects (real time). Scrapes in between get the cached
+    /// values of the last collection (`EntityGetLatestValues`); zero collects at every scrape.
+    pub collect_interval: std::time::Duration,
+    /// `--kubernetes-virtual-gpus` without hostPID (the Helm chart's default): each pod series
+    /// carries `vgpu` and `pod_uid`, its GPU_UTIL and FB_USED are 0 (no process could be mapped
+    /// to the pod), its profiling fields are the device's; the device-level series (no pod
+    /// labels) carries the real values (`internal/pkg/transformation/kubernetes.go`).
+    pub virtual_gpus: bool,
+    pub stuck: Option<Stuck>,
+    /// A hung hostengine or exporter: the last collection is served forever (#164, DCGM #209).
+    pub frozen: bool,
+    /// Some values come out negative or NaN (a generic exporter bug; a parser must cope).
+    pub broken_values: bool,
 }
 
 impl Default for ExporterConfig {
@@ -62,6 +82,11 @@ impl Default for ExporterConfig {
             behaviour: Behaviour::Normal,
             hostname: "gpu-node-1".into(),
             gpus: Vec::new(),
+            collect_interval: std::time::Duration::ZERO,
+            virtual_gpus: false,
+            stuck: None,
+            frozen: false,
+            broken_values: false,
         }
     }
 }
@@ -70,6 +95,16 @@ impl Default for ExporterConfig {
 pub struct ExporterState {
     pub world: Arc<Mutex<World>>,
     pub config: Arc<Mutex<ExporterConfig>>,
+    pub cache: Arc<Mutex<Collected>>,
+}
+
+/// The exporter's last collection, and each GPU's energy counter (mJ since driver load).
+#[derive(Debug, Default)]
+pub struct Collected {
+    at: Option<std::time::Instant>,
+    text: String,
+    energy_mj: Vec<f64>,
+    energy_at: Option<std::time::Instant>,
 }
 
 struct Field {
@@ -100,6 +135,20 @@ const FIELDS: &[Field] = &[
         renamed: "DCGM_FI_DEV_BOARD_POWER_WATTS",
         help: "Power draw (in W).",
         double: true,
+        profiling: false,
+    },
+    Field {
+        legacy: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        renamed: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        help: "Total energy consumption since boot (in mJ).",
+        double: false,
+        profiling: false,
+    },
+    Field {
+        legacy: "DCGM_FI_DEV_ENC_UTIL",
+        renamed: "DCGM_FI_DEV_ENC_UTIL",
+        help: "Encoder utilization (in %).",
+        double: false,
         profiling: false,
     },
     Field {
@@ -155,9 +204,10 @@ const FIELDS: &[Field] = &[
 
 const FB_TOTAL_MIB: f64 = 22_731.0;
 
-/// Renders the exposition for the current world.
-pub fn render(world: &World, cfg: &ExporterConfig) -> String {
+/// Renders the exposition for the current world (`energy_mj[slot]`: each GPU's counter).
+pub fn render(world: &World, cfg: &ExporterConfig, energy_mj: &[f64]) -> String {
     let mut out = String::with_capacity(4096);
+    let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
     let slots: Vec<usize> = if cfg.gpus.is_empty() { (0..world.gpu_holders.len()).collect() } else { cfg.gpus.clone() };
     for f in FIELDS {
         if f.profiling && !cfg.profiling {
@@ -171,14 +221,21 @@ pub fn render(world: &World, cfg: &ExporterConfig) -> String {
         }
         let name = if cfg.names == Names::V49 { f.renamed } else { f.legacy };
         let _ = writeln!(out, "# HELP {name} {}", f.help);
-        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "# TYPE {name} {}", if f.legacy.contains("ENERGY") { "counter" } else { "gauge" });
         for &slot in &slots {
             let holder = world.gpu_holder(slot);
             let load = holder.map_or(Load::Idle, |(ws, _)| ws.load);
-            let r = load.reading();
+            let r = load.reading_at(millis);
             let zero = cfg.behaviour == Behaviour::AllZero;
+            let stuck = |which: Stuck| cfg.stuck == Some(which);
             let value = match f.legacy {
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" => energy_mj.get(slot).copied().unwrap_or(0.0),
                 _ if zero => 0.0,
+                "DCGM_FI_PROF_GR_ENGINE_ACTIVE" if stuck(Stuck::GrEngine) => 0.0,
+                "DCGM_FI_PROF_SM_ACTIVE" if stuck(Stuck::SmActive) => 0.0,
+                "DCGM_FI_DEV_GPU_UTIL" if cfg.broken_values => f64::NAN,
+                "DCGM_FI_DEV_FB_USED" if cfg.broken_values => -1.0,
+                "DCGM_FI_DEV_ENC_UTIL" => r.enc_percent,
                 "DCGM_FI_DEV_SM_CLOCK" => {
                     if r.util_percent > 0.0 {
                         1710.0
@@ -238,18 +295,56 @@ pub fn render(world: &World, cfg: &ExporterConfig) -> String {
                 let _ = write!(out, ",GPU_I_PROFILE=\"3g.71gb\",GPU_I_ID=\"{}\"", slot % 2 + 1);
             }
             let _ = write!(out, ",Hostname=\"{}\",DCGM_FI_DRIVER_VERSION=\"570.124.06\"", cfg.hostname);
-            if let Some((_, pod)) = holder {
-                let _ = write!(out, ",container=\"dev\",namespace=\"coder\",pod=\"{}\"", pod.name);
-            }
-            let rendered = if f.double || (cfg.names == Names::V49 && f.legacy == "DCGM_FI_DEV_GPU_UTIL") {
-                format!("{value:.6}")
-            } else {
-                format!("{}", value.round() as i64)
+            let head = out.rsplit_once('\n').map_or(out.as_str(), |(_, last)| last).to_string();
+            let render_value = |v: f64| {
+                if !v.is_finite() {
+                    "NaN".to_string()
+                } else if f.double || (cfg.names == Names::V49 && f.legacy == "DCGM_FI_DEV_GPU_UTIL") {
+                    format!("{v:.6}")
+                } else {
+                    format!("{}", v.round() as i64)
+                }
             };
-            let _ = writeln!(out, "}} {rendered}");
+            match holder {
+                Some((ws, pod)) if cfg.virtual_gpus => {
+                    // The device-level series (no pod labels, real values), then the pod's.
+                    let _ = writeln!(out, "}} {}", render_value(value));
+                    let per_process = matches!(f.legacy, "DCGM_FI_DEV_GPU_UTIL" | "DCGM_FI_DEV_FB_USED");
+                    let pod_value = if per_process { 0.0 } else { value };
+                    let _ = writeln!(
+                        out,
+                        "{head},container=\"dev\",namespace=\"coder\",pod=\"{}\",pod_uid=\"{}\",vgpu=\"0\"}} {}",
+                        pod.name,
+                        ws.id,
+                        render_value(pod_value)
+                    );
+                }
+                Some((_, pod)) => {
+                    let _ = writeln!(out, ",container=\"dev\",namespace=\"coder\",pod=\"{}\"}} {}", pod.name, render_value(value));
+                }
+                None => {
+                    let _ = writeln!(out, "}} {}", render_value(value));
+                }
+            }
         }
     }
     out
+}
+
+/// A collection: advance each GPU's energy counter by its power since the last one, render.
+fn collect(world: &World, cfg: &ExporterConfig, c: &mut Collected) {
+    let now = std::time::Instant::now();
+    let slots = world.gpu_holders.len();
+    c.energy_mj.resize(slots, 1.0e9);
+    let dt = c.energy_at.map_or(0.0, |t| now.duration_since(t).as_secs_f64()) * world.config.scale;
+    let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    for (slot, e) in c.energy_mj.iter_mut().enumerate() {
+        let watts = world.gpu_holder(slot).map_or(Load::Idle, |(ws, _)| ws.load).reading_at(millis).power_watts;
+        *e += watts * dt * 1000.0;
+    }
+    c.energy_at = Some(now);
+    c.text = render(world, cfg, &c.energy_mj);
+    c.at = Some(now);
 }
 
 async fn metrics(State(s): State<ExporterState>) -> Response {
@@ -259,7 +354,14 @@ async fn metrics(State(s): State<ExporterState>) -> Response {
         Behaviour::Failing => (StatusCode::SERVICE_UNAVAILABLE, "unavailable\n").into_response(),
         Behaviour::Garbage => (StatusCode::OK, "<html><body>502 Bad Gateway</body></html>\n").into_response(),
         Behaviour::Normal | Behaviour::AllZero => {
-            let text = render(&lock(&s.world), &cfg);
+            let text = {
+                let mut cache = lock(&s.cache);
+                let due = cache.at.is_none_or(|t| t.elapsed() >= cfg.collect_interval);
+                if due && !(cfg.frozen && cache.at.is_some()) {
+                    collect(&lock(&s.world), &cfg, &mut cache);
+                }
+                cache.text.clone()
+            };
             ([("X-Content-Type-Options", "nosniff")], text).into_response()
         }
     }

@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use coder::Fault;
-pub use exporter::{Behaviour, ExporterConfig, Names};
+pub use exporter::{Behaviour, ExporterConfig, Names, Stuck};
 pub use world::{Assignment, Load, World, WorldConfig};
 
 /// A running fake Coder and its world. Dropping it stops the server and the ticker.
@@ -100,7 +100,7 @@ impl FakeExporter {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let config = Arc::new(Mutex::new(config));
-        let router = exporter::router(exporter::ExporterState { world, config: config.clone() });
+        let router = exporter::router(exporter::ExporterState { world, config: config.clone(), cache: Default::default() });
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });

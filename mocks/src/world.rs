@@ -27,6 +27,11 @@ pub enum Load {
     Matmul,
     /// Stage 1's phantom: utilization 100% on an empty framebuffer.
     Phantom,
+    /// Video encoding (NVENC): the encoder is busy, the compute engines are not.
+    Encode,
+    /// Computes in short bursts (a notebook cell, a cron job): a matmul for `busy` out of every
+    /// `period` (real time), idle with its memory held otherwise.
+    Bursty { period: Duration, busy: Duration },
 }
 
 /// What dcgm-exporter would report for a load.
@@ -37,16 +42,25 @@ pub struct Reading {
     pub power_watts: f64,
     pub gr_engine_active: f64,
     pub sm_active: f64,
+    pub enc_percent: f64,
 }
 
 impl Load {
+    /// The reading now (a bursty load depends on the time).
     pub fn reading(self) -> Reading {
+        let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+        self.reading_at(millis)
+    }
+
+    /// The reading at `millis` (real time since the epoch).
+    pub fn reading_at(self, millis: u128) -> Reading {
         let r = |util_percent, fb_used_mib, power_watts, gr_engine_active, sm_active| Reading {
             util_percent,
             fb_used_mib,
             power_watts,
             gr_engine_active,
             sm_active,
+            enc_percent: 0.0,
         };
         match self {
             Load::Idle => r(0.0, 0.0, 24.3, 0.0, 0.0),
@@ -54,6 +68,11 @@ impl Load {
             Load::OneThread => r(100.0, 302.0, 90.0, 1.0, 0.012),
             Load::Matmul => r(100.0, 850.0, 299.2, 1.0, 0.984),
             Load::Phantom => r(100.0, 0.0, 24.3, 1.0, 0.0),
+            Load::Encode => Reading { enc_percent: 61.0, ..r(0.0, 412.0, 71.5, 0.0, 0.0) },
+            Load::Bursty { period, busy } => {
+                let phase = millis % period.as_millis().max(1);
+                if phase < busy.as_millis() { Load::Matmul.reading_at(millis) } else { Load::MemoryOnly.reading_at(millis) }
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use signals::SignalValues;
+use signals::{Signal, SignalValues};
 
 /// One physical GPU or MIG instance, as one pod sees it. With time-slicing in virtual-GPU mode
 /// dcgm-exporter repeats a device's series once per sharing pod, hence the pod in the key.
@@ -40,6 +40,11 @@ pub struct GpuReading {
     pub values: SignalValues,
     /// The exporter URL or Prometheus base URL that reported it.
     pub source: Arc<str>,
+    /// A virtual-GPU series (time-slicing, `vgpu` label): one of several pods sharing the device.
+    /// Its values are the device's (see `readings_from_exposition`), never the pod's own zeros.
+    pub shared: bool,
+    /// The device's energy counter, joules (frozen-data detection).
+    pub energy_joules: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -103,9 +108,11 @@ impl Ownership {
     /// The workload's labels are `exported_pod`/`exported_namespace` when Prometheus renamed
     /// them (its own target labels carried `pod`); those win when present.
     pub fn owner(&self, label: impl Fn(&str) -> Option<String>) -> (Option<String>, Option<String>, Option<String>) {
-        let pick = |renamed: &str, plain: &str| label(renamed).filter(|v| !v.is_empty()).or_else(|| label(plain).filter(|v| !v.is_empty()));
-        let pod = pick("exported_pod", "pod");
-        let namespace = pick("exported_namespace", "namespace");
+        // Prometheus' `exported_` renames win; `-o` (use-old-namespace) spells them pod_name and
+        // pod_namespace.
+        let pick = |names: [&str; 3]| names.into_iter().find_map(|n| label(n).filter(|v| !v.is_empty()));
+        let pod = pick(["exported_pod", "pod", "pod_name"]);
+        let namespace = pick(["exported_namespace", "namespace", "pod_namespace"]);
         if let Some(want) = &self.namespace {
             if namespace.as_deref() != Some(want.as_str()) {
                 return (None, pod, namespace);
@@ -136,7 +143,15 @@ pub fn find_uuid(text: &str) -> Option<String> {
     })
 }
 
-/// Groups parsed exposition samples into one reading per GPU.
+/// Groups parsed exposition samples into one reading per GPU (per pod, for shared GPUs).
+///
+/// In dcgm-exporter's virtual-GPU mode (`--kubernetes-virtual-gpus`, time-slicing) each sharing
+/// pod gets its own series, marked by a `vgpu` label: its `GPU_UTIL` and `FB_USED` are that pod's
+/// processes' (`0` when the exporter cannot map processes to pods, as with the Helm chart's
+/// defaults), its profiling fields the whole device's. The device-level series (no pod labels)
+/// stays beside them with the real values. A shared reading therefore takes the device's
+/// utilization, memory, power and video engines, and keeps a pod's own utilization only when it
+/// is higher (per-pod values can show work; their zeros prove nothing).
 pub fn readings_from_exposition(
     text: &str,
     at: DateTime<Utc>,
@@ -146,11 +161,11 @@ pub fn readings_from_exposition(
     let mut by_gpu: HashMap<GpuKey, GpuReading> = HashMap::new();
     let errors = expo::parse_filtered(
         text,
-        |name| signals::lookup(name).is_some(),
+        |name| signals::lookup(name).is_some() || signals::energy_joules(name, 0.0).is_some(),
         |sample| {
-            let Some(mapping) = signals::lookup(sample.name) else { return };
             let Some(uuid) = sample.label("UUID").or_else(|| sample.label("uuid")) else { return };
             let (workspace_id, pod, namespace) = ownership.owner(|k| sample.label(k).map(str::to_string));
+            let shared = sample.label("vgpu").is_some_and(|v| !v.is_empty());
             let key = GpuKey { uuid: uuid.to_string(), gpu_instance: sample.label("GPU_I_ID").map(str::to_string), pod };
             let reading = by_gpu.entry(key.clone()).or_insert_with(|| GpuReading {
                 key,
@@ -160,11 +175,37 @@ pub fn readings_from_exposition(
                 at,
                 values: SignalValues::default(),
                 source: source.clone(),
+                shared,
+                energy_joules: None,
             });
-            reading.values.set(mapping.signal, sample.value * mapping.scale);
+            if let Some(energy) = signals::energy_joules(sample.name, sample.value) {
+                reading.energy_joules = energy;
+            } else if let Some(v) = signals::lookup(sample.name).and_then(|m| m.normalise(sample.value).map(|v| (m.signal, v))) {
+                reading.values.set(v.0, v.1);
+            }
         },
     );
-    (by_gpu.into_values().collect(), errors)
+    let device: HashMap<(String, Option<String>), (SignalValues, Option<f64>)> = by_gpu
+        .values()
+        .filter(|r| r.key.pod.is_none())
+        .map(|r| ((r.key.uuid.clone(), r.key.gpu_instance.clone()), (r.values, r.energy_joules)))
+        .collect();
+    let mut readings: Vec<GpuReading> = by_gpu.into_values().collect();
+    for r in readings.iter_mut().filter(|r| r.shared) {
+        let own_util = r.values.get(Signal::GpuUtil);
+        let (dev, energy) = device.get(&(r.key.uuid.clone(), r.key.gpu_instance.clone())).copied().unwrap_or_default();
+        for s in [Signal::GpuUtil, Signal::FbUsedMib, Signal::PowerWatts, Signal::EncUtil, Signal::DecUtil] {
+            r.values.clear(s);
+            if let Some(v) = dev.get(s) {
+                r.values.set(s, v);
+            }
+        }
+        if let Some(u) = own_util.filter(|u| *u > 0.0 && r.values.get(Signal::GpuUtil).is_none_or(|d| *u > d)) {
+            r.values.set(Signal::GpuUtil, u);
+        }
+        r.energy_joules = r.energy_joules.or(energy);
+    }
+    (readings, errors)
 }
 
 #[cfg(test)]

@@ -153,7 +153,7 @@ impl GpuSource for PrometheusSource {
                 }
             };
             for s in series {
-                let scale = s.metric.get("__name__").and_then(|n| lookup(n)).map_or(1.0, |m| m.scale);
+                let mapping = s.metric.get("__name__").and_then(|n| lookup(n));
                 let Some(uuid) = s.metric.get("UUID").or_else(|| s.metric.get("uuid")) else { continue };
                 let (workspace_id, pod, namespace) = self.ownership.owner(|k| s.metric.get(k).cloned());
                 let key = GpuKey { uuid: uuid.clone(), gpu_instance: s.metric.get("GPU_I_ID").cloned(), pod };
@@ -169,8 +169,12 @@ impl GpuSource for PrometheusSource {
                         at,
                         values: SignalValues::default(),
                         source: source.clone(),
+                        shared: s.metric.get("vgpu").is_some_and(|v| !v.is_empty()),
+                        energy_joules: None,
                     });
-                    reading.values.set(signal, value * scale);
+                    if let Some(v) = mapping.map_or(Some(value), |m| m.normalise(value)) {
+                        reading.values.set(signal, v);
+                    }
                 }
             }
         }

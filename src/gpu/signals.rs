@@ -1,6 +1,8 @@
 //! Canonical GPU signals. dcgm-exporter's metric names changed in 4.9 (DCGM 4.7 names) and some
 //! units with them (utilization percent -> ratio, framebuffer MiB -> bytes). Every known name,
-//! old and new, maps here to one signal in one unit: ratios 0..1, MiB, watts.
+//! old and new, maps here to one signal in one unit: ratios 0..1, MiB, watts. Negative and
+//! non-finite values are no reading. The energy counter (for frozen-data detection) is kept
+//! apart, in f64: a counter since driver load outgrows an f32's precision.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Signal {
@@ -14,11 +16,15 @@ pub enum Signal {
     DramActive,
     /// Framebuffer memory in use, MiB.
     FbUsedMib,
-    /// Board power, W. Recorded, never decided on.
+    /// Board power, W. Decided on only through the optional `active_power_watts` veto.
     PowerWatts,
+    /// Video encoder busy (ratio): work the compute engines do not show.
+    EncUtil,
+    /// Video decoder busy (ratio).
+    DecUtil,
 }
 
-pub const SIGNAL_COUNT: usize = 7;
+pub const SIGNAL_COUNT: usize = 9;
 
 impl Signal {
     pub const ALL: [Signal; SIGNAL_COUNT] = [
@@ -29,6 +35,8 @@ impl Signal {
         Signal::DramActive,
         Signal::FbUsedMib,
         Signal::PowerWatts,
+        Signal::EncUtil,
+        Signal::DecUtil,
     ];
 
     pub fn index(self) -> usize {
@@ -44,6 +52,8 @@ impl Signal {
             Signal::DramActive => "dram_active",
             Signal::FbUsedMib => "fb_used_mib",
             Signal::PowerWatts => "power_watts",
+            Signal::EncUtil => "enc_util",
+            Signal::DecUtil => "dec_util",
         }
     }
 
@@ -60,6 +70,25 @@ pub struct Mapping {
     pub signal: Signal,
     /// Multiply the raw value by this.
     pub scale: f64,
+}
+
+impl Mapping {
+    /// The value in the canonical unit, or `None` for no reading (negative, NaN, infinite).
+    /// `DCGM_FI_DEV_GPU_UTIL_RATIO` is an integer percent in DCGM 4.6 (field 203, an alias) and
+    /// a 0..1 ratio in 4.7 (field 1613): a value above 1 is a percent.
+    pub fn normalise(&self, raw: f64) -> Option<f64> {
+        if !raw.is_finite() || raw < 0.0 {
+            return None;
+        }
+        let v = raw * self.scale;
+        Some(if self.name.ends_with("_UTIL_RATIO") && self.signal == Signal::GpuUtil && v > 1.0 { v / 100.0 } else { v })
+    }
+}
+
+/// The energy counter: mJ since the driver loaded (legacy name; the 4.9 rename is not verified
+/// against a real exporter, so only this name is read). Returns joules.
+pub fn energy_joules(name: &str, raw: f64) -> Option<Option<f64>> {
+    (name == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION").then(|| (raw.is_finite() && raw >= 0.0).then_some(raw / 1000.0))
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -83,6 +112,9 @@ pub const NAMES: &[Mapping] = &[
     Mapping { name: "DCGM_FI_DEV_FB_USED_BYTES", signal: Signal::FbUsedMib, scale: 1.0 / MIB },
     Mapping { name: "DCGM_FI_DEV_POWER_USAGE", signal: Signal::PowerWatts, scale: 1.0 },
     Mapping { name: "DCGM_FI_DEV_BOARD_POWER_WATTS", signal: Signal::PowerWatts, scale: 1.0 },
+    // In the default counters file (percent). Their DCGM 4.7 names are not verified.
+    Mapping { name: "DCGM_FI_DEV_ENC_UTIL", signal: Signal::EncUtil, scale: 0.01 },
+    Mapping { name: "DCGM_FI_DEV_DEC_UTIL", signal: Signal::DecUtil, scale: 0.01 },
 ];
 
 pub fn lookup(name: &str) -> Option<Mapping> {
@@ -116,12 +148,30 @@ impl SignalValues {
         let v = self.0[s.index()];
         (!v.is_nan()).then_some(f64::from(v))
     }
-    /// Records a finite value (non-finite values are ignored: they are no reading).
+    /// Records a finite, non-negative value (anything else is no reading).
     pub fn set(&mut self, s: Signal, v: f64) {
-        if v.is_finite() {
+        if v.is_finite() && v >= 0.0 {
             self.0[s.index()] = v as f32;
         }
     }
+
+    /// The larger of the two readings of each signal (a burst in either is kept).
+    pub fn max(self, other: SignalValues) -> SignalValues {
+        let mut out = self;
+        for s in Signal::ALL {
+            if let Some(v) = other.get(s) {
+                if self.get(s).is_none_or(|mine| v > mine) {
+                    out.set(s, v);
+                }
+            }
+        }
+        out
+    }
+    /// Forgets a signal (no reading).
+    pub fn clear(&mut self, s: Signal) {
+        self.0[s.index()] = f32::NAN;
+    }
+
     pub fn with(mut self, s: Signal, v: f64) -> Self {
         self.set(s, v);
         self
@@ -157,13 +207,33 @@ mod tests {
         assert_eq!(v.get(Signal::PowerWatts), None);
         assert_eq!(v.get(Signal::GpuUtil), None);
         assert!(SignalValues::default().is_empty() && !v.is_empty());
-        assert_eq!(std::mem::size_of::<SignalValues>(), 28);
+        assert_eq!(std::mem::size_of::<SignalValues>(), 36);
     }
 
     #[test]
     fn every_signal_has_a_name() {
         for s in Signal::ALL {
-            assert!(s.metric_names().count() >= 2, "{s:?} needs legacy and renamed names");
+            let want = if matches!(s, Signal::EncUtil | Signal::DecUtil) { 1 } else { 2 };
+            assert!(s.metric_names().count() >= want, "{s:?} needs legacy and renamed names");
         }
+    }
+
+    #[test]
+    fn broken_values_are_no_reading_and_a_ratio_above_one_is_a_percent() {
+        let ratio = lookup("DCGM_FI_DEV_GPU_UTIL_RATIO").unwrap();
+        assert_eq!(ratio.normalise(0.42), Some(0.42), "DCGM 4.7: a ratio");
+        assert_eq!(ratio.normalise(42.0), Some(0.42), "DCGM 4.6: the alias of field 203, a percent");
+        let util = lookup("DCGM_FI_DEV_GPU_UTIL").unwrap();
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(util.normalise(bad), None, "{bad}");
+        }
+        assert_eq!(SignalValues::default().with(Signal::SmActive, -0.5).get(Signal::SmActive), None);
+        assert_eq!(energy_joules("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 5_000.0), Some(Some(5.0)));
+        assert_eq!(energy_joules("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", f64::NAN), Some(None));
+        assert_eq!(energy_joules("DCGM_FI_DEV_POWER_USAGE", 1.0), None);
+        let a = SignalValues::default().with(Signal::SmActive, 0.9);
+        let b = SignalValues::default().with(Signal::SmActive, 0.1).with(Signal::FbUsedMib, 300.0);
+        let m = a.max(b);
+        assert_eq!((m.get(Signal::FbUsedMib), m.get(Signal::SmActive).map(|v| (v * 10.0).round())), (Some(300.0), Some(9.0)));
     }
 }

@@ -1,7 +1,10 @@
 //! Per-workspace, per-GPU windows of samples over time, and the figures the decisions need:
-//! latest and max per signal over a span, sample count, first and last sample, the longest gap
-//! and since when a GPU has been continuously not compute-active. Memory is bounded: samples
-//! older than the longest rule needs are dropped, and so are workspaces that are gone.
+//! latest and max per signal over a span, sample count, first and last sample, the longest gap,
+//! since when a GPU has been continuously not compute-active, and since when its readings have
+//! not changed (frozen data). Readings taken between passes (`--sample-interval`) are merged
+//! into one sample per pass, each signal's highest value kept, so a burst seen by any reading
+//! counts and memory stays one sample per pass. Memory is bounded: samples older than the
+//! longest rule needs are dropped, and so are workspaces that are gone.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -24,12 +27,67 @@ pub struct GpuWindow {
     pub source: Arc<str>,
     /// The source that reported this GPU failed in the latest pass: its data is not current.
     pub source_failed: bool,
+    /// A GPU shared by several pods (virtual-GPU mode): judged by the device's readings.
+    pub shared: bool,
     pub samples: VecDeque<GpuSample>,
+    /// Readings since the last pass, merged (each signal's highest value).
+    pending: Option<GpuSample>,
+    /// Frozen-data tracking over raw readings: the latest values and energy, and since when
+    /// nothing has changed (the energy counter rising counts as a change; without it, any field).
+    last_raw: Option<SignalValues>,
+    last_energy: Option<f64>,
+    unchanged_since: Option<DateTime<Utc>>,
 }
 
 impl GpuWindow {
     pub fn new(key: GpuKey, source: Arc<str>) -> Self {
-        GpuWindow { key, model: None, source, source_failed: false, samples: VecDeque::new() }
+        GpuWindow {
+            key,
+            model: None,
+            source,
+            source_failed: false,
+            shared: false,
+            samples: VecDeque::new(),
+            pending: None,
+            last_raw: None,
+            last_energy: None,
+            unchanged_since: None,
+        }
+    }
+
+    /// One raw reading from a source: merged into the pass's pending sample, and tracked for
+    /// frozen data. A powered GPU's energy counter always rises; when it has not, or (without
+    /// it) no field has changed, the exporter or the hostengine is serving cached values.
+    pub fn observe(&mut self, at: DateTime<Utc>, values: SignalValues, energy: Option<f64>) {
+        let changed = match (energy, self.last_energy) {
+            (Some(now), Some(before)) => now > before,
+            (Some(_), None) => true,
+            (None, _) => self.last_raw != Some(values),
+        };
+        if changed || self.unchanged_since.is_none() {
+            self.unchanged_since = Some(at);
+        }
+        self.last_raw = Some(values);
+        if energy.is_some() {
+            self.last_energy = energy;
+        }
+        self.pending = Some(match self.pending {
+            Some(p) => GpuSample { at: at.max(p.at), values: p.values.max(values) },
+            None => GpuSample { at, values },
+        });
+    }
+
+    /// Ends a pass: the merged readings since the last pass become one sample.
+    pub fn flush(&mut self) {
+        if let Some(p) = self.pending.take() {
+            self.push(p);
+        }
+    }
+
+    /// Since when the readings have not changed (energy not risen, or no field changed);
+    /// `None` before any raw reading.
+    pub fn unchanged_since(&self) -> Option<DateTime<Utc>> {
+        self.unchanged_since
     }
 
     pub fn push(&mut self, sample: GpuSample) {
@@ -164,7 +222,8 @@ impl Windows {
         Windows { retain, capacity: per_window.clamp(4, 4096), by_workspace: HashMap::new() }
     }
 
-    /// Adds a reading to its workspace's window. Readings with no workspace are ignored.
+    /// Adds a reading to its workspace's window (merged until the pass flushes). Readings with
+    /// no workspace are ignored.
     pub fn record(&mut self, reading: &GpuReading) {
         let Some(ws) = &reading.workspace_id else { return };
         let gpus = self.by_workspace.entry(ws.clone()).or_default();
@@ -178,10 +237,18 @@ impl Windows {
         };
         let window = &mut gpus.windows[index];
         window.source = reading.source.clone();
+        window.shared = reading.shared;
         if window.model.is_none() {
             window.model.clone_from(&reading.model);
         }
-        window.push(GpuSample { at: reading.at, values: reading.values });
+        window.observe(reading.at, reading.values, reading.energy_joules);
+    }
+
+    /// Ends a pass: every window's readings since the last pass become one sample.
+    pub fn flush(&mut self) {
+        for window in self.by_workspace.values_mut().flat_map(|g| g.windows.iter_mut()) {
+            window.flush();
+        }
     }
 
     /// Flags every GPU last reported by a source that failed this pass (and clears the rest).
@@ -271,6 +338,41 @@ mod tests {
     }
 
     #[test]
+    fn readings_between_passes_merge_into_one_sample_that_keeps_every_burst() {
+        let mut w = GpuWindow::new(GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: None }, Arc::from("x"));
+        for (s, v) in [(0, 0.0), (15, 0.9), (30, 0.0), (45, 0.0)] {
+            w.observe(t(s), util(v), None);
+        }
+        w.flush();
+        w.flush();
+        assert_eq!(w.samples.len(), 1, "one sample per pass");
+        assert_eq!(w.samples[0].at, t(45));
+        assert!((w.samples[0].values.get(Signal::GpuUtil).unwrap() - 0.9).abs() < 1e-6, "the burst at 15 s is kept");
+    }
+
+    #[test]
+    fn frozen_readings_are_noticed_by_energy_or_by_every_field() {
+        let mut w = GpuWindow::new(GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: None }, Arc::from("x"));
+        assert_eq!(w.unchanged_since(), None);
+        // An idle GPU with a live hostengine: same utilization, energy rising.
+        for s in 0..5 {
+            w.observe(t(s * 60), util(0.0), Some(1_000.0 + s as f64 * 1_458.0));
+        }
+        assert_eq!(w.unchanged_since(), Some(t(240)));
+        // Frozen: the counter stops.
+        for s in 5..9 {
+            w.observe(t(s * 60), util(0.0), Some(1_000.0 + 4.0 * 1_458.0));
+        }
+        assert_eq!(w.unchanged_since(), Some(t(240)), "unchanged since the counter last rose");
+        // Without the counter: any field that changes is life.
+        let mut w = GpuWindow::new(GpuKey { uuid: "GPU-2".into(), gpu_instance: None, pod: None }, Arc::from("x"));
+        w.observe(t(0), util(0.0).with(Signal::PowerWatts, 24.3), None);
+        w.observe(t(60), util(0.0).with(Signal::PowerWatts, 24.6), None);
+        w.observe(t(120), util(0.0).with(Signal::PowerWatts, 24.6), None);
+        assert_eq!(w.unchanged_since(), Some(t(60)));
+    }
+
+    #[test]
     fn duplicate_and_older_samples_are_ignored() {
         let w = window(&[(0, 0.0), (60, 0.5), (60, 0.9), (30, 0.9)]);
         assert_eq!(w.samples.len(), 2);
@@ -288,11 +390,14 @@ mod tests {
             at: t(at),
             values: util(0.0),
             source: Arc::from("x"),
+            shared: false,
+            energy_joules: None,
         };
         for at in [0, 10] {
             for i in 0..20_000 {
                 ws.record(&reading(i, at));
             }
+            ws.flush();
         }
         let gpus = ws.get("a").unwrap();
         assert_eq!(gpus.len(), 20_000);
@@ -300,6 +405,7 @@ mod tests {
         ws.prune(t(605), &HashSet::from(["a"]));
         assert_eq!(ws.sample_count(), 20_000, "the first samples aged out");
         ws.record(&reading(7, 20));
+        ws.flush();
         assert_eq!(ws.get("a").unwrap()[7].samples.len(), 2, "the index still finds keys after pruning");
     }
 
@@ -317,8 +423,11 @@ mod tests {
                     at: t(i * 10),
                     values: util(0.0),
                     source: Arc::from("x"),
+                    shared: false,
+                    energy_joules: None,
                 });
             }
+            ws.flush();
             ws.prune(t(i * 10), &HashSet::from(["a", "b"]));
         }
         assert_eq!(ws.sample_count(), 2 * 61, "600 s of 10 s samples per GPU, inclusive");
