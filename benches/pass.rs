@@ -1,5 +1,6 @@
 //! One pass at fleet scale: 1,000 and 10,000 running workspaces, one GPU each (30 metrics per
-//! GPU), 8 GPUs per exporter, served by a child process so only the service is measured. Prints
+//! GPU), 8 GPUs per exporter, served by a child process so only the service is measured. Each
+//! pass is preceded by three samples of every exporter (15 s sampling, 60 s passes). Prints
 //! requests per pass, wall time, CPU time and peak RSS over 33 passes (windows full, as in
 //! steady state). Run: `cargo bench --bench pass`.
 
@@ -24,6 +25,8 @@ use coder_gpu_reclaimer::gpu::exporter::ExporterTarget;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 
 const GPUS_PER_NODE: usize = 8;
+/// `--sample-interval 15s` with `--interval 60s`.
+const SAMPLES_BETWEEN_PASSES: usize = 3;
 
 struct Served {
     listing: String,
@@ -106,15 +109,19 @@ async fn measure(n: usize, port: u16) {
     const PASSES: usize = 33;
     for _ in 0..PASSES {
         let t = Instant::now();
+        // With the default 15 s sampling and 60 s passes, three samples come between passes.
+        for _ in 0..SAMPLES_BETWEEN_PASSES {
+            app.evaluator.sample().await;
+        }
         let report = app.pass(&rx).await.expect("pass");
         walls.push(t.elapsed().as_secs_f64());
-        requests = 1 + report.gpu_requests;
+        requests = 1 + report.gpu_requests * (1 + SAMPLES_BETWEEN_PASSES);
         assert_eq!(report.workspaces.len(), n);
     }
     let cpu = (cpu_seconds() - cpu0) / PASSES as f64;
     walls.sort_by(f64::total_cmp);
     println!(
-        "{n:>6} workspaces | {requests:>5} requests/pass (1 listing + {nodes} exporters) | wall median {:>6.0} ms, max {:>6.0} ms | CPU {:>6.0} ms/pass | peak RSS {:>5.1} MiB (at start {:.1})",
+        "{n:>6} workspaces | {requests:>5} requests/pass (1 listing + {nodes} exporters x 4 samples) | wall median {:>6.0} ms, max {:>6.0} ms | CPU {:>6.0} ms/pass | peak RSS {:>5.1} MiB (at start {:.1})",
         walls[walls.len() / 2] * 1e3,
         walls[walls.len() - 1] * 1e3,
         cpu * 1e3,
@@ -132,7 +139,7 @@ fn main() {
         _ => {}
     }
     let exe = std::env::current_exe().expect("exe");
-    println!("one pass (gather, merge, decide, report) in observe mode; fake servers in a child process");
+    println!("one pass (3 samples between passes, then gather, merge, decide, report) in observe mode; fake servers in a child process");
     for n in [1_000usize, 10_000] {
         let mut server = Command::new(&exe).args(["--serve", &n.to_string()]).stdout(Stdio::piped()).spawn().expect("server");
         let mut port = String::new();

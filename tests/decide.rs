@@ -438,3 +438,146 @@ fn prebuilds_are_neither_demand_nor_counted_by_the_breaker() {
     assert_eq!(out.gpu_workspaces, 1, "the breaker counts people's GPU workspaces only");
     assert!(out.stop_order.is_empty() && decisions[0].reason == Reason::NoContention, "nobody is stopped for a prebuild");
 }
+
+/// Readings as real exporters produce them (reference dcgm NOTES §9), each a wrong stop if
+/// misread: a shared GPU's per-pod zeros, stuck counters, video work, a power veto, frozen data.
+#[test]
+fn readings_that_make_a_busy_gpu_look_idle() {
+    let p = policy();
+    let away = ws(mins(40));
+    let with = |f: &dyn Fn(&mut SignalValues), shared: bool| {
+        let mut g = gpu((0..=40).rev().map(|m| {
+            let mut v = values(MEMORY_ONLY, Fields::All);
+            f(&mut v);
+            (m * 60, v)
+        }));
+        g[0].shared = shared;
+        g
+    };
+    let set = |pairs: &'static [(Signal, f64)]| move |v: &mut SignalValues| pairs.iter().for_each(|(s, x)| v.set(*s, *x));
+    type Case = (&'static str, Box<dyn Fn(&mut SignalValues)>, bool, Verdict, Reason);
+    let cases: Vec<Case> = vec![
+        // Virtual-GPU mode: the pod's own utilization and memory are 0 (no hostPID), the
+        // profiling fields the device's 0.8. A shared GPU is judged by the device's compute
+        // alone: a memory reading of 0 there proves nothing.
+        (
+            "shared GPU, device busy",
+            Box::new(|v: &mut SignalValues| {
+                v.set(Signal::SmActive, 0.8);
+                v.set(Signal::GrEngineActive, 0.9);
+                v.set(Signal::FbUsedMib, 0.0);
+                v.set(Signal::GpuUtil, 0.0);
+            }),
+            true,
+            Verdict::Keep,
+            Reason::GpuActive,
+        ),
+        (
+            "the same readings unshared: phantom by empty memory",
+            Box::new(set(&[(Signal::SmActive, 0.8), (Signal::GrEngineActive, 0.9), (Signal::FbUsedMib, 0.0)])),
+            false,
+            Verdict::Reclaim,
+            Reason::PhantomUtilization,
+        ),
+        (
+            "shared GPU, device idle: every sharer is idle",
+            Box::new(|v: &mut SignalValues| v.clear(Signal::FbUsedMib)),
+            true,
+            Verdict::Reclaim,
+            Reason::Idle,
+        ),
+        (
+            "shared GPU, no device-level reading at all",
+            Box::new(|v: &mut SignalValues| {
+                for s in [Signal::SmActive, Signal::GrEngineActive, Signal::GpuUtil, Signal::FbUsedMib] {
+                    v.clear(s);
+                }
+            }),
+            true,
+            Verdict::Unknown,
+            Reason::NoGpuData,
+        ),
+        (
+            "SM stuck at 0 while GR reads 0.9",
+            Box::new(set(&[(Signal::SmActive, 0.0), (Signal::GrEngineActive, 0.9), (Signal::GpuUtil, 0.9)])),
+            false,
+            Verdict::Unknown,
+            Reason::MetricsDisagree,
+        ),
+        (
+            "GR stuck at 0 while utilization reads 30% (no SM_ACTIVE)",
+            Box::new(|v: &mut SignalValues| {
+                v.clear(Signal::SmActive);
+                v.set(Signal::GpuUtil, 0.3);
+            }),
+            false,
+            Verdict::Unknown,
+            Reason::MetricsDisagree,
+        ),
+        (
+            "MIG: no utilization, GR stuck at 0, device memory busy",
+            Box::new(|v: &mut SignalValues| {
+                v.clear(Signal::SmActive);
+                v.clear(Signal::GpuUtil);
+                v.set(Signal::DramActive, 0.4);
+            }),
+            false,
+            Verdict::Unknown,
+            Reason::MetricsDisagree,
+        ),
+        ("video encode only: ENC 61%", Box::new(set(&[(Signal::EncUtil, 0.61)])), false, Verdict::Keep, Reason::GpuActive),
+        ("video decode only: DEC 20%", Box::new(set(&[(Signal::DecUtil, 0.2)])), false, Verdict::Keep, Reason::GpuActive),
+        (
+            "one-thread kernel on an A10G (SM 0.012 is one SM, not a stuck counter)",
+            Box::new(set(&[(Signal::SmActive, 0.012), (Signal::GrEngineActive, 1.0), (Signal::GpuUtil, 1.0), (Signal::FbUsedMib, 302.0)])),
+            false,
+            Verdict::Reclaim,
+            Reason::PhantomUtilization,
+        ),
+    ];
+    for (what, f, shared, verdict, reason) in cases {
+        let d = judge(&away, &with(&*f, shared), &p);
+        assert_eq!((d.verdict, d.reason), (verdict, reason), "{what}: {}", d.message);
+    }
+    // One sample of GR 0 with utilization is two readings a moment apart, not a stuck counter.
+    let mut blip = steady(MEMORY_ONLY, Fields::NoSm, 40);
+    blip[0].samples.back_mut().unwrap().values.set(Signal::GpuUtil, 0.3);
+    let d = judge(&away, &blip, &p);
+    assert_ne!(d.reason, Reason::MetricsDisagree, "{}", d.message);
+}
+
+#[test]
+fn an_optional_power_veto_keeps_a_gpu_drawing_power() {
+    let away = ws(mins(40));
+    let g = steady(MEMORY_ONLY, Fields::All, 40); // 89.1 W: a process holds 19 GiB
+    let off = judge(&away, &g, &policy());
+    assert_eq!(off.reason, Reason::MemoryHeldIdle, "off by default: holding the GPU raises power with no work");
+    let on = Policy { active_power_watts: vec![("NVIDIA A10*".into(), 80.0)], ..policy() };
+    let mut named = g.clone();
+    named[0].model = Some("NVIDIA A10G".into());
+    assert_eq!(judge(&away, &named, &on).reason, Reason::GpuActive, "89.1 W >= 80 W for an A10G");
+    named[0].model = Some("NVIDIA H100 80GB HBM3".into());
+    assert_eq!(judge(&away, &named, &on).reason, Reason::MemoryHeldIdle, "the veto is per model");
+}
+
+#[test]
+fn frozen_readings_are_unknown_per_gpu() {
+    let p = policy();
+    let away = ws(mins(40));
+    let mut alive = GpuWindow::new(GpuKey { uuid: "GPU-alive".into(), gpu_instance: None, pod: None }, Arc::from("x"));
+    let mut frozen = GpuWindow::new(GpuKey { uuid: "GPU-frozen".into(), gpu_instance: None, pod: None }, Arc::from("x"));
+    for m in (0..=40).rev() {
+        let at = now() - mins(m);
+        let v = values(NOTHING, Fields::All);
+        // An idle GPU draws 24.3 W: its counter rises 1,458 J a minute. The frozen one stopped 5 minutes ago.
+        alive.observe(at, v, Some(1.0e6 + (40 - m) as f64 * 1_458.0));
+        frozen.observe(at, v, Some(1.0e6 + (40 - m.max(5)) as f64 * 1_458.0));
+        alive.flush();
+        frozen.flush();
+    }
+    let d = judge(&away, std::slice::from_ref(&alive), &p);
+    assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "{}", d.message);
+    let d = judge(&away, &[alive, frozen], &p);
+    assert_eq!((d.verdict, d.reason), (Verdict::Unknown, Reason::FrozenData), "{}", d.message);
+    assert!(d.message.contains("GPU-frozen") && d.message.contains("5m"), "{}", d.message);
+}

@@ -31,20 +31,13 @@ impl Service {
     /// `run --enforce` against any Coder URL (a hostile peer's, say).
     pub fn start_url(coder_url: &str, exporters: &[String], token: &str, extra: &[&str]) -> Service {
         let mut cmd = Command::new(binary());
-        cmd.args([
-            "run",
-            "--enforce",
-            "--coder-url",
-            coder_url,
-            "--interval",
-            "1s",
-            "--idle-after",
-            "6s",
-            "--listen",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-        ]);
+        cmd.args(["run", "--enforce", "--coder-url", coder_url, "--listen", "127.0.0.1:0", "--log-format", "json"]);
+        // The story's clock (1 s = 1 Coder minute), unless the test sets its own.
+        for (flag, value) in [("--interval", "1s"), ("--idle-after", "6s")] {
+            if !extra.contains(&flag) {
+                cmd.args([flag, value]);
+            }
+        }
         for e in exporters {
             cmd.args(["--dcgm-exporter", e]);
         }

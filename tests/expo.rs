@@ -219,3 +219,49 @@ fn the_fake_exporter_renders_what_the_parser_expects() {
         }
     }
 }
+
+#[test]
+fn virtual_gpu_series_are_read_by_the_device_not_the_pods_zeros() {
+    let src: Arc<str> = Arc::from("x");
+    let (readings, errors) = readings_from_exposition(&fixture("dcgm/exporter-vgpu.txt"), Utc::now(), &src, &Ownership::default());
+    assert!(errors.is_empty(), "{errors:?}");
+    let owned: Vec<_> = readings.iter().filter(|r| r.workspace_id.is_some()).collect();
+    assert_eq!(owned.len(), 2, "two pods share the device");
+    for r in owned {
+        assert!(r.shared, "the vgpu label marks a shared GPU");
+        crate::common::assert_close(r.values.get(Signal::GpuUtil), Some(0.87), "the device's utilization, not the pod's 0");
+        crate::common::assert_close(r.values.get(Signal::FbUsedMib), Some(31_420.0), "the device's memory, not the pod's 0");
+        crate::common::assert_close(r.values.get(Signal::SmActive), Some(0.803), "");
+        assert_eq!(r.energy_joules, Some(98_765_432.101));
+    }
+    let device = readings.iter().find(|r| r.workspace_id.is_none()).unwrap();
+    assert!(!device.shared && device.key.pod.is_none());
+}
+
+#[test]
+fn stuck_counters_in_real_layout_read_as_metrics_disagree() {
+    use coder_gpu_reclaimer::decide::{Reason, Verdict, decide};
+    use coder_gpu_reclaimer::gpu::window::Windows;
+    use coder_gpu_reclaimer::policy::Policy;
+    let interval = std::time::Duration::from_secs(60);
+    let p = Policy::defaults(interval);
+    let mut windows = Windows::new(chrono::Duration::hours(1), interval);
+    let src: Arc<str> = Arc::from("x");
+    let now = Utc::now();
+    for m in (0..=40).rev() {
+        let at = now - chrono::Duration::minutes(m);
+        // The hostengine is alive: the energy counters rise (about 15 kJ a minute at 250 W).
+        let rise = (40 - m) * 15_000_000;
+        let text = fixture("dcgm/exporter-stuck.txt")
+            .replace(" 98765432101", &format!(" {}", 98_765_432_101 + rise))
+            .replace(" 87654321012", &format!(" {}", 87_654_321_012 + rise));
+        let (readings, _) = readings_from_exposition(&text, at, &src, &Ownership::default());
+        readings.iter().for_each(|r| windows.record(r));
+        windows.flush();
+    }
+    for id in [WS_ID, "5d3e1f0a-2b4c-4d6e-8f10-3a5b7c9d1e2f"] {
+        let ws = crate::common::running_workspace(id, now - chrono::Duration::minutes(40));
+        let d = decide(now, &ws, windows.get(id), &p, None);
+        assert_eq!((d.verdict, d.reason), (Verdict::Unknown, Reason::MetricsDisagree), "{id}: {}", d.message);
+    }
+}

@@ -13,6 +13,7 @@ mod deploy;
 mod e2e;
 mod expo;
 mod fakes;
+mod gpu_world;
 mod hostile;
 mod pipeline;
 mod sources;
