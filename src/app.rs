@@ -96,6 +96,7 @@ pub fn gpu_source(settings: &Settings) -> Result<Sources, Error> {
             settings.request_timeout,
             &settings.tls,
             settings.limits.prometheus,
+            settings.prometheus.clone(),
         )?),
     })
 }

@@ -17,6 +17,7 @@ use crate::coder::SessionToken;
 use crate::error::Error;
 use crate::gpu::Ownership;
 use crate::gpu::exporter::ExporterTarget;
+use crate::gpu::prometheus::PrometheusOptions;
 use crate::http::{Secret, Tls, http_url};
 use crate::policy::{Policy, ReclaimWhen, Rule};
 use crate::retry::RetryPolicy;
@@ -33,6 +34,10 @@ pub struct FileConfig {
     pub token_file: Option<PathBuf>,
     pub dcgm_exporters: Option<Vec<String>>,
     pub prometheus_url: Option<String>,
+    /// Extra headers for Prometheus-compatible stores (e.g. `X-Scope-OrgID` for Mimir).
+    pub prometheus_headers: Option<std::collections::BTreeMap<String, String>>,
+    /// A file with a bearer token for Prometheus (Thanos, Mimir or a proxy in front).
+    pub prometheus_bearer_token_file: Option<PathBuf>,
     /// Only GPU series in this Kubernetes namespace count.
     pub namespace: Option<String>,
     /// A series label whose value is the workspace id (instead of finding it in the pod name).
@@ -144,6 +149,8 @@ pub struct Settings {
     pub status_token: Option<Secret>,
     /// Extra CAs every outgoing client trusts.
     pub tls: Tls,
+    /// Headers and bearer token for Prometheus-compatible stores.
+    pub prometheus: PrometheusOptions,
     pub limits: BodyLimits,
     /// `run --enforce`; observe otherwise (and always for `plan` and `check`).
     pub mode: Mode,
@@ -203,6 +210,7 @@ impl Settings {
             notify_webhook: None,
             status_token: None,
             tls: Tls::default(),
+            prometheus: PrometheusOptions::default(),
             limits: BodyLimits::default(),
             mode: Mode::Observe,
             policy: Policy::defaults(DEFAULT_INTERVAL),
@@ -340,6 +348,10 @@ impl Settings {
             notify_webhook,
             status_token,
             tls,
+            prometheus: PrometheusOptions {
+                headers: file.prometheus_headers.clone().unwrap_or_default().into_iter().collect(),
+                bearer_token_file: file.prometheus_bearer_token_file.clone(),
+            },
             limits,
             mode: if run.enforce { Mode::Enforce } else { Mode::Observe },
             policy,

@@ -133,8 +133,22 @@ impl Evaluator {
             self.sessions.insert(ws.id.clone(), build.clone());
         }
         self.sessions.retain(|id, _| live.contains(id.as_str()));
+        // A session's samples only: history (Prometheus) also holds the previous pod's series
+        // from before the latest build, which say nothing about this session. Build times are
+        // Coder's clock; readings are ours.
+        let session_start: HashMap<&str, DateTime<Utc>> =
+            workspaces.iter().filter_map(|w| w.latest_build.created_at.map(|t| (w.id.as_str(), t - self.coder_clock_offset))).collect();
+        // A Prometheus point covers the step ending at its time: it belongs to the session only
+        // when the whole step does.
+        let covers = collection.step.map_or(chrono::Duration::zero(), crate::duration::chrono);
         for r in &collection.readings {
-            if r.workspace_id.as_deref().is_some_and(|id| live.contains(id)) {
+            let Some(id) = r.workspace_id.as_deref().filter(|id| live.contains(id)) else { continue };
+            if session_start.get(id).is_some_and(|start| r.at - covers < *start) {
+                continue;
+            }
+            if collection.step.is_some() {
+                self.windows.record_sample(r);
+            } else {
                 self.windows.record(r);
             }
         }

@@ -16,4 +16,5 @@ mod fakes;
 mod gpu_world;
 mod hostile;
 mod pipeline;
+mod prometheus_world;
 mod sources;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use coder_gpu_reclaimer::gpu::exporter::{ExporterSource, ExporterTarget};
-use coder_gpu_reclaimer::gpu::prometheus::PrometheusSource;
+use coder_gpu_reclaimer::gpu::prometheus::{PrometheusOptions, PrometheusSource};
 use coder_gpu_reclaimer::gpu::signals::Signal;
 use coder_gpu_reclaimer::gpu::{GpuSource, Ownership};
 use serde_json::json;
@@ -87,39 +87,99 @@ fn prom(server: &MockServer, timeout: Duration) -> PrometheusSource {
     .unwrap()
 }
 
+/// The query a pass sends for `name`'s signal and unit.
+fn query_with(source: &PrometheusSource, name: &str) -> String {
+    source
+        .queries()
+        .into_iter()
+        .find(|q| q.contains(&format!("\"{name}\"")) || q.contains(&format!("\"{name}|")) || q.contains(&format!("|{name}\"")))
+        .unwrap()
+}
+
 #[tokio::test]
-async fn prometheus_reads_history_with_one_query_per_signal() {
+async fn prometheus_reads_raw_samples_per_step_with_a_constant_number_of_queries() {
     let server = MockServer::start().await;
-    let now = Utc::now().timestamp() as f64;
-    let labels = |name: &str| {
-        json!({"__name__": name, "UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6", "gpu": "0", "modelName": "NVIDIA L40S",
-        "pod": "dcgm-exporter-x7k2p", "namespace": "gpu-operator", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"), "exported_namespace": "coder"})
-    };
-    for (signal, name, values) in [
-        (Signal::GpuUtil, "DCGM_FI_DEV_GPU_UTIL", ["100", "100"]),
-        (Signal::SmActive, "DCGM_FI_PROF_SM_ACTIVE", ["0.012", "NaN"]),
-        (Signal::FbUsedMib, "DCGM_FI_DEV_FB_USED", ["302", "302"]),
-    ] {
+    let source = prom(&server, Duration::from_secs(2));
+    let step = 60;
+    let now = Utc::now();
+    let end = now.timestamp() / step * step;
+    // Prometheus drops the exporter's `pod` into the by-clause result only when there is no
+    // exported_pod: the aggregated series carry the workload's labels.
+    let labels = json!({"UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6", "modelName": "NVIDIA L40S",
+        "pod": "dcgm-exporter-x7k2p", "namespace": "gpu-operator", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"), "exported_namespace": "coder"});
+    for (name, values) in
+        [("DCGM_FI_DEV_GPU_UTIL", ["100", "100"]), ("DCGM_FI_PROF_SM_ACTIVE", ["0.012", "NaN"]), ("DCGM_FI_DEV_FB_USED", ["302", "302"])]
+    {
         Mock::given(method("GET"))
             .and(path("/api/v1/query_range"))
-            .and(query_param("query", PrometheusSource::query_for(signal)))
+            .and(query_param("query", query_with(&source, name)))
             .and(query_param("step", "60s"))
-            .respond_with(matrix(json!([{"metric": labels(name), "values": [[now - 60.0, values[0]], [now, values[1]]]}])))
+            .respond_with(matrix(json!([{"metric": labels, "values": [[end - 60, values[0]], [end, values[1]]]}])))
             .expect(1)
             .mount(&server)
             .await;
     }
     Mock::given(method("GET")).and(path("/api/v1/query_range")).respond_with(matrix(json!([]))).mount(&server).await;
-    let c = prom(&server, Duration::from_secs(2)).collect(Utc::now()).await;
+    let c = source.collect(now).await;
     assert!(c.failures.is_empty(), "{:?}", c.failures);
-    assert_eq!(c.requests, Signal::ALL.len(), "a constant number of queries, whatever the fleet size");
-    assert_eq!(server.received_requests().await.unwrap().len(), Signal::ALL.len());
-    assert_eq!(c.readings.len(), 2, "two timestamps for one GPU");
+    let queries = source.queries();
+    assert_eq!(c.requests, queries.len(), "a constant number of queries, whatever the fleet size");
+    assert_eq!(server.received_requests().await.unwrap().len(), queries.len());
+    for q in &queries {
+        assert!(q.starts_with("max by (UUID, uuid, GPU_I_ID, pod, exported_pod") && q.contains("(max_over_time({__name__=~"), "{q}");
+        assert!(q.ends_with("[60s]))"), "every raw sample of each step, never a lookback-filled value: {q}");
+    }
+    assert!(c.step.is_some() && c.readings.len() == 2, "two steps for one GPU: {:?}", c.readings);
     assert!(c.readings.iter().all(|r| r.workspace_id.as_deref() == Some(WS_ID)), "exported_pod is the workload's pod, not the exporter's");
     let first = &c.readings[0];
+    assert_eq!(first.at.timestamp(), end - 60, "points sit on the step grid");
     crate::common::assert_close(first.values.get(Signal::GpuUtil), Some(1.0), "");
     crate::common::assert_close(first.values.get(Signal::SmActive), Some(0.012), "");
     assert_eq!(c.readings[1].values.get(Signal::SmActive), None, "NaN is no reading, not zero");
+    // The next pass asks only for steps after the last one it has (none yet: the same step).
+    let again = source.collect(now).await;
+    assert_eq!(again.requests, 0, "nothing new: no query");
+    let reqs = server.received_requests().await.unwrap();
+    let start = reqs[0].url.query_pairs().find(|(k, _)| k == "start").map(|(_, v)| v.to_string()).unwrap();
+    assert_eq!(start.parse::<i64>().unwrap(), end - 1800, "the first pass fetches the whole window, step-aligned");
+}
+
+#[tokio::test]
+async fn prometheus_queries_carry_the_namespace_headers_and_bearer_token() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET")).respond_with(matrix(json!([]))).mount(&server).await;
+    let dir = std::env::temp_dir().join(format!("cgr-prom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("token"), "pr0m-t0ken\n").unwrap();
+    let options =
+        PrometheusOptions { headers: vec![("X-Scope-OrgID".into(), "team-gpu".into())], bearer_token_file: Some(dir.join("token")) };
+    let own = Ownership { namespace: Some("coder".into()), workspace_id_label: None };
+    let source = PrometheusSource::with_options(
+        &crate::common::url(&server.uri()),
+        own,
+        Duration::from_secs(1800),
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+        &Default::default(),
+        1 << 20,
+        options,
+    )
+    .unwrap();
+    let c = source.collect(Utc::now()).await;
+    assert!(c.failures.is_empty(), "{:?}", c.failures);
+    let reqs = server.received_requests().await.unwrap();
+    assert!(!reqs.is_empty());
+    for r in &reqs {
+        assert_eq!(r.headers.get("X-Scope-OrgID").unwrap(), "team-gpu");
+        assert_eq!(r.headers.get("Authorization").unwrap(), "Bearer pr0m-t0ken");
+        assert!(r.headers.get("Accept-Encoding").is_some_and(|v| v.to_str().unwrap().contains("gzip")), "gzip accepted");
+        let q = r.url.query_pairs().find(|(k, _)| k == "query").unwrap().1.to_string();
+        assert!(
+            q.contains("exported_namespace=\"coder\"") && q.contains(",namespace=\"coder\""),
+            "the namespace filter is in the query: {q}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[tokio::test]

@@ -53,6 +53,9 @@ impl Workspace {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct WorkspaceBuild {
     pub id: String,
+    /// When the build was asked for (Coder's clock): the session's samples start after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<Time>,
     pub transition: Transition,
     pub status: WorkspaceStatus,
     pub job: ProvisionerJob,

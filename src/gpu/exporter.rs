@@ -175,6 +175,6 @@ impl GpuSource for ExporterSource {
                 Err(error) => failures.push(SourceFailure::new(source.to_string(), host, error)),
             }
         }
-        Collection { readings, failures, requests }
+        Collection { readings, failures, requests, step: None }
     }
 }

@@ -70,6 +70,10 @@ pub struct Collection {
     pub failures: Vec<SourceFailure>,
     /// HTTP requests made (the benchmark checks this does not grow with the fleet).
     pub requests: usize,
+    /// Set when each reading is a finished sample of its own step (Prometheus history: the
+    /// highest raw sample in the step ending at its time), not one more reading to merge into
+    /// the pass's sample (an exporter scrape).
+    pub step: Option<std::time::Duration>,
 }
 
 /// A place GPU readings come from. Both sources yield the same readings, so the windows and
@@ -185,15 +189,24 @@ pub fn readings_from_exposition(
             }
         },
     );
-    let device: HashMap<(String, Option<String>), (SignalValues, Option<f64>)> = by_gpu
-        .values()
-        .filter(|r| r.key.pod.is_none())
-        .map(|r| ((r.key.uuid.clone(), r.key.gpu_instance.clone()), (r.values, r.energy_joules)))
-        .collect();
     let mut readings: Vec<GpuReading> = by_gpu.into_values().collect();
+    merge_shared(&mut readings);
+    (readings, errors)
+}
+
+/// Gives each shared (virtual-GPU) reading the device's utilization, memory, power and video
+/// engines from the device-level reading of the same GPU and time, keeping a pod's own
+/// utilization only when it is higher (per-pod values can show work; their zeros prove nothing).
+pub fn merge_shared(readings: &mut [GpuReading]) {
+    type Device = (String, Option<String>, DateTime<Utc>);
+    let device: HashMap<Device, (SignalValues, Option<f64>)> = readings
+        .iter()
+        .filter(|r| r.key.pod.is_none())
+        .map(|r| ((r.key.uuid.clone(), r.key.gpu_instance.clone(), r.at), (r.values, r.energy_joules)))
+        .collect();
     for r in readings.iter_mut().filter(|r| r.shared) {
         let own_util = r.values.get(Signal::GpuUtil);
-        let (dev, energy) = device.get(&(r.key.uuid.clone(), r.key.gpu_instance.clone())).copied().unwrap_or_default();
+        let (dev, energy) = device.get(&(r.key.uuid.clone(), r.key.gpu_instance.clone(), r.at)).copied().unwrap_or_default();
         for s in [Signal::GpuUtil, Signal::FbUsedMib, Signal::PowerWatts, Signal::EncUtil, Signal::DecUtil] {
             r.values.clear(s);
             if let Some(v) = dev.get(s) {
@@ -205,7 +218,6 @@ pub fn readings_from_exposition(
         }
         r.energy_joules = r.energy_joules.or(energy);
     }
-    (readings, errors)
 }
 
 #[cfg(test)]

@@ -244,6 +244,18 @@ impl Windows {
         window.observe(reading.at, reading.values, reading.energy_joules);
     }
 
+    /// Adds a reading that is a finished sample of its own (a Prometheus step): recorded and
+    /// flushed at once, so each step stays its own sample.
+    pub fn record_sample(&mut self, reading: &GpuReading) {
+        self.record(reading);
+        let Some(ws) = &reading.workspace_id else { return };
+        if let Some(gpus) = self.by_workspace.get_mut(ws) {
+            if let Some(i) = gpus.position(&reading.key) {
+                gpus.windows[i].flush();
+            }
+        }
+    }
+
     /// Ends a pass: every window's readings since the last pass become one sample.
     pub fn flush(&mut self) {
         for window in self.by_workspace.values_mut().flat_map(|g| g.windows.iter_mut()) {

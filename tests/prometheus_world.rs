@@ -1,0 +1,224 @@
+//! `plan --prometheus-url` against a real Prometheus (Debian's package; `.ci/run` installs it)
+//! holding 70 minutes of 15 s dcgm-exporter history written with `promtool tsdb
+//! create-blocks-from openmetrics`, as Prometheus stores a scrape with `honorLabels: false`
+//! (`exported_pod`, `exported_namespace`, the exporter's own `pod`, `instance`, `job`). Each
+//! workload is one that the old `query_range` reading got wrong in the unsafe direction.
+
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use mocks::{FakeCoder, WorldConfig};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::common::binary;
+
+/// Prometheus' and promtool's paths, or `None` when they are not installed (outside CI).
+fn installed() -> Option<(PathBuf, PathBuf)> {
+    let find = |name: &str| ["/usr/bin", "/usr/local/bin", "/bin"].iter().map(|d| Path::new(d).join(name)).find(|p| p.exists());
+    Some((find("prometheus")?, find("promtool")?))
+}
+
+struct Prometheus {
+    child: Child,
+    url: String,
+    dir: PathBuf,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// Writes `openmetrics` into a fresh TSDB and serves it on a loopback port.
+async fn prometheus_with(openmetrics: &str) -> Prometheus {
+    let (prometheus, promtool) = installed().expect("prometheus and promtool");
+    let dir = std::env::temp_dir().join(format!("cgr-prom-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    let input = dir.join("history.om");
+    std::fs::write(&input, openmetrics).unwrap();
+    let out =
+        Command::new(&promtool).args(["tsdb", "create-blocks-from", "openmetrics"]).arg(&input).arg(dir.join("data")).output().unwrap();
+    assert!(out.status.success(), "promtool: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    std::fs::write(dir.join("prometheus.yml"), "global:\n  scrape_interval: 15s\n").unwrap();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(&prometheus)
+        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    // Dropping it kills and waits for the process.
+    let prom = Prometheus { child, url, dir };
+    for _ in 0..100 {
+        if reqwest::get(format!("{}/-/ready", prom.url)).await.is_ok_and(|r| r.status().is_success()) {
+            return prom;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("Prometheus did not become ready");
+}
+
+/// One GPU's history: `value(seconds_ago) -> Some((sm_active, fb_mib))`, `None` for no scrape.
+struct History {
+    pod: String,
+    uuid: String,
+    value: Box<dyn Fn(i64) -> Option<(f64, f64)>>,
+}
+
+/// 70 minutes of 15 s scrapes in OpenMetrics text, as Prometheus stores them.
+fn openmetrics(now: DateTime<Utc>, gpus: &[History]) -> String {
+    let end = now.timestamp() / 15 * 15;
+    let mut out = String::new();
+    let families = [
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    ];
+    for family in families {
+        let _ = writeln!(out, "# TYPE {family} {}", if family.contains("ENERGY") { "counter" } else { "gauge" });
+        for (i, g) in gpus.iter().enumerate() {
+            let labels = format!(
+                "gpu=\"{i}\",UUID=\"{}\",device=\"nvidia{i}\",modelName=\"NVIDIA A10G\",Hostname=\"gpu-node-{i}\",exported_pod=\"{}\",exported_namespace=\"coder\",exported_container=\"dev\",pod=\"nvidia-dcgm-exporter-x7k2p\",namespace=\"gpu-operator\",instance=\"10.0.3.{i}:9400\",job=\"nvidia-dcgm-exporter\"",
+                g.uuid, g.pod
+            );
+            let mut energy_mj = 1.0e10;
+            for t in (end - 70 * 60..=end).step_by(15) {
+                let Some((sm, fb)) = (g.value)(end - t) else { continue };
+                let busy = sm >= 0.05;
+                energy_mj += if busy { 299.2 } else { 24.3 } * 15.0 * 1000.0;
+                let value = match family {
+                    "DCGM_FI_PROF_SM_ACTIVE" => sm,
+                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE" | "DCGM_FI_DEV_GPU_UTIL" if busy => {
+                        if family.ends_with("UTIL") {
+                            100.0
+                        } else {
+                            1.0
+                        }
+                    }
+                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE" | "DCGM_FI_DEV_GPU_UTIL" => 0.0,
+                    "DCGM_FI_DEV_FB_USED" => fb,
+                    "DCGM_FI_DEV_POWER_USAGE" => {
+                        if busy {
+                            299.2
+                        } else {
+                            24.3
+                        }
+                    }
+                    _ => energy_mj,
+                };
+                let _ = writeln!(out, "{family}{{{labels}}} {value} {t}");
+            }
+        }
+    }
+    out.push_str("# EOF\n");
+    out
+}
+
+#[tokio::test]
+async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session() {
+    if installed().is_none() {
+        assert!(std::env::var("CI").is_err(), "CI must install Debian's prometheus package (.ci/run does)");
+        eprintln!("skipped: prometheus/promtool are not installed (apt-get install prometheus)");
+        return;
+    }
+    let coder = FakeCoder::start(WorldConfig { gpus: 5, scale: 600.0, ..WorldConfig::default() }).await.unwrap();
+    let names = ["bursty", "idle", "stale", "gap", "restarted"];
+    let ids: Vec<Uuid> = names.iter().map(|n| coder.with(|w| w.create_workspace("alice", n, None)).unwrap()).collect();
+    for _ in 0..200 {
+        if coder.with(|w| ids.iter().all(|id| w.ws_index(*id).is_some_and(|i| w.is_running(&w.workspaces[i])))) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let now = Utc::now();
+    // Coder's records as they would be: every session started 70 minutes ago, but the restarted
+    // one, whose new build is 32 minutes old (its old pod's series ends inside the 33-minute
+    // window the decisions read); nobody connected for an hour.
+    let mut pods = Vec::new();
+    coder.with(|w| {
+        for (i, id) in ids.iter().enumerate() {
+            let wi = w.ws_index(*id).unwrap();
+            let ws = &mut w.workspaces[wi];
+            let started = now - chrono::Duration::seconds(if i == 4 { 32 * 60 } else { 70 * 60 });
+            let build = ws.builds.last_mut().unwrap();
+            build.created_at = started;
+            build.job.completed_at = Some(started);
+            ws.last_used_at = now - chrono::Duration::minutes(60);
+            pods.push(ws.pod.as_ref().unwrap().name.clone());
+        }
+    });
+    let uuid = |i: usize| format!("GPU-{:08x}-1c2b-4d5e-8f90-a1b2c3d4e5f6", i);
+    let idle = |_: i64| Some((0.0, 0.0));
+    let gpus = vec![
+        // A notebook computes for one scrape in five (every 75 s): a 60 s step reading one
+        // sample in four missed most bursts.
+        History {
+            pod: pods[0].clone(),
+            uuid: uuid(0),
+            value: Box::new(|ago| Some(if (ago / 15) % 5 == 0 { (0.91, 8_000.0) } else { (0.0, 8_000.0) })),
+        },
+        History { pod: pods[1].clone(), uuid: uuid(1), value: Box::new(idle) },
+        // The exporter stopped 9 minutes ago: the lookback repeats its last value for 5 minutes.
+        History { pod: pods[2].clone(), uuid: uuid(2), value: Box::new(|ago| (ago >= 9 * 60).then_some((0.0, 0.0))) },
+        // An 8.5-minute hole 20 minutes ago.
+        History {
+            pod: pods[3].clone(),
+            uuid: uuid(3),
+            value: Box::new(|ago| (!(12 * 60..20 * 60 + 30).contains(&ago)).then_some((0.0, 0.0))),
+        },
+        // Restarted 32 minutes ago: the old pod's series ends then, the new pod has been idle since.
+        History {
+            pod: format!("coder-{}-5d4c3b2a1-old00", ids[4]),
+            uuid: uuid(4),
+            value: Box::new(|ago| (ago >= 32 * 60 + 30).then_some((0.0, 4_000.0))),
+        },
+        History { pod: pods[4].clone(), uuid: uuid(5), value: Box::new(|ago| (ago <= 31 * 60 + 30).then_some((0.0, 0.0))) },
+    ];
+    let prom = prometheus_with(&openmetrics(now, &gpus)).await;
+    let token = coder.owner_token();
+    let (coder_url, prom_url) = (coder.url(), prom.url.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(binary())
+            .args(["plan", "--output", "json", "--coder-url", &coder_url, "--prometheus-url", &prom_url])
+            .env("CODER_SESSION_TOKEN", token)
+            .env_remove("CODER_URL")
+            .env_remove("CODER_GPU_RECLAIMER_CONFIG")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_str(&stdout).unwrap();
+    let verdict = |id: Uuid| {
+        let w = doc["workspaces"].as_array().unwrap().iter().find(|w| w["id"] == id.to_string()).unwrap();
+        (w["verdict"].as_str().unwrap().to_string(), w["reason"].as_str().unwrap().to_string(), w["message"].as_str().unwrap().to_string())
+    };
+    for (i, want) in [
+        (0, ("keep", "gpu-active")),
+        (1, ("reclaim", "idle")),
+        (2, ("unknown", "stale-data")),
+        (3, ("unknown", "sample-gap")),
+        (4, ("reclaim", "idle")),
+    ] {
+        let (v, r, m) = verdict(ids[i]);
+        assert_eq!((v.as_str(), r.as_str()), want, "{}: {m}", names[i]);
+    }
+    let (_, _, m) = verdict(ids[4]);
+    assert!(m.starts_with("GPU idle 3"), "judged by the new session's 31 minutes only: {m}");
+}
