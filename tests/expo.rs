@@ -265,3 +265,19 @@ fn stuck_counters_in_real_layout_read_as_metrics_disagree() {
         assert_eq!((d.verdict, d.reason), (Verdict::Unknown, Reason::MetricsDisagree), "{id}: {}", d.message);
     }
 }
+
+#[test]
+fn negative_and_nan_values_are_no_reading() {
+    let mut world = mocks::World::new(mocks::WorldConfig { gpus: 1, ..mocks::WorldConfig::default() });
+    let id = world.create_workspace("alice", "a", None).unwrap();
+    world.set_load(id, mocks::Load::Matmul);
+    let cfg = mocks::ExporterConfig { broken_values: true, ..mocks::ExporterConfig::default() };
+    let text = mocks::exporter::render(&world, &cfg, &[1.0e9]);
+    assert!(text.contains("} NaN") && text.contains("} -1"), "the fake writes both:\n{text}");
+    let src: Arc<str> = Arc::from("x");
+    let (readings, errors) = readings_from_exposition(&text, Utc::now(), &src, &Ownership::default());
+    assert!(errors.is_empty(), "{errors:?}");
+    let r = &readings[0];
+    assert_eq!((r.values.get(Signal::GpuUtil), r.values.get(Signal::FbUsedMib)), (None, None), "absent, never 0 or negative");
+    assert!(r.values.get(Signal::SmActive).is_some(), "the other fields stay");
+}
