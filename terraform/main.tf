@@ -12,6 +12,14 @@ locals {
   has_webhook      = var.notify_webhook != null
   has_status_token = var.status_token != null
   has_ca           = var.ca_pem != null
+  # The optional files, by volume name: where each is mounted and the Secret or ConfigMap behind it.
+  optional_files = {
+    for name, f in {
+      notify         = { enabled = local.has_webhook, path = "${local.secrets_dir}/notify", secret = "${local.name}-notify", config_map = null }
+      "status-token" = { enabled = local.has_status_token, path = "${local.secrets_dir}/status", secret = "${local.name}-status-token", config_map = null }
+      ca             = { enabled = local.has_ca, path = "/etc/${local.name}-ca", secret = null, config_map = "${local.name}-ca" }
+    } : name => f if f.enabled
+  }
 
   # One to one onto the CLI of `coder-gpu-reclaimer run` (tests check every flag against it).
   args = concat(
@@ -176,26 +184,10 @@ resource "kubernetes_deployment_v1" "this" {
             read_only  = true
           }
           dynamic "volume_mount" {
-            for_each = local.has_webhook ? [1] : []
+            for_each = local.optional_files
             content {
-              name       = "notify"
-              mount_path = "${local.secrets_dir}/notify"
-              read_only  = true
-            }
-          }
-          dynamic "volume_mount" {
-            for_each = local.has_status_token ? [1] : []
-            content {
-              name       = "status-token"
-              mount_path = "${local.secrets_dir}/status"
-              read_only  = true
-            }
-          }
-          dynamic "volume_mount" {
-            for_each = local.has_ca ? [1] : []
-            content {
-              name       = "ca"
-              mount_path = "/etc/${local.name}-ca"
+              name       = volume_mount.key
+              mount_path = volume_mount.value.path
               read_only  = true
             }
           }
@@ -217,36 +209,27 @@ resource "kubernetes_deployment_v1" "this" {
           }
         }
         dynamic "volume" {
-          for_each = local.has_webhook ? [1] : []
+          for_each = local.optional_files
           content {
-            name = "notify"
-            secret {
-              secret_name = kubernetes_secret_v1.notify[0].metadata[0].name
+            name = volume.key
+            dynamic "secret" {
+              for_each = volume.value.secret != null ? [volume.value.secret] : []
+              content {
+                secret_name = secret.value
+              }
             }
-          }
-        }
-        dynamic "volume" {
-          for_each = local.has_status_token ? [1] : []
-          content {
-            name = "status-token"
-            secret {
-              secret_name = kubernetes_secret_v1.status_token[0].metadata[0].name
-            }
-          }
-        }
-        dynamic "volume" {
-          for_each = local.has_ca ? [1] : []
-          content {
-            name = "ca"
-            config_map {
-              name = kubernetes_config_map_v1.ca[0].metadata[0].name
+            dynamic "config_map" {
+              for_each = volume.value.config_map != null ? [volume.value.config_map] : []
+              content {
+                name = config_map.value
+              }
             }
           }
         }
       }
     }
   }
-  depends_on = [kubernetes_secret_v1.token]
+  depends_on = [kubernetes_secret_v1.token, kubernetes_secret_v1.notify, kubernetes_secret_v1.status_token, kubernetes_config_map_v1.ca]
 }
 
 # Every workspace can reach this service's port (the template's agent reads its own status line),

@@ -115,3 +115,14 @@ fn the_code_map_lists_every_source_file() {
     let missing: Vec<&String> = files.iter().filter(|f| !map.contains(&format!("`{f}`"))).collect();
     assert!(missing.is_empty(), "ARCHITECTURE.md's code map does not list {missing:?}");
 }
+
+#[test]
+fn every_outgoing_client_refuses_redirects_and_every_body_is_bounded() {
+    let builders: Vec<String> = files_mentioning("Client::builder()").into_iter().filter(|f| f != "src/http.rs").collect();
+    assert!(builders.is_empty(), "build HTTP clients with http::client (no redirects, the configured CAs): {builders:?}");
+    assert!(code("src/http.rs").contains("redirect::Policy::none()"));
+    for unbounded in [".bytes().await", ".text().await", ".json().await"] {
+        let users = files_mentioning(unbounded);
+        assert!(users.is_empty(), "{unbounded} reads a peer's body whole; use http::read_limited: {users:?}");
+    }
+}
