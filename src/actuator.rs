@@ -149,6 +149,8 @@ pub struct ActReport {
     pub abandoned: Vec<String>,
     /// Stop builds that became stuck this pass (reported once each).
     pub stuck: Vec<String>,
+    /// Workspaces whose stop build succeeded this pass: their GPUs are free.
+    pub stops_done: Vec<String>,
 }
 
 /// One stop to attempt this pass.
@@ -457,6 +459,7 @@ impl Actuator {
             let Some(tracked) = self.tracked.remove(&id) else { continue };
             if status == JobStatus::Succeeded {
                 tracing::info!(event = "stop_done", workspace_id = %id, owner = %tracked.event.owner, build_id = %build_id, "the workspace is stopped; its GPU is free");
+                report.stops_done.push(id.clone());
             } else {
                 let error = build.job.error.unwrap_or_default();
                 tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %tracked.event.owner, build_id = %build_id, job_status = status.as_str(), error = %error, "the stop build did not succeed; retrying later");

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::accounting::Accounting;
 use crate::actuator::require_permissions;
 use crate::actuator::{ActReport, Actuator, Mode, Outputs, StopLimits};
 use crate::coder::types::Workspace;
@@ -59,6 +60,7 @@ pub struct Application {
     token_checked: Instant,
     /// Exporters are scraped this often between passes (`None`: Prometheus keeps the history).
     sample_interval: Option<Duration>,
+    accounting: Accounting,
 }
 
 /// How often the token's expiry and permissions are asked about when it does not change.
@@ -133,7 +135,17 @@ impl Application {
             GpuSourceSettings::Exporters(_) if settings.sample_interval < settings.interval => Some(settings.sample_interval),
             _ => None,
         };
-        Ok(Application { state, evaluator, actuator, identity, coder, mode, token_checked: Instant::now(), sample_interval })
+        Ok(Application {
+            state,
+            evaluator,
+            actuator,
+            identity,
+            coder,
+            mode,
+            token_checked: Instant::now(),
+            sample_interval,
+            accounting: Accounting::default(),
+        })
     }
 
     /// Re-reads the token file each pass; a new token (or a day since the last look) is asked
@@ -184,7 +196,17 @@ impl Application {
         };
         let in_flight = self.actuator.as_ref().map_or(0, Actuator::tracked_count);
         let stuck = self.actuator.as_ref().map(Actuator::stuck_stops).unwrap_or_default();
-        report::publish(&self.state, &eval, self.evaluator.windows(), self.evaluator.policy(), self.mode, &acted, in_flight, stuck);
+        report::publish(
+            &self.state,
+            &eval,
+            self.evaluator.windows(),
+            self.evaluator.policy(),
+            self.mode,
+            &acted,
+            in_flight,
+            stuck,
+            &mut self.accounting,
+        );
         Ok(PassReport { workspaces: eval.workspaces, decisions: eval.decisions, fleet: eval.fleet, gpu_requests: eval.gpu_requests, acted })
     }
 

@@ -1,6 +1,7 @@
 //! coder-gpu-reclaimer: gives idle GPUs back on Kubernetes clusters that run Coder.
 //! See ARCHITECTURE.md for the map of modules and the invariants they keep.
 
+pub mod accounting;
 pub mod actuator;
 pub mod app;
 pub mod audit;

@@ -44,6 +44,11 @@ pub struct RequestLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TemplateLabels {
+    pub template: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
     pub source: String,
 }
@@ -64,6 +69,10 @@ pub struct Metrics {
     pub last_pass: Gauge<f64, AtomicU64>,
     pub coder_clock_offset: Gauge<f64, AtomicU64>,
     pub stuck_stops: Gauge,
+    pub gpu_idle_seconds: Family<TemplateLabels, Counter<f64, AtomicU64>>,
+    pub gpus_reclaimed: Family<TemplateLabels, Counter>,
+    pub gpu_seconds_given_back: Family<TemplateLabels, Counter<f64, AtomicU64>>,
+    pub gpu_wait: Histogram,
 }
 
 impl Default for Metrics {
@@ -90,6 +99,10 @@ impl Metrics {
             last_pass: Gauge::default(),
             coder_clock_offset: Gauge::default(),
             stuck_stops: Gauge::default(),
+            gpu_idle_seconds: Family::default(),
+            gpus_reclaimed: Family::default(),
+            gpu_seconds_given_back: Family::default(),
+            gpu_wait: Histogram::new([60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0]),
             registry: Registry::default(),
         };
         registry.register("passes", "Passes run, by result (ok, failed)", m.passes.clone());
@@ -114,6 +127,18 @@ impl Metrics {
             m.coder_clock_offset.clone(),
         );
         registry.register("stuck_stops", "Stop builds whose job has stayed pending longer than stop_timeout", m.stuck_stops.clone());
+        registry.register("gpu_idle_seconds", "GPU-seconds observed not computing, by template", m.gpu_idle_seconds.clone());
+        registry.register("gpus_reclaimed", "GPUs freed by completed stop builds, by template", m.gpus_reclaimed.clone());
+        registry.register(
+            "gpu_seconds_given_back",
+            "GPU-seconds given back: from a completed stop until the workspace runs again, by template",
+            m.gpu_seconds_given_back.clone(),
+        );
+        registry.register(
+            "gpu_wait_seconds",
+            "How long GPU sessions waited for a GPU (from waiting to running with one)",
+            m.gpu_wait.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -132,6 +157,23 @@ impl Metrics {
     pub fn observer(self: &Arc<Self>) -> crate::coder::RequestObserver {
         let m = self.clone();
         Arc::new(move |endpoint, code| m.observe_request(endpoint, code))
+    }
+
+    /// Adds one pass's accounting.
+    pub fn account(&self, inc: &crate::accounting::Increments) {
+        let t = |template: &str| TemplateLabels { template: template.to_string() };
+        for (template, s) in &inc.idle_gpu_seconds {
+            self.gpu_idle_seconds.get_or_create(&t(template)).inc_by(*s);
+        }
+        for (template, n) in &inc.gpus_reclaimed {
+            self.gpus_reclaimed.get_or_create(&t(template)).inc_by(*n);
+        }
+        for (template, s) in &inc.given_back_gpu_seconds {
+            self.gpu_seconds_given_back.get_or_create(&t(template)).inc_by(*s);
+        }
+        for w in &inc.waits_ended {
+            self.gpu_wait.observe(*w);
+        }
     }
 
     pub fn encode(&self) -> String {

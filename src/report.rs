@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
+use crate::accounting::Accounting;
 use crate::actuator::{ActReport, Mode, StuckStop};
 use crate::coder::{CoderError, ErrorKind};
 use crate::decide::Verdict;
@@ -163,6 +164,7 @@ pub fn publish(
     acted: &ActReport,
     in_flight: usize,
     stuck_stops: Vec<StuckStop>,
+    accounting: &mut Accounting,
 ) {
     let metrics = &state.metrics;
     scrape_failures(metrics, &eval.source_failures);
@@ -185,6 +187,8 @@ pub fn publish(
         metrics.breaker_trips.inc();
     }
     metrics.set_verdicts(decisions.iter().map(|d| (d.verdict, d.reason)));
+    let gpus: Vec<u64> = eval.workspaces.iter().map(|w| windows.get(&w.id).map_or(0, |g| g.len() as u64)).collect();
+    metrics.account(&accounting.pass(eval.now, &eval.workspaces, decisions, &gpus, &acted.stops_done));
     if let Some(offset) = eval.coder_clock_offset {
         metrics.coder_clock_offset.set(offset.num_milliseconds() as f64 / 1000.0);
     }
@@ -197,6 +201,7 @@ pub fn publish(
         mode: mode.as_str(),
         breaker: eval.fleet.breaker.clone(),
         coder_clock_offset_seconds: eval.coder_clock_offset.map(|o| o.num_seconds()),
+        accounting: accounting.summary(eval.now),
         stuck_stops,
         notes: Vec::new(),
         workspaces: eval

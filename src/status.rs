@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::accounting::AccountingSummary;
 use crate::actuator::StuckStop;
 use crate::coder::types::Workspace;
 use crate::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify_in, human};
@@ -60,6 +61,8 @@ pub struct StatusDocument {
     /// Coder's clock minus this service's; Coder's timestamps are judged by Coder's clock.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub coder_clock_offset_seconds: Option<i64>,
+    /// What was given back and who waits, counted while the service runs.
+    pub accounting: AccountingSummary,
     /// Stop builds pending past `stop_timeout` (no provisioner took them); never sent again.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stuck_stops: Vec<StuckStop>,
@@ -116,6 +119,7 @@ impl StatusDocument {
             mode,
             breaker: None,
             coder_clock_offset_seconds: None,
+            accounting: AccountingSummary::default(),
             stuck_stops: Vec::new(),
             notes: Vec::new(),
             workspaces: Vec::new(),

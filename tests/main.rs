@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod accounting;
 mod architecture;
 mod cli;
 mod coder_client;
