@@ -86,7 +86,7 @@ fn a_scripted_story_gives_exact_figures() {
 fn a_service_that_was_down_does_not_count_the_gap() {
     let mut acc = Accounting::default();
     let idle = decision(A, Verdict::Keep, Reason::NotIdleLongEnough, Some(86_400));
-    acc.pass(t(0), &[ws(A)], &[idle.clone()], &[2], &[]);
+    acc.pass(t(0), &[ws(A)], std::slice::from_ref(&idle), &[2], &[]);
     let inc = acc.pass(t(3600), &[ws(A)], &[idle], &[2], &[]);
     assert_eq!(inc.idle_gpu_seconds, vec![("gpu-a10g".to_string(), 600.0)], "at most 5 minutes a pass, times 2 GPUs");
 }
