@@ -170,6 +170,8 @@ pub struct Actuator {
     /// The token's user: stop builds it initiated are ours (a lost reply is recognised by it).
     self_id: Option<String>,
     tracked: HashMap<String, TrackedStop>,
+    /// Workspaces this service stopped, until they run again (the `resumed` audit line).
+    stopped: HashMap<String, (AuditEvent, DateTime<Utc>)>,
     /// Observe mode: workspaces already reported as would-stop in this idle episode.
     reported: HashSet<String>,
 }
@@ -198,6 +200,7 @@ impl Actuator {
             stop_timeout: crate::duration::chrono(limits.stop_timeout),
             self_id,
             tracked: HashMap::new(),
+            stopped: HashMap::new(),
             reported: HashSet::new(),
         }
     }
@@ -240,6 +243,7 @@ impl Actuator {
             return report;
         }
         self.announce_warnings(eval, AuditKind::Warn);
+        self.resumed(eval);
         self.follow(now, &mut report).await;
         self.reconcile(now, &eval.workspaces);
         if eval.fleet.breaker.is_none() {
@@ -274,7 +278,10 @@ impl Actuator {
             if !self.reported.insert(ws.id.clone()) {
                 continue;
             }
-            let event = AuditEvent::new(AuditKind::WouldStop, eval.now, self.mode.as_str(), ws, d);
+            let event = AuditEvent {
+                gpus: eval.gpus.get(i).copied(),
+                ..AuditEvent::new(AuditKind::WouldStop, eval.now, self.mode.as_str(), ws, d)
+            };
             tracing::info!(event = "would_stop", workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, "{}", event.message);
             self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "observe" }).inc();
             self.announce(&event, true);
@@ -285,6 +292,26 @@ impl Actuator {
                 tracing::info!(event = "would_restore_ttl", workspace_id = %ws.id, owner = %ws.owner_name, ttl_ms = ttl, "would set the autostop TTL back");
             }
         }
+    }
+
+    /// Workspaces this service stopped that run again: one `resumed` audit line each, with the
+    /// GPU-seconds they gave back. Forgotten after 8 days (deleted, or never started again).
+    fn resumed(&mut self, eval: &Evaluation) {
+        for ws in &eval.workspaces {
+            let Some((done, at)) = self.stopped.remove(&ws.id) else { continue };
+            let gpus = done.gpus.unwrap_or(0);
+            let event = AuditEvent {
+                event: AuditKind::Resumed,
+                time: eval.now,
+                gpu_seconds_given_back: Some((eval.now - at).num_seconds().max(0) * gpus as i64),
+                ..done
+            };
+            tracing::info!(event = "resumed", workspace_id = %ws.id, gpu_seconds_given_back = event.gpu_seconds_given_back, "a workspace this service stopped runs again");
+            if let Some(a) = &self.outputs.audit {
+                a.append(&event);
+            }
+        }
+        self.stopped.retain(|_, (_, at)| eval.now - *at < Duration::days(8));
     }
 
     /// Drops tracking of workspaces that got a new build (a new session: start afresh) and of
@@ -310,7 +337,10 @@ impl Actuator {
                 Some(StopState::InFlight { .. } | StopState::Abandoned { .. }) => false,
             };
             if due {
-                let event = AuditEvent::new(AuditKind::StopSent, eval.now, self.mode.as_str(), ws, d);
+                let event = AuditEvent {
+                    gpus: eval.gpus.get(i).copied(),
+                    ..AuditEvent::new(AuditKind::StopSent, eval.now, self.mode.as_str(), ws, d)
+                };
                 out.push(Candidate { event, session: ws.latest_build.id.clone() });
             }
         }
@@ -460,6 +490,11 @@ impl Actuator {
             if status == JobStatus::Succeeded {
                 tracing::info!(event = "stop_done", workspace_id = %id, owner = %tracked.event.owner, build_id = %build_id, "the workspace is stopped; its GPU is free");
                 report.stops_done.push(id.clone());
+                let done = AuditEvent { event: AuditKind::StopDone, time: now, ..tracked.event };
+                if let Some(a) = &self.outputs.audit {
+                    a.append(&done);
+                }
+                self.stopped.insert(id.clone(), (done, now));
             } else {
                 let error = build.job.error.unwrap_or_default();
                 tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %tracked.event.owner, build_id = %build_id, job_status = status.as_str(), error = %error, "the stop build did not succeed; retrying later");

@@ -34,6 +34,10 @@ pub enum AuditKind {
     StopAbandoned,
     RestoreTtl,
     WouldRestoreTtl,
+    /// The stop build succeeded: the workspace's GPUs are free.
+    StopDone,
+    /// A workspace this service stopped runs again: the GPUs it gave back, for how long.
+    Resumed,
 }
 
 impl AuditKind {
@@ -46,6 +50,8 @@ impl AuditKind {
             AuditKind::StopAbandoned => "stop_abandoned",
             AuditKind::RestoreTtl => "restore_ttl",
             AuditKind::WouldRestoreTtl => "would_restore_ttl",
+            AuditKind::StopDone => "stop_done",
+            AuditKind::Resumed => "resumed",
         }
     }
 
@@ -64,6 +70,8 @@ impl AuditKind {
             (AuditKind::StopAbandoned, _) => "could not be stopped; the reclaimer gave up until its next build".into(),
             (AuditKind::RestoreTtl, _) => "had its autostop TTL set back".into(),
             (AuditKind::WouldRestoreTtl, _) => "would have its autostop TTL set back (observe mode)".into(),
+            (AuditKind::StopDone, _) => "is stopped; its GPU is free".into(),
+            (AuditKind::Resumed, _) => "runs again".into(),
         }
     }
 }
@@ -89,6 +97,12 @@ pub struct AuditEvent {
     pub stop_at: Option<DateTime<Utc>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,
+    /// GPUs the workspace held (stops).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u64>,
+    /// GPU-seconds given back, from the stop until it ran again (`resumed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_seconds_given_back: Option<i64>,
 }
 
 impl AuditEvent {
@@ -108,6 +122,8 @@ impl AuditEvent {
             build_id: None,
             stop_at: d.stop_at,
             attempts: None,
+            gpus: None,
+            gpu_seconds_given_back: None,
         }
     }
 

@@ -46,6 +46,34 @@ pub enum Command {
     Check(CheckArgs),
     /// Play the seed experiment on built-in fakes (no Coder, no GPU needed) and print a timeline.
     Demo(DemoArgs),
+    /// Sum up the audit log: stops per template and owner, GPU-hours given back, would-stops.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// The audit log `run --audit-log` writes
+    #[arg(long, value_name = "PATH")]
+    pub audit_log: PathBuf,
+
+    /// The period: this long before --until
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = crate::duration::parse)]
+    pub since: Duration,
+
+    /// The end of the period (RFC 3339) [default: now]
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+
+    /// table for people, json or csv for a spreadsheet
+    #[arg(long, value_name = "FORMAT", value_enum, default_value = "table")]
+    pub output: ReportFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    Table,
+    Json,
+    Csv,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]

@@ -34,6 +34,8 @@ pub struct Evaluation {
     /// Coder's clock minus this machine's (from the listing's `Date` header); Coder's
     /// timestamps were judged by it.
     pub coder_clock_offset: Option<chrono::Duration>,
+    /// How many GPUs report for each workspace (`gpus[i]` for `workspaces[i]`).
+    pub gpus: Vec<u64>,
 }
 
 /// A clock difference larger than this is logged (`clock_skew`): decisions correct for it, but
@@ -171,6 +173,7 @@ impl Evaluator {
             .collect();
         self.warnings =
             decisions.iter().filter(|d| d.is_stop_eligible()).filter_map(|d| d.stop_at.map(|t| (d.workspace_id.clone(), t))).collect();
+        let gpus = workspaces.iter().map(|w| self.windows.get(&w.id).map_or(0, |g| g.len() as u64)).collect();
         Ok(Evaluation {
             now,
             started,
@@ -182,6 +185,7 @@ impl Evaluator {
             source_failures: collection.failures,
             duplicates,
             coder_clock_offset: listing.clock_offset,
+            gpus,
         })
     }
 }

@@ -5,6 +5,7 @@ pub mod accounting;
 pub mod actuator;
 pub mod app;
 pub mod audit;
+pub mod audit_report;
 pub mod cli;
 pub mod coder;
 pub mod commands;

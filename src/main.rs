@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use coder_gpu_reclaimer::cli::{Cli, Command, LogFormat};
+use coder_gpu_reclaimer::cli::{Cli, Command, LogFormat, ReportFormat};
 use coder_gpu_reclaimer::commands;
 use coder_gpu_reclaimer::config::Settings;
 use coder_gpu_reclaimer::error::Error;
@@ -40,6 +40,19 @@ async fn run_command(command: Command) -> Result<bool, Error> {
             let settings = Settings::resolve(&args.common, None, token_env(), LogFormat::Text);
             init_logging(settings.as_ref().map_or(LogFormat::Text, |s| s.log_format), tracing::Level::WARN);
             Ok(commands::check(settings).await)
+        }
+        Command::Report(args) => {
+            init_logging(LogFormat::Text, tracing::Level::WARN);
+            let until = args.until.unwrap_or_else(chrono::Utc::now);
+            let since = until - coder_gpu_reclaimer::duration::chrono(args.since);
+            let report = coder_gpu_reclaimer::audit_report::summarize(&args.audit_log, since, until)?;
+            let out = match args.output {
+                ReportFormat::Table => report.table(),
+                ReportFormat::Csv => report.csv(),
+                ReportFormat::Json => serde_json::to_string_pretty(&report).map_err(|e| Error::runtime(e.to_string()))? + "\n",
+            };
+            print!("{out}");
+            Ok(true)
         }
         Command::Demo(args) => {
             init_logging(LogFormat::Text, tracing::Level::WARN);

@@ -187,8 +187,7 @@ pub fn publish(
         metrics.breaker_trips.inc();
     }
     metrics.set_verdicts(decisions.iter().map(|d| (d.verdict, d.reason)));
-    let gpus: Vec<u64> = eval.workspaces.iter().map(|w| windows.get(&w.id).map_or(0, |g| g.len() as u64)).collect();
-    metrics.account(&accounting.pass(eval.now, &eval.workspaces, decisions, &gpus, &acted.stops_done));
+    metrics.account(&accounting.pass(eval.now, &eval.workspaces, decisions, &eval.gpus, &acted.stops_done));
     if let Some(offset) = eval.coder_clock_offset {
         metrics.coder_clock_offset.set(offset.num_milliseconds() as f64 / 1000.0);
     }

@@ -174,3 +174,35 @@ async fn the_config_files_log_format_sets_up_logging() {
     assert!(line.contains("INFO") && line.contains("event=\"starting\""), "{line}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn report_sums_up_the_audit_log() {
+    let log = crate::common::fixture_path("audit/week.jsonl");
+    let log = log.to_str().unwrap();
+    let (code, out, err) = run(&["report", "--audit-log", log, "--until", "2026-11-29T09:01:00Z", "--output", "json"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = r["rows"].as_array().unwrap();
+    let row = |owner: &str| rows.iter().find(|x| x["owner"] == owner).unwrap().clone();
+    assert_eq!((row("alice")["stops"].as_u64(), row("alice")["gpu_hours_given_back"].as_f64()), (Some(1), Some(4.0)));
+    assert_eq!((row("bob")["stops"].as_u64(), row("bob")["gpu_hours_given_back"].as_f64()), (Some(1), Some(96.0)));
+    assert_eq!((row("carol")["would_stops"].as_u64(), row("carol")["stops"].as_u64()), (Some(1), Some(0)));
+    assert!(rows.iter().all(|x| x["owner"] != "dave"), "outside the period");
+    assert_eq!(
+        (r["total"]["stops"].as_u64(), r["total"]["would_stops"].as_u64(), r["total"]["gpu_hours_given_back"].as_f64()),
+        (Some(2), Some(1), Some(100.0))
+    );
+    assert_eq!(r["unreadable_lines"], 1);
+    let (code, csv, _) = run(&["report", "--audit-log", log, "--until", "2026-11-29T09:01:00Z", "--output", "csv"], &[]);
+    assert_eq!(code, 0);
+    assert!(
+        csv.starts_with("template,owner,stops,would_stops,gpu_hours_given_back\n") && csv.contains("gpu-h100,bob,1,0,96.00\n"),
+        "{csv}"
+    );
+    assert!(csv.trim_end().ends_with("(all),(all),2,1,100.00"), "{csv}");
+    let (code, table, _) = run(&["report", "--audit-log", log, "--until", "2026-11-29T09:01:00Z"], &[]);
+    assert_eq!(code, 0);
+    assert!(table.contains("GPU reclaim report, 2026-11-22 09:01 UTC to 2026-11-29 09:01 UTC") && table.contains("100.00"), "{table}");
+    let (code, _, err) = run(&["report", "--audit-log", "/nonexistent/audit.jsonl"], &[]);
+    assert_eq!(code, 2, "{err}");
+}

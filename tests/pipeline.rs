@@ -504,8 +504,9 @@ async fn a_stop_whose_reply_was_lost_is_recorded_once_and_followed() {
     assert_eq!(h.app.actuator.as_ref().unwrap().tracked_count(), 0, "the build was followed to its end");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let lines = audit_lines(&path);
-    assert_eq!(lines.len(), 1, "exactly one audit line: {lines:?}");
-    assert_eq!(lines[0]["event"], "stop_sent");
+    let kinds: Vec<&str> = lines.iter().filter_map(|l| l["event"].as_str()).collect();
+    assert_eq!(kinds, vec!["stop_sent", "stop_done"], "exactly one stop line, then its completion: {lines:?}");
+    assert_eq!(lines[0]["build_id"], lines[1]["build_id"]);
     let build_id = h.coder.with(|w| w.ws_index(a).map(|i| w.workspaces[i].builds.last().unwrap().id.to_string())).unwrap();
     assert_eq!(lines[0]["build_id"].as_str(), Some(build_id.as_str()), "the audit line names the build Coder created");
     let events = hook_events(&hook).await;
@@ -580,4 +581,41 @@ async fn a_workspace_listed_twice_is_judged_and_stopped_once() {
     }
     assert_eq!(h.posts(), 1, "one stop POST");
     assert_eq!(h.stops_by_admin(a), 1);
+}
+
+#[tokio::test]
+async fn the_audit_log_records_the_gpu_time_given_back_until_the_workspace_runs_again() {
+    let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
+    let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
+    let mut h = Harness::build(world, |s| {
+        s.mode = Mode::Enforce;
+        s.audit_log = Some(path.clone());
+    })
+    .await;
+    let a = h.workspace("alice", "a", Load::Idle).await;
+    for _ in 0..40 {
+        h.pass().await;
+        if audit_lines(&path).iter().any(|l| l["event"] == "stop_done") {
+            break;
+        }
+    }
+    // Two passes with the GPU given back, then alice starts it again.
+    h.pass().await;
+    h.pass().await;
+    h.coder.with(|w| w.create_build(a, "start", w.user_index("alice").unwrap(), "cli")).unwrap();
+    for _ in 0..40 {
+        h.pass().await;
+        if audit_lines(&path).iter().any(|l| l["event"] == "resumed") {
+            break;
+        }
+    }
+    let lines = audit_lines(&path);
+    let kinds: Vec<&str> = lines.iter().filter_map(|l| l["event"].as_str()).collect();
+    assert_eq!(kinds, vec!["stop_sent", "stop_done", "resumed"], "{lines:?}");
+    assert_eq!(lines[1]["gpus"], 1);
+    assert!(lines[2]["gpu_seconds_given_back"].as_i64().is_some_and(|s| s >= 0), "{}", lines[2]);
+    let metrics = h.state().metrics.encode();
+    assert!(metrics.contains("coder_gpu_reclaimer_gpus_reclaimed_total{template=\"gpu-workspace\"} 1"), "{metrics}");
+    assert!(metrics.contains("coder_gpu_reclaimer_gpu_seconds_given_back_total{template=\"gpu-workspace\"}"), "{metrics}");
+    std::fs::remove_file(&path).ok();
 }
