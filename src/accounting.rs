@@ -132,7 +132,8 @@ impl Accounting {
     pub fn summary(&self, now: DateTime<Utc>) -> AccountingSummary {
         let today = now.date_naive();
         let week_start = today - Duration::days(6);
-        let hours = |from: NaiveDate| self.days.range(from..).map(|(_, s)| s).sum::<f64>() / 3600.0;
+        // A float sum of nothing is -0.0: start from +0.0.
+        let hours = |from: NaiveDate| self.days.range(from..).map(|(_, s)| s).fold(0.0, |a, b| a + b) / 3600.0;
         AccountingSummary {
             gpu_hours_given_back_today: round2(hours(today)),
             gpu_hours_given_back_7d: round2(hours(week_start)),

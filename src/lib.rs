@@ -18,6 +18,7 @@ pub mod evaluate;
 pub mod gpu;
 pub mod http;
 pub mod metrics;
+pub mod page;
 pub mod policy;
 pub mod report;
 pub mod retry;

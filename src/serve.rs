@@ -1,11 +1,11 @@
-//! The HTTP server of `run`: `/metrics`, `/healthz`, `/readyz`, `/api/v1/workspaces` and
-//! `/api/v1/workspaces/{id}` (add `?format=text` for one line, as the workspace template's agent
+//! The HTTP server of `run`: the status page `/`, `/metrics`, `/healthz`, `/readyz`,
+//! `/api/v1/workspaces` and `/api/v1/workspaces/{id}` (add `?format=text` for one line, as the workspace template's agent
 //! metadata shows it). It reads `State`; it never acts and never shows the token.
 //!
 //! Every workspace can reach this port, so it defends itself: a request's headers must arrive
 //! within `HEADER_TIMEOUT`, a connection lives at most `CONNECTION_TIMEOUT`, at most
 //! `MAX_CONNECTIONS` are open (more are closed at once), and with a status token the fleet-wide
-//! routes want `Authorization: Bearer <token>`. The per-workspace route stays open: the template's
+//! routes (`/`, `/api/v1/workspaces`) want `Authorization: Bearer <token>`. The per-workspace route stays open: the template's
 //! agent calls it, and the workspace id it needs is unguessable.
 
 use std::sync::Arc;
@@ -45,6 +45,7 @@ struct ServerState {
 pub fn router(state: Arc<State>, status_token: Option<Secret>) -> Router {
     let s = ServerState { state, status_token };
     let fleet = Router::new()
+        .route("/", get(page))
         .route("/api/v1/workspaces", get(workspaces))
         .route_layer(middleware::from_fn_with_state(s.clone(), require_status_token));
     Router::new()
@@ -129,6 +130,11 @@ async fn readyz(AxumState(s): AxumState<ServerState>) -> Response {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()).into_response(),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
     }
+}
+
+async fn page(AxumState(s): AxumState<ServerState>) -> Response {
+    let html = crate::page::render(&s.state.status(), chrono::Utc::now());
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-store")], html).into_response()
 }
 
 async fn workspaces(AxumState(s): AxumState<ServerState>) -> Response {

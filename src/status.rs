@@ -86,6 +86,30 @@ pub struct WorkspaceStatus {
     pub last_used_at: DateTime<Utc>,
     pub stop_at: Option<DateTime<Utc>>,
     pub gpus: Vec<GpuSummary>,
+    /// Compute activity over the window, oldest first, 0..=100 (the busiest GPU per sample; the
+    /// best compute signal: SM_ACTIVE, else GR_ENGINE_ACTIVE, else utilization). For the status
+    /// page's sparkline; not in the JSON.
+    #[serde(skip)]
+    pub activity: Vec<u8>,
+}
+
+/// A sample's compute level, 0..=100, by the best compute signal it has.
+fn compute_level(v: &crate::gpu::signals::SignalValues) -> u8 {
+    let level = v.get(Signal::SmActive).or_else(|| v.get(Signal::GrEngineActive)).or_else(|| v.get(Signal::GpuUtil)).unwrap_or(0.0);
+    (level.clamp(0.0, 1.0) * 100.0).round() as u8
+}
+
+/// The busiest GPU's level per sample, aligned on the newest sample.
+fn activity(gpus: &[GpuWindow]) -> Vec<u8> {
+    let len = gpus.iter().map(|w| w.samples.len()).max().unwrap_or(0);
+    (0..len)
+        .map(|i| {
+            gpus.iter()
+                .filter_map(|w| w.samples.len().checked_sub(len - i).and_then(|j| w.samples.get(j)).map(|s| compute_level(&s.values)))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect()
 }
 
 impl WorkspaceStatus {
@@ -103,6 +127,7 @@ impl WorkspaceStatus {
             last_used_at: ws.last_used_at,
             stop_at: d.stop_at,
             gpus: gpus.map_or_else(Vec::new, |g| g.iter().map(|w| GpuSummary::new(w, policy)).collect()),
+            activity: gpus.map_or_else(Vec::new, activity),
         }
     }
 

@@ -16,6 +16,7 @@ mod expo;
 mod fakes;
 mod gpu_world;
 mod hostile;
+mod page;
 mod pipeline;
 mod prometheus_world;
 mod sources;

@@ -1,0 +1,190 @@
+//! The status page at `/`: the status document as one server-rendered HTML page with no external
+//! assets and no build chain (inline CSS, inline SVG sparklines, a small inline script that
+//! reloads every 30 s). A fleet summary first, then one row per GPU workspace, what will be
+//! stopped first. Every string from Coder is escaped; nothing secret is on it (the document
+//! holds no token, and URLs are not shown).
+
+use std::fmt::Write as _;
+
+use chrono::{DateTime, Utc};
+
+use crate::decide::{Reason, Verdict, human};
+use crate::status::{StatusDocument, WorkspaceStatus};
+
+/// HTML-escapes text for element content and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The order rows are shown in: what will be stopped first.
+fn rank(v: Verdict) -> u8 {
+    match v {
+        Verdict::Reclaim => 0,
+        Verdict::Warn => 1,
+        Verdict::Waiting => 2,
+        Verdict::Unknown => 3,
+        Verdict::Keep => 4,
+        Verdict::Skip => 5,
+    }
+}
+
+/// A verdict and its reason in words.
+fn in_words(w: &WorkspaceStatus) -> &'static str {
+    match (w.verdict, w.reason) {
+        (Verdict::Reclaim, Reason::PhantomUtilization) => "to be stopped: utilization without real GPU work",
+        (Verdict::Reclaim, Reason::MemoryHeldIdle) => "to be stopped: GPU memory held, nothing computing",
+        (Verdict::Reclaim, Reason::ConnectedButGpuIdle) => "to be stopped: GPU idle behind an open connection",
+        (Verdict::Reclaim, Reason::MaxLifetime) => "to be stopped: past its maximum lifetime",
+        (Verdict::Reclaim, _) => "to be stopped: GPU idle, nobody connected",
+        (Verdict::Warn, _) => "warned: stops unless it becomes active",
+        (Verdict::Waiting, _) => "waiting for a GPU",
+        (Verdict::Unknown, Reason::FrozenData) => "unknown: the exporter's readings are frozen",
+        (Verdict::Unknown, Reason::MetricsDisagree) => "unknown: GPU counters contradict each other",
+        (Verdict::Unknown, Reason::SampleGap) => "unknown: a gap in GPU readings",
+        (Verdict::Unknown, Reason::StaleData) => "unknown: GPU readings are stale",
+        (Verdict::Unknown, _) => "unknown: not enough GPU data",
+        (Verdict::Keep, Reason::GpuActive) => "kept: the GPU is computing",
+        (Verdict::Keep, Reason::Connected) => "kept: someone is connected",
+        (Verdict::Keep, Reason::WarmingUp) => "kept: still watching the GPU",
+        (Verdict::Keep, Reason::NoContention) => "kept: nobody waits for a GPU",
+        (Verdict::Keep, _) => "kept: not idle long enough",
+        (Verdict::Skip, _) => "not judged",
+    }
+}
+
+/// A small inline SVG of compute activity over the window (0..=100 per sample).
+fn sparkline(activity: &[u8]) -> String {
+    const W: f64 = 132.0;
+    const H: f64 = 24.0;
+    if activity.is_empty() {
+        return r##"<svg class="spark" width="132" height="24" role="img" aria-label="no GPU data"><line x1="0" y1="23" x2="132" y2="23" stroke="#bbb" stroke-dasharray="3 3"/></svg>"##.into();
+    }
+    let n = activity.len().max(2) - 1;
+    let points: Vec<String> = activity
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{:.1},{:.1}", i as f64 * W / n as f64, H - 1.0 - f64::from(*a) / 100.0 * (H - 2.0)))
+        .collect();
+    let last = activity.last().copied().unwrap_or(0);
+    format!(
+        r#"<svg class="spark" width="132" height="24" role="img" aria-label="compute activity, now {last}%"><polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/></svg>"#,
+        if last >= 5 { "#2b7a3d" } else { "#b0563c" },
+        points.join(" ")
+    )
+}
+
+fn ago(seconds: Option<i64>) -> String {
+    seconds.map_or("-".into(), |s| human(chrono::Duration::seconds(s)))
+}
+
+/// Renders the page for `doc` as of `now`.
+pub fn render(doc: &StatusDocument, now: DateTime<Utc>) -> String {
+    let gpu_rows: Vec<&WorkspaceStatus> = {
+        let mut rows: Vec<&WorkspaceStatus> =
+            doc.workspaces.iter().filter(|w| !(w.verdict == Verdict::Skip && w.gpus.is_empty())).collect();
+        rows.sort_by(|a, b| {
+            rank(a.verdict).cmp(&rank(b.verdict)).then(b.gpu_idle_seconds.cmp(&a.gpu_idle_seconds)).then(a.name.cmp(&b.name))
+        });
+        rows
+    };
+    let count = |f: &dyn Fn(&WorkspaceStatus) -> bool| doc.workspaces.iter().filter(|w| f(w)).map(|w| w.gpus.len().max(1)).sum::<usize>();
+    let busy = count(&|w| w.reason == Reason::GpuActive);
+    let idle =
+        count(&|w| matches!(w.verdict, Verdict::Reclaim | Verdict::Warn) || (w.verdict == Verdict::Keep && w.reason != Reason::GpuActive));
+    let unknown = count(&|w| w.verdict == Verdict::Unknown);
+    let a = &doc.accounting;
+    let mut out = String::with_capacity(4096 + gpu_rows.len() * 900);
+    out.push_str(
+        r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>GPU reclaimer</title>
+<style>
+body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2329;background:#f6f7f9}
+header{background:#1d2329;color:#fff;padding:14px 24px}header h1{font-size:18px;margin:0}header p{margin:4px 0 0;color:#c9d1d9}
+main{padding:16px 24px;max-width:1400px}
+.cards{display:flex;flex-wrap:wrap;gap:12px;margin-bottom:16px}
+.card{background:#fff;border:1px solid #dde1e6;border-radius:8px;padding:10px 14px;min-width:120px}
+.card b{display:block;font-size:22px}.card span{color:#57606a;font-size:12px}
+.breaker{background:#fff4e5;border:1px solid #f0b35b;border-radius:8px;padding:10px 14px;margin-bottom:16px}
+table{border-collapse:collapse;width:100%;background:#fff;border:1px solid #dde1e6;border-radius:8px}
+th,td{text-align:left;padding:7px 10px;border-bottom:1px solid #eef0f3;vertical-align:middle}
+th{font-size:12px;color:#57606a;font-weight:600;background:#fafbfc}
+.v{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600}
+.v-reclaim{background:#fde2dd;color:#8f2a16}.v-warn{background:#fff0c2;color:#7a5300}.v-waiting{background:#e1ecff;color:#1a4fa0}
+.v-unknown{background:#ececec;color:#444}.v-keep{background:#dff3e4;color:#1d6b32}.v-skip{background:#f2f2f2;color:#777}
+.why{color:#57606a;font-size:12px}.num{font-variant-numeric:tabular-nums;white-space:nowrap}.empty{padding:24px;color:#57606a}
+</style></head><body>"#,
+    );
+    let _ = write!(
+        out,
+        r#"<header><h1>GPU reclaimer</h1><p>{} mode &middot; {} workspaces &middot; updated {}</p></header><main>"#,
+        escape(doc.mode),
+        doc.workspaces.len(),
+        doc.generated_at.format("%Y-%m-%d %H:%M:%S UTC")
+    );
+    let _ = write!(
+        out,
+        r#"<section class="cards" id="summary"><div class="card"><b id="gpus-busy">{busy}</b><span>GPUs busy</span></div><div class="card"><b id="gpus-idle">{idle}</b><span>GPUs idle</span></div><div class="card"><b id="gpus-unknown">{unknown}</b><span>GPUs unknown</span></div><div class="card"><b id="waiting">{}</b><span>sessions waiting{}</span></div><div class="card"><b>{:.1}</b><span>GPU-hours given back today</span></div><div class="card"><b>{:.1}</b><span>GPU-hours given back, 7 days</span></div></section>"#,
+        a.waiting,
+        if a.waiting > 0 { format!(", longest {}", human(chrono::Duration::seconds(a.longest_wait_seconds))) } else { String::new() },
+        a.gpu_hours_given_back_today,
+        a.gpu_hours_given_back_7d
+    );
+    if let Some(b) = &doc.breaker {
+        let _ = write!(out, r#"<div class="breaker" id="breaker"><b>Circuit breaker open:</b> {}</div>"#, escape(b));
+    }
+    if gpu_rows.is_empty() {
+        out.push_str(r#"<div class="empty">No GPU workspaces are running.</div>"#);
+    } else {
+        out.push_str(r#"<table id="workspaces"><thead><tr><th>Owner</th><th>Workspace</th><th>Template</th><th>Verdict</th><th>GPU idle</th><th>No connection</th><th>Stops in</th><th>Compute over the window</th></tr></thead><tbody>"#);
+        for w in gpu_rows {
+            let countdown = match (w.verdict, w.stop_at) {
+                (Verdict::Warn, Some(t)) => human(t - now),
+                _ => "-".into(),
+            };
+            let _ = write!(
+                out,
+                r#"<tr data-verdict="{v}" data-id="{id}"><td>{owner}</td><td>{name}</td><td>{template}</td><td><span class="v v-{v}">{v}</span> <span class="why" title="{msg}">{words}</span></td><td class="num">{idle}</td><td class="num">{conn}</td><td class="num countdown">{countdown}</td><td>{spark}</td></tr>"#,
+                v = w.verdict.as_str(),
+                id = escape(&w.id),
+                owner = escape(&w.owner),
+                name = escape(&w.name),
+                template = escape(&w.template),
+                msg = escape(&w.message),
+                words = in_words(w),
+                idle = ago(w.gpu_idle_seconds),
+                conn = ago(Some(w.connection_idle_seconds)),
+                spark = sparkline(&w.activity),
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
+    out.push_str(r#"</main><script>setTimeout(function(){location.reload()},30000)</script></body></html>"#);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_what_coder_sends() {
+        assert_eq!(escape(r#"<script>alert("x")</script>&'"#), "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#39;");
+    }
+
+    #[test]
+    fn sparklines_scale_to_the_box() {
+        let s = sparkline(&[0, 100]);
+        assert!(s.contains("points=\"0.0,23.0 132.0,1.0\""), "{s}");
+        assert!(sparkline(&[]).contains("no GPU data"));
+    }
+}
