@@ -318,3 +318,15 @@ resource "kubernetes_config_map_v1" "dcgm_counters" {
   }
   data = { "default-counters.csv" = file("${path.module}/dcgm-counters.csv") }
 }
+
+# The Grafana dashboard, picked up by the Grafana sidecar (kube-prometheus-stack's default label).
+resource "kubernetes_config_map_v1" "grafana_dashboard" {
+  count = var.grafana_dashboard ? 1 : 0
+  metadata {
+    name      = "${local.name}-dashboard"
+    namespace = coalesce(var.grafana_dashboard_namespace, var.namespace)
+    labels    = merge(local.labels, var.grafana_dashboard_labels)
+  }
+  data       = { "coder-gpu-reclaimer.json" = file("${path.module}/../deploy/grafana/coder-gpu-reclaimer.json") }
+  depends_on = [kubernetes_namespace_v1.this]
+}

@@ -176,3 +176,21 @@ variable "labels" {
   description = "Extra labels on every object."
   default     = {}
 }
+
+variable "grafana_dashboard" {
+  type        = bool
+  description = "Create a ConfigMap with the Grafana dashboard (deploy/grafana/coder-gpu-reclaimer.json) for the Grafana sidecar."
+  default     = false
+}
+
+variable "grafana_dashboard_namespace" {
+  type        = string
+  description = "Namespace the Grafana sidecar watches (null: this module's namespace)."
+  default     = null
+}
+
+variable "grafana_dashboard_labels" {
+  type        = map(string)
+  description = "Labels the Grafana sidecar selects dashboards by."
+  default     = { grafana_dashboard = "1" }
+}

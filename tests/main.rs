@@ -9,6 +9,7 @@ mod coder_client;
 mod coder_world;
 mod common;
 mod contract;
+mod dashboard;
 mod decide;
 mod deploy;
 mod e2e;

@@ -1,0 +1,114 @@
+//! The Grafana dashboard's queries against a real Prometheus (Debian's package) that scrapes the
+//! real binary during a demo-like story on the fakes: an idle GPU whose first stop build fails
+//! and is retried, a session waiting for a GPU that gets it, an exporter that is down. Every
+//! PromQL expression in `deploy/grafana/coder-gpu-reclaimer.json` must return data.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mocks::{FakeCoder, FakeExporter, Load};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::e2e::{Service, holds_gpu, until, until_with, world};
+
+fn dashboard_queries() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/grafana/coder-gpu-reclaimer.json");
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    d["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| {
+            let title = p["title"].as_str().unwrap_or("").to_string();
+            p["targets"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |t| (title.clone(), t["expr"].as_str().unwrap().to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_dashboard_is_a_grafana_dashboard_of_this_services_metrics() {
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 10, "{queries:?}");
+    for (title, expr) in &queries {
+        assert!(expr.contains("coder_gpu_reclaimer_"), "{title}: {expr}");
+    }
+}
+
+#[tokio::test]
+async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
+    let Some(prometheus) = ["/usr/bin/prometheus", "/usr/local/bin/prometheus"].iter().map(Path::new).find(|p| p.exists()) else {
+        assert!(std::env::var("CI").is_err(), "CI must install Debian's prometheus package (.ci/run does)");
+        eprintln!("skipped: prometheus is not installed (apt-get install prometheus)");
+        return;
+    };
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let ex = FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap();
+    let busy = coder.with(|w| w.create_workspace("alice", "train", None)).unwrap();
+    let idle = coder.with(|w| w.create_workspace("bob", "notebook", None)).unwrap();
+    until(&coder, "both hold a GPU", Duration::from_secs(5), |w| holds_gpu(w, busy) && holds_gpu(w, idle)).await;
+    coder.with(|w| {
+        w.set_load(busy, Load::Matmul);
+        w.fail_next_stop(idle);
+    });
+    let waiter = coder.with(|w| w.create_workspace("alice", "waits", None)).unwrap();
+    let dead = format!("http://{}/metrics", TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap());
+    let svc = Service::start(&coder, &[ex.url(), dead], &coder.owner_token(), &[]);
+    let addr = svc.addr().await;
+
+    let dir = std::env::temp_dir().join(format!("cgr-dash-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: reclaimer\n    static_configs:\n      - targets: [\"{addr}\"]\n"),
+    )
+    .unwrap();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut prom = Command::new(prometheus)
+        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    until_with(&coder, Some(&svc), "the waiter gets the idle one's GPU", Duration::from_secs(40), |w| holds_gpu(w, waiter)).await;
+    let http = reqwest::Client::new();
+    let query = |expr: String| {
+        let http = http.clone();
+        async move {
+            let r: Value =
+                http.get(format!("http://127.0.0.1:{port}/api/v1/query")).query(&[("query", expr)]).send().await.ok()?.json().await.ok()?;
+            Some(r)
+        }
+    };
+    let started = Instant::now();
+    let mut empty: Vec<(String, String)> = dashboard_queries();
+    while !empty.is_empty() && started.elapsed() < Duration::from_secs(40) {
+        let mut still = Vec::new();
+        for (title, expr) in empty {
+            let r = query(expr.clone()).await;
+            let has_data =
+                r.as_ref().is_some_and(|r| r["status"] == "success" && r["data"]["result"].as_array().is_some_and(|a| !a.is_empty()));
+            if !has_data {
+                still.push((title, expr));
+            }
+        }
+        empty = still;
+        if !empty.is_empty() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    let _ = prom.kill();
+    let _ = prom.wait();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(empty.is_empty(), "queries without data: {empty:#?}");
+}
