@@ -5,14 +5,13 @@
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mocks::{FakeCoder, FakeExporter, Load};
 use serde_json::Value;
-use uuid::Uuid;
 
 use crate::e2e::{Service, holds_gpu, until, until_with, world};
+use crate::prometheus_world::Prometheus;
 
 fn dashboard_queries() -> Vec<(String, String)> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/grafana/coder-gpu-reclaimer.json");
@@ -44,7 +43,7 @@ fn the_dashboard_is_a_grafana_dashboard_of_this_services_metrics() {
 
 #[tokio::test]
 async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
-    let Some(prometheus) = ["/usr/bin/prometheus", "/usr/local/bin/prometheus"].iter().map(Path::new).find(|p| p.exists()) else {
+    let Some((prometheus, _)) = crate::prometheus_world::installed() else {
         assert!(std::env::var("CI").is_err(), "CI must install Debian's prometheus package (.ci/run does)");
         eprintln!("skipped: prometheus is not installed (apt-get install prometheus)");
         return;
@@ -63,30 +62,18 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let svc = Service::start(&coder, &[ex.url(), dead], &coder.owner_token(), &[]);
     let addr = svc.addr().await;
 
-    let dir = std::env::temp_dir().join(format!("cgr-dash-{}", Uuid::new_v4()));
-    std::fs::create_dir_all(dir.join("data")).unwrap();
-    std::fs::write(
-        dir.join("prometheus.yml"),
-        format!("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: reclaimer\n    static_configs:\n      - targets: [\"{addr}\"]\n"),
-    )
-    .unwrap();
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut prom = Command::new(prometheus)
-        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: reclaimer\n    static_configs:\n      - targets: [\"{addr}\"]\n"
+    );
+    let prom = Prometheus::start(&prometheus, Prometheus::folder(), &config).await;
     until_with(&coder, Some(&svc), "the waiter gets the idle one's GPU", Duration::from_secs(40), |w| holds_gpu(w, waiter)).await;
     let http = reqwest::Client::new();
+    let base = prom.url.clone();
     let query = |expr: String| {
         let http = http.clone();
+        let base = base.clone();
         async move {
-            let r: Value =
-                http.get(format!("http://127.0.0.1:{port}/api/v1/query")).query(&[("query", expr)]).send().await.ok()?.json().await.ok()?;
+            let r: Value = http.get(format!("{base}/api/v1/query")).query(&[("query", expr)]).send().await.ok()?.json().await.ok()?;
             Some(r)
         }
     };
@@ -107,8 +94,6 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
-    let _ = prom.kill();
-    let _ = prom.wait();
-    std::fs::remove_dir_all(&dir).ok();
+    drop(prom);
     assert!(empty.is_empty(), "queries without data: {empty:#?}");
 }

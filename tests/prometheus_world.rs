@@ -18,14 +18,15 @@ use uuid::Uuid;
 use crate::common::binary;
 
 /// Prometheus' and promtool's paths, or `None` when they are not installed (outside CI).
-fn installed() -> Option<(PathBuf, PathBuf)> {
+pub fn installed() -> Option<(PathBuf, PathBuf)> {
     let find = |name: &str| ["/usr/bin", "/usr/local/bin", "/bin"].iter().map(|d| Path::new(d).join(name)).find(|p| p.exists());
     Some((find("prometheus")?, find("promtool")?))
 }
 
-struct Prometheus {
+/// A Prometheus serving a TSDB in a temp folder on a loopback port; killed and removed on drop.
+pub struct Prometheus {
     child: Child,
-    url: String,
+    pub url: String,
     dir: PathBuf,
 }
 
@@ -37,36 +38,48 @@ impl Drop for Prometheus {
     }
 }
 
+impl Prometheus {
+    /// A fresh folder for a TSDB and its config (`prepare` fills `data/` before the start).
+    pub fn folder() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("cgr-prom-{}", Uuid::new_v4()));
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        dir
+    }
+
+    /// Starts `prometheus` on `dir/data` with `config` (prometheus.yml) and waits until ready.
+    pub async fn start(prometheus: &Path, dir: PathBuf, config: &str) -> Prometheus {
+        std::fs::write(dir.join("prometheus.yml"), config).unwrap();
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(prometheus)
+            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Dropping it kills and waits for the process.
+        let prom = Prometheus { child, url: format!("http://127.0.0.1:{port}"), dir };
+        for _ in 0..100 {
+            if reqwest::get(format!("{}/-/ready", prom.url)).await.is_ok_and(|r| r.status().is_success()) {
+                return prom;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("Prometheus did not become ready");
+    }
+}
+
 /// Writes `openmetrics` into a fresh TSDB and serves it on a loopback port.
 async fn prometheus_with(openmetrics: &str) -> Prometheus {
     let (prometheus, promtool) = installed().expect("prometheus and promtool");
-    let dir = std::env::temp_dir().join(format!("cgr-prom-{}", Uuid::new_v4()));
-    std::fs::create_dir_all(dir.join("data")).unwrap();
+    let dir = Prometheus::folder();
     let input = dir.join("history.om");
     std::fs::write(&input, openmetrics).unwrap();
     let out =
         Command::new(&promtool).args(["tsdb", "create-blocks-from", "openmetrics"]).arg(&input).arg(dir.join("data")).output().unwrap();
     assert!(out.status.success(), "promtool: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    std::fs::write(dir.join("prometheus.yml"), "global:\n  scrape_interval: 15s\n").unwrap();
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(&prometheus)
-        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let url = format!("http://127.0.0.1:{port}");
-    // Dropping it kills and waits for the process.
-    let prom = Prometheus { child, url, dir };
-    for _ in 0..100 {
-        if reqwest::get(format!("{}/-/ready", prom.url)).await.is_ok_and(|r| r.status().is_success()) {
-            return prom;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("Prometheus did not become ready");
+    Prometheus::start(&prometheus, dir, "global:\n  scrape_interval: 15s\n").await
 }
 
 /// One GPU's history: `value(seconds_ago) -> Some((sm_active, fb_mib))`, `None` for no scrape.
