@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::signals::{NAMES, Signal, SignalValues};
@@ -28,6 +29,9 @@ use super::{Collection, GpuKey, GpuReading, GpuSource, Ownership, SourceFailure,
 /// One query's body at most; a steady-state pass reads a few hundred KB, the first pass over
 /// 10,000 GPUs a few tens of MB.
 pub const DEFAULT_MAX_BODY: usize = 128 << 20;
+
+/// Queries sent at once: each holds its body and its parsed matrix until it is merged.
+const MAX_QUERIES_IN_FLIGHT: usize = 2;
 
 /// The labels a point is aggregated by: what identifies a GPU (`UUID`, or `uuid` with `-o`; a MIG
 /// instance), its pod and namespace (as the exporter names them, as Prometheus renames them, and
@@ -273,10 +277,17 @@ impl GpuSource for PrometheusSource {
         };
         let step = self.step.as_secs().max(1);
         let mut tasks = JoinSet::new();
+        // A few queries at a time: a full window's bodies and matrices, all at once, would be
+        // the pass's peak memory (12 x 10,000 series at a fleet's first pass).
+        let in_flight = Arc::new(Semaphore::new(MAX_QUERIES_IN_FLIGHT));
         for (i, spec) in specs.iter().enumerate() {
+            let in_flight = in_flight.clone();
             let q = Query { http: self.http.clone(), base: self.base.clone(), max_body: self.max_body, headers: headers.clone() };
             let query = spec.promql(step, self.ownership.namespace.as_deref(), self.ownership.workspace_id_label.as_deref());
-            tasks.spawn(async move { (i, query_range(q, query, start, end, step).await) });
+            tasks.spawn(async move {
+                let _permit = in_flight.acquire_owned().await;
+                (i, query_range(q, query, start, end, step).await)
+            });
         }
         let source: Arc<str> = Arc::from(self.shown.as_str());
         let mut failures = Vec::new();
