@@ -10,86 +10,23 @@
 #[path = "synthetic.rs"]
 mod synthetic;
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::{Path, State};
-use axum::routing::get;
 use coder_gpu_reclaimer::app::{Application, Role};
 use coder_gpu_reclaimer::coder::SessionToken;
 use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
 use coder_gpu_reclaimer::gpu::exporter::ExporterTarget;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 
-const GPUS_PER_NODE: usize = 8;
 /// `--sample-interval 15s` with `--interval 60s`.
 const SAMPLES_BETWEEN_PASSES: usize = 3;
-
-struct Served {
-    listing: String,
-    nodes: Vec<String>,
-    buildinfo: String,
-    owner: String,
-}
-
-fn fixture(name: &str) -> String {
-    std::fs::read_to_string(format!("{}/tests/fixtures/coder/{name}", env!("CARGO_MANIFEST_DIR"))).expect("fixture")
-}
-
-/// Child mode: serve a listing and the exporters for `n` workspaces; print the port.
-async fn serve(n: usize) {
-    let list: serde_json::Value = serde_json::from_str(&fixture("workspaces_running.json")).expect("fixture json");
-    let alice = list["workspaces"].as_array().and_then(|w| w.iter().find(|w| w["name"] == "alice-gpu")).cloned().expect("alice-gpu");
-    let served = Arc::new(Served {
-        listing: synthetic::listing(&alice, n),
-        nodes: (0..n.div_ceil(GPUS_PER_NODE))
-            .map(|i| synthetic::exposition(i * GPUS_PER_NODE, GPUS_PER_NODE.min(n - i * GPUS_PER_NODE)))
-            .collect(),
-        buildinfo: fixture("buildinfo.json"),
-        owner: fixture("user_owner.json"),
-    });
-    // Start-up reads buildinfo, users/me and authcheck (the key lookup 404s: expiry unknown, a
-    // warning).
-    let app = Router::new()
-        .route("/api/v2/buildinfo", get(|State(s): State<Arc<Served>>| async move { s.buildinfo.clone() }))
-        .route("/api/v2/users/me", get(|State(s): State<Arc<Served>>| async move { s.owner.clone() }))
-        .route("/api/v2/authcheck", axum::routing::post(|| async { axum::Json(serde_json::json!({"read": true, "stop": true})) }))
-        .route("/api/v2/workspaces", get(|State(s): State<Arc<Served>>| async move { s.listing.clone() }))
-        .route(
-            "/node/{i}/metrics",
-            get(|State(s): State<Arc<Served>>, Path(i): Path<usize>| async move { s.nodes.get(i).cloned().unwrap_or_default() }),
-        )
-        .with_state(served);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    println!("{}", listener.local_addr().expect("addr").port());
-    std::io::stdout().flush().ok();
-    axum::serve(listener, app).await.ok();
-}
-
-fn proc_status(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
-        .unwrap_or(0)
-}
-
-/// CPU time of this process (user + system), from /proc/self/stat (clock ticks of 10 ms).
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<u64> = after.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    // Fields after the command: state is skipped by the parse filter; utime and stime are the
-    // 14th and 15th fields of the line, i.e. indexes 10 and 11 of the numeric ones.
-    (f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0)) as f64 / 100.0
-}
 
 /// Child mode: measure passes against the server on `port`.
 async fn measure(n: usize, port: u16) {
     let base = format!("http://127.0.0.1:{port}");
-    let nodes = n.div_ceil(GPUS_PER_NODE);
+    let nodes = n.div_ceil(synthetic::GPUS_PER_NODE);
     let targets: Vec<ExporterTarget> =
         (0..nodes).map(|i| ExporterTarget::parse(&format!("{base}/node/{i}/metrics")).expect("target")).collect();
     let token = SessionToken::new("benchkey01-benchsecret").expect("token");
@@ -99,10 +36,10 @@ async fn measure(n: usize, port: u16) {
     // The same build as `run` (observe mode: the actuator only reports).
     let mut app = Application::build(&settings, Role::Run).await.expect("build");
     let (_tx, rx) = tokio::sync::watch::channel(false);
-    let rss_before = proc_status("VmRSS:");
+    let rss_before = synthetic::proc_status("VmRSS:");
     let mut walls = Vec::new();
     let mut requests = 0;
-    let cpu0 = cpu_seconds();
+    let cpu0 = synthetic::cpu_seconds();
     // With 60 s passes, the default 30 m look-back and a 3 m gap margin, a window holds at most
     // 33 samples: 33 passes is the steady state's memory, not a cold start's. (The passes run
     // back to back here, so pruning never drops a sample; more passes would overfill windows.)
@@ -118,14 +55,14 @@ async fn measure(n: usize, port: u16) {
         requests = 1 + report.gpu_requests * (1 + SAMPLES_BETWEEN_PASSES);
         assert_eq!(report.workspaces.len(), n);
     }
-    let cpu = (cpu_seconds() - cpu0) / PASSES as f64;
+    let cpu = (synthetic::cpu_seconds() - cpu0) / PASSES as f64;
     walls.sort_by(f64::total_cmp);
     println!(
         "{n:>6} workspaces | {requests:>5} requests/pass (1 listing + {nodes} exporters x 4 samples) | wall median {:>6.0} ms, max {:>6.0} ms | CPU {:>6.0} ms/pass | peak RSS {:>5.1} MiB (at start {:.1})",
         walls[walls.len() / 2] * 1e3,
         walls[walls.len() - 1] * 1e3,
         cpu * 1e3,
-        proc_status("VmHWM:") as f64 / 1024.0,
+        synthetic::proc_status("VmHWM:") as f64 / 1024.0,
         rss_before as f64 / 1024.0
     );
 }
@@ -134,7 +71,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     match args.get(1).map(String::as_str) {
-        Some("--serve") => return rt.block_on(serve(args[2].parse().expect("n"))),
+        Some("--serve") => return rt.block_on(synthetic::serve(args[2].parse().expect("n"))),
         Some("--measure") => return rt.block_on(measure(args[2].parse().expect("n"), args[3].parse().expect("port"))),
         _ => {}
     }

@@ -5,6 +5,15 @@
 #![allow(dead_code)]
 
 use std::fmt::Write;
+use std::io::Write as _;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::routing::get;
+
+/// GPUs per exporter (one node).
+pub const GPUS_PER_NODE: usize = 8;
 
 /// The 25 series of the default counters file (DRIVER_VERSION is a label), plus SM_ACTIVE and
 /// four more profiling fields: 30 metrics per GPU.
@@ -126,4 +135,60 @@ pub fn listing(template_workspace: &serde_json::Value, n: usize) -> String {
     }
     let _ = write!(out, "],\"count\":{n}}}");
     out
+}
+
+pub struct Served {
+    listing: String,
+    nodes: Vec<String>,
+    buildinfo: String,
+    owner: String,
+}
+
+pub fn fixture(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/tests/fixtures/coder/{name}", env!("CARGO_MANIFEST_DIR"))).expect("fixture")
+}
+
+/// Child mode: serve a listing and the exporters for `n` workspaces; print the port.
+pub async fn serve(n: usize) {
+    let list: serde_json::Value = serde_json::from_str(&fixture("workspaces_running.json")).expect("fixture json");
+    let alice = list["workspaces"].as_array().and_then(|w| w.iter().find(|w| w["name"] == "alice-gpu")).cloned().expect("alice-gpu");
+    let served = Arc::new(Served {
+        listing: listing(&alice, n),
+        nodes: (0..n.div_ceil(GPUS_PER_NODE)).map(|i| exposition(i * GPUS_PER_NODE, GPUS_PER_NODE.min(n - i * GPUS_PER_NODE))).collect(),
+        buildinfo: fixture("buildinfo.json"),
+        owner: fixture("user_owner.json"),
+    });
+    // Start-up reads buildinfo, users/me and authcheck (the key lookup 404s: expiry unknown, a
+    // warning).
+    let app = Router::new()
+        .route("/api/v2/buildinfo", get(|State(s): State<Arc<Served>>| async move { s.buildinfo.clone() }))
+        .route("/api/v2/users/me", get(|State(s): State<Arc<Served>>| async move { s.owner.clone() }))
+        .route("/api/v2/authcheck", axum::routing::post(|| async { axum::Json(serde_json::json!({"read": true, "stop": true})) }))
+        .route("/api/v2/workspaces", get(|State(s): State<Arc<Served>>| async move { s.listing.clone() }))
+        .route(
+            "/node/{i}/metrics",
+            get(|State(s): State<Arc<Served>>, Path(i): Path<usize>| async move { s.nodes.get(i).cloned().unwrap_or_default() }),
+        )
+        .with_state(served);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    println!("{}", listener.local_addr().expect("addr").port());
+    std::io::stdout().flush().ok();
+    axum::serve(listener, app).await.ok();
+}
+
+pub fn proc_status(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// CPU time of this process (user + system), from /proc/self/stat (clock ticks of 10 ms).
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    // Fields after the command, from `state` (field 3 of proc(5)); utime and stime are fields 14
+    // and 15. Counted by position: tpgid is -1 without a terminal, so parsing would shift them.
+    let field = |n: usize| after.split_whitespace().nth(n - 3).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    (field(14) + field(15)) as f64 / 100.0
 }

@@ -1,0 +1,253 @@
+//! Passes of the real service against a real Prometheus (issue 13). Writes N GPUs x 70 minutes
+//! of 15 s dcgm-exporter history (the six families the Prometheus source reads, with the labels a
+//! scrape of dcgm-exporter stores) with `promtool tsdb create-blocks-from openmetrics`, serves it
+//! on loopback behind a byte-counting proxy, serves the Coder listing from a child process, and
+//! measures the first pass and steady-state passes (one per new 60 s step): queries, bytes
+//! received, wall time, CPU time and the service's peak RSS.
+//!
+//! Run: `scripts/bench-prometheus [GPUS...]` (installs Debian's prometheus when missing), or
+//! `cargo bench --bench prometheus -- 1000 10000` with `prometheus` and `promtool` on PATH.
+
+// A measuring harness, not service code: failing loudly is what it should do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "synthetic.rs"]
+mod synthetic;
+
+use std::io::{BufRead, BufReader, BufWriter, Write as _};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use coder_gpu_reclaimer::app::{Application, Role};
+use coder_gpu_reclaimer::coder::SessionToken;
+use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
+use coder_gpu_reclaimer::retry::RetryPolicy;
+
+const SCRAPE: i64 = 15;
+const HISTORY_MINUTES: i64 = 70;
+/// History written past "now", so that each steady-state step has new raw samples, as it would
+/// while dcgm-exporter keeps being scraped.
+const AHEAD_MINUTES: i64 = 6;
+const STEADY_PASSES: usize = 4;
+
+/// Writes the history of `n` GPUs (GPU i held by synthetic workspace i; every tenth computes)
+/// as OpenMetrics text, the way Prometheus stores a scrape of dcgm-exporter.
+fn write_history(path: &std::path::Path, n: usize, now: i64) {
+    let end = now / SCRAPE * SCRAPE + AHEAD_MINUTES * 60;
+    let start = end - (HISTORY_MINUTES + AHEAD_MINUTES) * 60;
+    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path).expect("history file"));
+    let families = [
+        ("DCGM_FI_PROF_SM_ACTIVE", "gauge"),
+        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge"),
+        ("DCGM_FI_DEV_GPU_UTIL", "gauge"),
+        ("DCGM_FI_DEV_FB_USED", "gauge"),
+        ("DCGM_FI_DEV_POWER_USAGE", "gauge"),
+        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter"),
+    ];
+    for (family, kind) in families {
+        writeln!(out, "# TYPE {family} {kind}").unwrap();
+        for g in 0..n {
+            let node = g / synthetic::GPUS_PER_NODE;
+            let local = g % synthetic::GPUS_PER_NODE;
+            let labels = format!(
+                "gpu=\"{local}\",UUID=\"GPU-{:08x}-1c2b-4d5e-8f90-{g:012x}\",device=\"nvidia{local}\",modelName=\"NVIDIA H200\",Hostname=\"gpu-node-{node}\",exported_container=\"dev\",exported_namespace=\"coder\",exported_pod=\"coder-{}-7d9f8b6c5d-x2x9k\",instance=\"10.0.{}.{}:9400\",job=\"nvidia-dcgm-exporter\",namespace=\"gpu-operator\",pod=\"nvidia-dcgm-exporter-{node:05x}\"",
+                g,
+                synthetic::workspace_id(g),
+                node / 250,
+                node % 250
+            );
+            let busy = g % 10 == 0;
+            let mut energy_mj = 1.0e10;
+            for t in (start..=end).step_by(SCRAPE as usize) {
+                let watts = if busy { 299.2 } else { 24.3 };
+                energy_mj += watts * SCRAPE as f64 * 1000.0;
+                let value = match family {
+                    "DCGM_FI_PROF_SM_ACTIVE" => {
+                        if busy {
+                            0.91
+                        } else {
+                            0.0
+                        }
+                    }
+                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE" => f64::from(u8::from(busy)),
+                    "DCGM_FI_DEV_GPU_UTIL" => 100.0 * f64::from(u8::from(busy)),
+                    "DCGM_FI_DEV_FB_USED" => 8_000.0 * f64::from(u8::from(busy)),
+                    "DCGM_FI_DEV_POWER_USAGE" => watts,
+                    _ => energy_mj,
+                };
+                writeln!(out, "{family}{{{labels}}} {value} {t}").unwrap();
+            }
+        }
+    }
+    out.write_all(b"# EOF\n").unwrap();
+    out.flush().unwrap();
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()))
+}
+
+/// A loopback proxy that counts the bytes Prometheus sends back (what the service receives,
+/// compressed as on the wire).
+async fn counting_proxy(upstream: String, received: Arc<AtomicU64>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            let received = received.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                tokio::spawn(async move { tokio::io::copy(&mut client_read, &mut server_write).await });
+                // Counted as it is relayed: the service keeps its connections open.
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(read) = server_read.read(&mut buf).await {
+                    if read == 0 || client_write.write_all(&buf[..read]).await.is_err() {
+                        break;
+                    }
+                    received.fetch_add(read as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    port
+}
+
+/// One pass, printed with what it cost.
+async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>, received: &AtomicU64, n: usize, label: &str) {
+    let bytes0 = received.load(Ordering::Relaxed);
+    let cpu0 = synthetic::cpu_seconds();
+    let t = Instant::now();
+    let report = app.pass(rx).await.expect("pass");
+    let wall = t.elapsed().as_secs_f64();
+    let cpu = synthetic::cpu_seconds() - cpu0;
+    // The proxy counts a chunk after relaying it: give the last one a moment.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let bytes = received.load(Ordering::Relaxed) - bytes0;
+    let mut verdicts = std::collections::BTreeMap::new();
+    for d in &report.decisions {
+        *verdicts
+            .entry(serde_json::to_value(d.verdict).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default())
+            .or_insert(0usize) += 1;
+    }
+    println!(
+        "{n:>6} GPUs | {label:<14} | {:>2} queries | {:>9.1} KB received | wall {:>6.0} ms | CPU {:>6.0} ms | peak RSS {:>5.1} MiB | {verdicts:?}",
+        report.gpu_requests,
+        bytes as f64 / 1e3,
+        wall * 1e3,
+        cpu * 1e3,
+        synthetic::proc_status("VmHWM:") as f64 / 1024.0,
+    );
+}
+
+/// Child mode: measure passes of `n` workspaces against Coder on `coder_port` and Prometheus
+/// on `prom_port`.
+async fn measure(n: usize, coder_port: u16, prom_port: u16) {
+    for _ in 0..600 {
+        if reqwest::get(format!("http://127.0.0.1:{prom_port}/-/ready")).await.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let received = Arc::new(AtomicU64::new(0));
+    let proxy = counting_proxy(format!("127.0.0.1:{prom_port}"), received.clone()).await;
+    let token = SessionToken::new("benchkey01-benchsecret").expect("token");
+    let prometheus = format!("http://127.0.0.1:{proxy}").parse().expect("url");
+    let mut settings =
+        Settings::new(format!("http://127.0.0.1:{coder_port}").parse().expect("url"), token, GpuSourceSettings::Prometheus(prometheus));
+    settings.request_timeout = Duration::from_secs(60);
+    settings.api_retry = RetryPolicy::none();
+    let step = settings.interval.as_secs() as i64;
+    let mut app = Application::build(&settings, Role::Run).await.expect("build");
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    one_pass(&mut app, &rx, &received, n, "first pass").await;
+    for i in 1..=STEADY_PASSES {
+        // Wait for the next step to complete, as a 60 s pass interval would.
+        let now = chrono::Utc::now().timestamp();
+        let next = (now / step + 1) * step + 1;
+        tokio::time::sleep(Duration::from_secs((next - now) as u64)).await;
+        one_pass(&mut app, &rx, &received, n, &format!("steady pass {i}")).await;
+    }
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: &std::path::Path) {
+    let dir = std::env::temp_dir().join(format!("reclaimer-prom-bench-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let now = chrono::Utc::now().timestamp();
+    let t = Instant::now();
+    let input = dir.join("history.om");
+    write_history(&input, n, now);
+    let size = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
+    let out = Command::new(promtool)
+        .args(["tsdb", "create-blocks-from", "openmetrics"])
+        .arg(&input)
+        .arg(dir.join("data"))
+        .output()
+        .expect("promtool");
+    assert!(out.status.success(), "promtool: {}", String::from_utf8_lossy(&out.stderr));
+    let _ = std::fs::remove_file(&input);
+    println!("{n:>6} GPUs | TSDB of {:.0} MB OpenMetrics written in {:.0} s", size as f64 / 1e6, t.elapsed().as_secs_f64());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    std::fs::write(dir.join("prometheus.yml"), "global:\n  scrape_interval: 15s\n").expect("config");
+    let _prom = Killed(
+        Command::new(prometheus)
+            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--storage.tsdb.retention.time=30d")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus"),
+    );
+    let mut server = Killed(Command::new(exe).args(["--serve", &n.to_string()]).stdout(Stdio::piped()).spawn().expect("server"));
+    let mut coder_port = String::new();
+    BufReader::new(server.0.stdout.take().expect("stdout")).read_line(&mut coder_port).expect("port");
+    let status = Command::new(exe).args(["--measure", &n.to_string(), coder_port.trim(), &port.to_string()]).status().expect("measure");
+    assert!(status.success());
+    drop(server);
+    drop(_prom);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    match args.get(1).map(String::as_str) {
+        Some("--serve") => return rt.block_on(synthetic::serve(args[2].parse().expect("n"))),
+        Some("--measure") => {
+            return rt.block_on(measure(args[2].parse().expect("n"), args[3].parse().expect("port"), args[4].parse().expect("port")));
+        }
+        _ => {}
+    }
+    let (Some(prometheus), Some(promtool)) = (which("prometheus"), which("promtool")) else {
+        println!("skipped: prometheus and promtool are not on PATH (scripts/bench-prometheus installs Debian's package)");
+        return;
+    };
+    let sizes: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let sizes = if sizes.is_empty() { vec![1_000, 10_000] } else { sizes };
+    let exe = std::env::current_exe().expect("exe");
+    println!(
+        "passes in observe mode against a real Prometheus ({HISTORY_MINUTES} min of {SCRAPE} s history, 60 s passes); Coder in a child process"
+    );
+    for n in sizes {
+        run(&exe, n, &prometheus, &promtool);
+    }
+}
