@@ -30,16 +30,21 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn run_binary(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(binary())
-        .args(args)
-        .env("CODER_SESSION_TOKEN", TOKEN)
-        .env_remove("CODER_URL")
-        .env_remove("DCGM_EXPORTER_URLS")
-        .env_remove("CODER_GPU_RECLAIMER_CONFIG")
-        .output()
-        .unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+/// `plan` against the Coder at `coder_url` (and an exporter nobody serves): exit code and output.
+async fn plan_against(coder_url: String) -> (Option<i32>, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(binary())
+            .args(["plan", "--coder-url", &coder_url, "--dcgm-exporter", "http://127.0.0.1:9/metrics", "--sample-for", "0s"])
+            .env("CODER_SESSION_TOKEN", TOKEN)
+            .env_remove("CODER_URL")
+            .env_remove("DCGM_EXPORTER_URLS")
+            .env_remove("CODER_GPU_RECLAIMER_CONFIG")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+    })
+    .await
+    .unwrap()
 }
 
 /// Serves `router` on a loopback port for the rest of the test.
@@ -75,12 +80,7 @@ async fn a_redirect_never_carries_the_token_away() {
         .respond_with(ResponseTemplate::new(302).insert_header("Location", format!("{}/api/v2/buildinfo", sink.uri())))
         .mount(&coder)
         .await;
-    let (code, out) = tokio::task::spawn_blocking({
-        let url = coder.uri();
-        move || run_binary(&["plan", "--coder-url", &url, "--dcgm-exporter", "http://127.0.0.1:9/metrics", "--sample-for", "0s"])
-    })
-    .await
-    .unwrap();
+    let (code, out) = plan_against(coder.uri()).await;
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("HTTP 302: a redirect to 127.0.0.1, not followed"), "{out}");
     assert!(sink.received_requests().await.unwrap().is_empty(), "the redirect target never heard from us");
@@ -120,12 +120,7 @@ async fn an_absurd_retry_after_is_clamped_not_a_crash() {
         .mount(&coder)
         .await;
     let started = Instant::now();
-    let (code, out) = tokio::task::spawn_blocking({
-        let url = coder.uri();
-        move || run_binary(&["plan", "--coder-url", &url, "--dcgm-exporter", "http://127.0.0.1:9/metrics", "--sample-for", "0s"])
-    })
-    .await
-    .unwrap();
+    let (code, out) = plan_against(coder.uri()).await;
     assert_eq!(code, Some(1), "a runtime failure, not a panic (101): {out}");
     assert!(out.contains("HTTP 503"), "{out}");
     assert!(started.elapsed() < Duration::from_secs(30), "gave up within the retry budget");

@@ -10,6 +10,7 @@ use std::time::Duration;
 use mocks::{FakeCoder, FakeExporter, Load};
 use uuid::Uuid;
 
+use crate::common::installed_or_skip;
 use crate::e2e::{Service, holds_gpu, until, world};
 
 fn chromium() -> Option<PathBuf> {
@@ -43,11 +44,7 @@ fn browse(chromium: &Path, args: &[&str], url: &str) -> String {
 
 #[tokio::test]
 async fn the_status_page_in_a_real_browser() {
-    let Some(chromium) = chromium() else {
-        assert!(std::env::var("CI").is_err(), "CI must install Debian's chromium package (.ci/run does)");
-        eprintln!("skipped: chromium is not installed (apt-get install chromium)");
-        return;
-    };
+    let Some(chromium) = installed_or_skip(chromium(), "chromium") else { return };
     let coder = FakeCoder::start(world(3)).await.unwrap();
     let ex = FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap();
     let busy = coder.with(|w| w.create_workspace("alice", "train-llm", None)).unwrap();

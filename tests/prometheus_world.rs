@@ -15,7 +15,7 @@ use mocks::{FakeCoder, WorldConfig};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::common::binary;
+use crate::common::{binary, installed_or_skip};
 
 /// Prometheus' and promtool's paths, or `None` when they are not installed (outside CI).
 pub fn installed() -> Option<(PathBuf, PathBuf)> {
@@ -143,9 +143,7 @@ fn openmetrics(now: DateTime<Utc>, gpus: &[History]) -> String {
 
 #[tokio::test]
 async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session() {
-    if installed().is_none() {
-        assert!(std::env::var("CI").is_err(), "CI must install Debian's prometheus package (.ci/run does)");
-        eprintln!("skipped: prometheus/promtool are not installed (apt-get install prometheus)");
+    if installed_or_skip(installed(), "prometheus").is_none() {
         return;
     }
     let coder = FakeCoder::start(WorldConfig { gpus: 5, scale: 600.0, ..WorldConfig::default() }).await.unwrap();

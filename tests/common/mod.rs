@@ -63,3 +63,13 @@ pub fn assert_close(got: Option<f64>, want: Option<f64>, context: impl std::fmt:
         _ => assert_eq!(got, want, "{context:?}"),
     }
 }
+
+/// A Debian package's program a test needs: `None` (the test skips, saying so) when it is missing
+/// on a developer's machine; in CI, where `.ci/run` installs it, a missing one fails the test.
+pub fn installed_or_skip<T>(found: Option<T>, package: &str) -> Option<T> {
+    if found.is_none() {
+        assert!(std::env::var("CI").is_err(), "CI must install Debian's {package} package (.ci/run does)");
+        eprintln!("skipped: {package} is not installed (apt-get install {package})");
+    }
+    found
+}
