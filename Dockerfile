@@ -12,6 +12,9 @@ RUN cargo build --release --locked --bin coder-gpu-reclaimer
 FROM gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57b217585af0786db3845d1f0ec1a0dd182f
 COPY --from=build /src/target/release/coder-gpu-reclaimer /usr/local/bin/coder-gpu-reclaimer
 USER nonroot:nonroot
+# glibc's malloc keeps a heap per thread, each holding on to what it freed: at 10,000 GPUs that
+# is 95-101 MiB of peak RSS against 63-67 MiB with two (benches/prometheus.rs).
+ENV MALLOC_ARENA_MAX=2
 EXPOSE 9464
 ENTRYPOINT ["/usr/local/bin/coder-gpu-reclaimer"]
 CMD ["run"]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coder_gpu_reclaimer::gpu::expo::parse_filtered;
-use coder_gpu_reclaimer::gpu::{Ownership, readings_from_exposition};
+use coder_gpu_reclaimer::gpu::{Ownership, series_from_exposition};
 
 /// Runs `f` repeatedly for at least `budget`; returns seconds per run (best of the batches).
 fn measure(budget: Duration, mut f: impl FnMut() -> usize) -> f64 {
@@ -41,7 +41,7 @@ fn main() {
         n
     });
     let src: Arc<str> = Arc::from("bench");
-    let mapped = measure(budget, || readings_from_exposition(&text, chrono::Utc::now(), &src, &Ownership::default()).0.len());
+    let mapped = measure(budget, || series_from_exposition(&text, chrono::Utc::now(), &src, &Ownership::default()).0.len());
     let theirs = measure(budget, || {
         let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("prometheus-parse failed");
         scrape.samples.len()

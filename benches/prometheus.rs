@@ -7,6 +7,10 @@
 //!
 //! Run: `scripts/bench-prometheus [GPUS...]` (installs Debian's prometheus when missing), or
 //! `cargo bench --bench prometheus -- 1000 10000` with `prometheus` and `promtool` on PATH.
+//! While working on the source, `RECLAIMER_BENCH_DIR=/tmp/x` keeps the TSDB there and reuses it
+//! (its history reaches 30 minutes past the time it was written; later, the newest steps are
+//! empty and the steady passes read stale data), and `RECLAIMER_BENCH_STEADY_PASSES=0` measures
+//! the first pass only.
 
 // A measuring harness, not service code: failing loudly is what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -31,15 +35,16 @@ use coder_gpu_reclaimer::retry::RetryPolicy;
 const SCRAPE: i64 = 15;
 const HISTORY_MINUTES: i64 = 70;
 /// History written past "now", so that each steady-state step has new raw samples, as it would
-/// while dcgm-exporter keeps being scraped.
+/// while dcgm-exporter keeps being scraped (longer for a kept TSDB, to be reused for a while).
 const AHEAD_MINUTES: i64 = 6;
+const KEPT_AHEAD_MINUTES: i64 = 30;
 const STEADY_PASSES: usize = 4;
 
 /// Writes the history of `n` GPUs (GPU i held by synthetic workspace i; every tenth computes)
 /// as OpenMetrics text, the way Prometheus stores a scrape of dcgm-exporter.
-fn write_history(path: &std::path::Path, n: usize, now: i64) {
-    let end = now / SCRAPE * SCRAPE + AHEAD_MINUTES * 60;
-    let start = end - (HISTORY_MINUTES + AHEAD_MINUTES) * 60;
+fn write_history(path: &std::path::Path, n: usize, now: i64, ahead_minutes: i64) {
+    let end = now / SCRAPE * SCRAPE + ahead_minutes * 60;
+    let start = end - (HISTORY_MINUTES + ahead_minutes) * 60;
     let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path).expect("history file"));
     let families = [
         ("DCGM_FI_PROF_SM_ACTIVE", "gauge"),
@@ -168,7 +173,8 @@ async fn measure(n: usize, coder_port: u16, prom_port: u16) {
     let mut app = Application::build(&settings, Role::Run).await.expect("build");
     let (_tx, rx) = tokio::sync::watch::channel(false);
     one_pass(&mut app, &rx, &received, n, "first pass").await;
-    for i in 1..=STEADY_PASSES {
+    let steady = std::env::var("RECLAIMER_BENCH_STEADY_PASSES").ok().and_then(|v| v.parse().ok()).unwrap_or(STEADY_PASSES);
+    for i in 1..=steady {
         // Wait for the next step to complete, as a 60 s pass interval would.
         let now = chrono::Utc::now().timestamp();
         let next = (now / step + 1) * step + 1;
@@ -187,23 +193,26 @@ impl Drop for Killed {
 }
 
 fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: &std::path::Path) {
-    let dir = std::env::temp_dir().join(format!("reclaimer-prom-bench-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let now = chrono::Utc::now().timestamp();
-    let t = Instant::now();
-    let input = dir.join("history.om");
-    write_history(&input, n, now);
-    let size = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
-    let out = Command::new(promtool)
-        .args(["tsdb", "create-blocks-from", "openmetrics"])
-        .arg(&input)
-        .arg(dir.join("data"))
-        .output()
-        .expect("promtool");
-    assert!(out.status.success(), "promtool: {}", String::from_utf8_lossy(&out.stderr));
-    let _ = std::fs::remove_file(&input);
-    println!("{n:>6} GPUs | TSDB of {:.0} MB OpenMetrics written in {:.0} s", size as f64 / 1e6, t.elapsed().as_secs_f64());
+    let kept = std::env::var_os("RECLAIMER_BENCH_DIR").map(|d| PathBuf::from(d).join(n.to_string()));
+    let dir = kept.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("reclaimer-prom-bench-{}-{n}", std::process::id())));
+    if kept.is_none() || !dir.join("data").is_dir() {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let now = chrono::Utc::now().timestamp();
+        let t = Instant::now();
+        let input = dir.join("history.om");
+        write_history(&input, n, now, if kept.is_some() { KEPT_AHEAD_MINUTES } else { AHEAD_MINUTES });
+        let size = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
+        let out = Command::new(promtool)
+            .args(["tsdb", "create-blocks-from", "openmetrics"])
+            .arg(&input)
+            .arg(dir.join("data"))
+            .output()
+            .expect("promtool");
+        assert!(out.status.success(), "promtool: {}", String::from_utf8_lossy(&out.stderr));
+        let _ = std::fs::remove_file(&input);
+        println!("{n:>6} GPUs | TSDB of {:.0} MB OpenMetrics written in {:.0} s", size as f64 / 1e6, t.elapsed().as_secs_f64());
+    }
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     std::fs::write(dir.join("prometheus.yml"), "global:\n  scrape_interval: 15s\n").expect("config");
     let _prom = Killed(
@@ -220,11 +229,19 @@ fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: 
     let mut server = Killed(Command::new(exe).args(["--serve", &n.to_string()]).stdout(Stdio::piped()).spawn().expect("server"));
     let mut coder_port = String::new();
     BufReader::new(server.0.stdout.take().expect("stdout")).read_line(&mut coder_port).expect("port");
-    let status = Command::new(exe).args(["--measure", &n.to_string(), coder_port.trim(), &port.to_string()]).status().expect("measure");
+    // glibc's allocator as the container image configures it (Dockerfile: one heap per thread
+    // otherwise keeps each thread's freed memory).
+    let status = Command::new(exe)
+        .args(["--measure", &n.to_string(), coder_port.trim(), &port.to_string()])
+        .env("MALLOC_ARENA_MAX", std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into()))
+        .status()
+        .expect("measure");
     assert!(status.success());
     drop(server);
     drop(_prom);
-    let _ = std::fs::remove_dir_all(&dir);
+    if kept.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 fn main() {
@@ -245,7 +262,8 @@ fn main() {
     let sizes = if sizes.is_empty() { vec![1_000, 10_000] } else { sizes };
     let exe = std::env::current_exe().expect("exe");
     println!(
-        "passes in observe mode against a real Prometheus ({HISTORY_MINUTES} min of {SCRAPE} s history, 60 s passes); Coder in a child process"
+        "passes in observe mode against a real Prometheus ({HISTORY_MINUTES} min of {SCRAPE} s history, 60 s passes); Coder in a child process; MALLOC_ARENA_MAX={}",
+        std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2 (as the image sets it)".into())
     );
     for n in sizes {
         run(&exe, n, &prometheus, &promtool);

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::evaluate::Evaluator;
 use crate::gpu::Sources;
 use crate::gpu::exporter::ExporterSource;
-use crate::gpu::prometheus::PrometheusSource;
+use crate::gpu::prometheus::{PrometheusOptions, PrometheusSource};
 use crate::http::Secret;
 use crate::metrics::Metrics;
 use crate::report::TokenProblem;
@@ -98,7 +98,7 @@ pub fn gpu_source(settings: &Settings) -> Result<Sources, Error> {
             settings.request_timeout,
             &settings.tls,
             settings.limits.prometheus,
-            settings.prometheus.clone(),
+            PrometheusOptions { power: !settings.policy.active_power_watts.is_empty(), ..settings.prometheus.clone() },
         )?),
     })
 }

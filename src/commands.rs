@@ -158,8 +158,8 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
     // One line per URL actually read (a dns+ target stands for every address it resolved to).
     let collection = source.collect(chrono::Utc::now()).await;
     let mut series: BTreeMap<&str, HashSet<&GpuKey>> = BTreeMap::new();
-    for r in &collection.readings {
-        series.entry(r.source.as_ref()).or_default().insert(&r.key);
+    for s in &collection.series {
+        series.entry(s.source.as_ref()).or_default().insert(&s.key);
     }
     for f in &collection.failures {
         line(false, "gpu source", &format!("{}: {} (fix the URL or the exporter)", f.source, f.error));
@@ -186,7 +186,7 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
                     None => line(false, "clock", "Coder's answer had no Date header: its clock cannot be compared"),
                 }
                 let ws = listing.workspaces;
-                let mapped: HashSet<&str> = collection.readings.iter().filter_map(|r| r.workspace_id.as_deref()).collect();
+                let mapped: HashSet<&str> = collection.series.iter().filter_map(|s| s.workspace_id.as_deref()).collect();
                 let covered = ws.iter().filter(|w| mapped.contains(w.id.as_str())).count();
                 line(true, "coverage", &format!("{covered} of {} running workspaces have GPU series mapped to them", ws.len()));
             }

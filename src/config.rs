@@ -351,6 +351,7 @@ impl Settings {
             prometheus: PrometheusOptions {
                 headers: file.prometheus_headers.clone().unwrap_or_default().into_iter().collect(),
                 bearer_token_file: file.prometheus_bearer_token_file.clone(),
+                power: false, // from the policy, where the source is built
             },
             limits,
             mode: if run.enforce { Mode::Enforce } else { Mode::Observe },

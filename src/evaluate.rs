@@ -13,7 +13,7 @@ use crate::coder::types::Workspace;
 use crate::coder::{CoderClient, CoderError};
 use crate::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide_with_coder_clock};
 use crate::gpu::window::Windows;
-use crate::gpu::{GpuSource, SourceFailure, Sources};
+use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
 use crate::policy::Policy;
 
 /// Everything one evaluation found. `decisions[i]` is about `workspaces[i]`.
@@ -88,8 +88,8 @@ impl Evaluator {
     /// the readings are merged into the next pass's sample, so no reading is skipped.
     pub async fn sample(&mut self) {
         let collection = self.source.collect(Utc::now()).await;
-        for r in &collection.readings {
-            self.windows.record(r);
+        for series in &collection.series {
+            self.windows.record(series, None, false);
         }
     }
 
@@ -104,7 +104,7 @@ impl Evaluator {
     pub async fn evaluate(&mut self) -> Result<Evaluation, (CoderError, Vec<SourceFailure>)> {
         let started = Instant::now();
         let now = Utc::now();
-        let (listing, collection) = tokio::join!(self.coder.listing(), self.source.collect(now));
+        let (listing, mut collection) = tokio::join!(self.coder.listing(), self.source.collect(now));
         let listing = match listing {
             Ok(l) => l,
             Err(e) => return Err((e, collection.failures)),
@@ -135,25 +135,7 @@ impl Evaluator {
             self.sessions.insert(ws.id.clone(), build.clone());
         }
         self.sessions.retain(|id, _| live.contains(id.as_str()));
-        // A session's samples only: history (Prometheus) also holds the previous pod's series
-        // from before the latest build, which say nothing about this session. Build times are
-        // Coder's clock; readings are ours.
-        let session_start: HashMap<&str, DateTime<Utc>> =
-            workspaces.iter().filter_map(|w| w.latest_build.created_at.map(|t| (w.id.as_str(), t - self.coder_clock_offset))).collect();
-        // A Prometheus point covers the step ending at its time: it belongs to the session only
-        // when the whole step does.
-        let covers = collection.step.map_or(chrono::Duration::zero(), crate::duration::chrono);
-        for r in &collection.readings {
-            let Some(id) = r.workspace_id.as_deref().filter(|id| live.contains(id)) else { continue };
-            if session_start.get(id).is_some_and(|start| r.at - covers < *start) {
-                continue;
-            }
-            if collection.step.is_some() {
-                self.windows.record_sample(r);
-            } else {
-                self.windows.record(r);
-            }
-        }
+        merge_collection(&mut self.windows, &mut collection, &workspaces, self.coder_clock_offset);
         // This pass's reading and every sampled one since the last pass: one sample per pass.
         self.windows.flush();
         let failed: HashSet<&str> = collection.failures.iter().map(|f| f.source.as_str()).collect();
@@ -187,6 +169,29 @@ impl Evaluator {
             coder_clock_offset: listing.clock_offset,
             gpus,
         })
+    }
+}
+
+/// Merges one collection into the windows: each running workspace's points from its current
+/// session on. History (Prometheus) also holds the previous pod's series from before the latest
+/// build, which say nothing about this session; a Prometheus point covers the step ending at its
+/// time, so it belongs to the session only when the whole step does. Build times are Coder's
+/// clock (`coder_clock_offset` is Coder's minus ours); readings are ours.
+/// The series are drained as they are merged: a first Prometheus pass's points go as the
+/// windows fill.
+pub fn merge_collection(
+    windows: &mut Windows,
+    collection: &mut Collection,
+    workspaces: &[Workspace],
+    coder_clock_offset: chrono::Duration,
+) {
+    let session_start: HashMap<&str, Option<DateTime<Utc>>> =
+        workspaces.iter().map(|w| (w.id.as_str(), w.latest_build.created_at.map(|t| t - coder_clock_offset))).collect();
+    let covers = collection.step.map_or(chrono::Duration::zero(), crate::duration::chrono);
+    let steps = collection.step.is_some();
+    for series in collection.series.drain(..) {
+        let Some(start) = series.workspace_id.as_deref().and_then(|id| session_start.get(id)) else { continue };
+        windows.record(&series, start.map(|s| s + covers), steps);
     }
 }
 

@@ -1,7 +1,7 @@
 //! What every outgoing HTTP client shares: parsing the URLs people configure, building clients
 //! that never follow a redirect and trust the configured extra CAs, reading bodies with a byte
-//! limit, and writing URLs into logs and labels without their secrets. A leaf module: `coder/`,
-//! `gpu/` and `audit` use it; it uses nothing of this crate but `error`.
+//! limit (whole, or split as they stream in), and writing URLs into logs and labels without their secrets. A leaf module: `coder/`,
+//! `gpu/` and `audit` use it; it uses nothing of this crate but `error` and `json_split`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use bytes::{Bytes, BytesMut};
 use reqwest::{Certificate, Url};
 
 use crate::error::Error;
+use crate::json_split::Splitter;
 
 /// Parses an `http://` or `https://` URL with a host; anything else is a configuration error
 /// naming `setting` and an example of what to write instead.
@@ -147,6 +148,54 @@ pub async fn read_limited(mut resp: reqwest::Response, limit: usize) -> Result<B
         buf.extend_from_slice(&chunk);
     }
     Ok(buf.freeze())
+}
+
+/// Why a body could not be read as it streamed in.
+#[derive(Debug)]
+pub enum StreamError {
+    /// Over the limit, or the connection broke: what was parsed so far is discarded.
+    Body(BodyError),
+    /// The parser refused the bytes: why.
+    Parse(String),
+}
+
+impl std::fmt::Display for StreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamError::Body(e) => e.fmt(f),
+            StreamError::Parse(e) => f.write_str(e),
+        }
+    }
+}
+
+/// One element of a split body at most, or the rest of it: a Coder workspace is about 4 KB, a
+/// Prometheus series at most 11,000 points (its own limit per query), about 400 KB.
+pub const MAX_PIECE: usize = 4 << 20;
+
+/// Reads a JSON body as it arrives, handing each element of the array at `path` (object keys
+/// from the root) to `on_element` as one slice, and returns the rest of the document with that
+/// array left empty. So the body is never held whole (10,000 workspaces are 42 MB of JSON), yet
+/// each piece is parsed from memory. Reading stops, and the result is `TooLarge`, as soon as
+/// the body passes `limit` bytes; it stops too at the first error of `on_element`.
+pub async fn read_split(
+    mut resp: reqwest::Response,
+    limit: usize,
+    path: &'static [&'static str],
+    on_element: &mut (dyn FnMut(&[u8]) -> Result<(), String> + Send),
+) -> Result<Vec<u8>, StreamError> {
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(StreamError::Body(BodyError::TooLarge { limit }));
+    }
+    let mut splitter = Splitter::new(path, MAX_PIECE);
+    let mut received = 0usize;
+    while let Some(chunk) = resp.chunk().await.map_err(|e| StreamError::Body(BodyError::Transport(error_chain(&e.without_url()))))? {
+        received += chunk.len();
+        if received > limit {
+            return Err(StreamError::Body(BodyError::TooLarge { limit }));
+        }
+        splitter.feed(&chunk, on_element).map_err(StreamError::Parse)?;
+    }
+    splitter.finish().map_err(StreamError::Parse)
 }
 
 /// An error and its sources, joined: reqwest's own text stops at the outermost layer.

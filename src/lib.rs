@@ -17,6 +17,7 @@ pub mod error;
 pub mod evaluate;
 pub mod gpu;
 pub mod http;
+pub mod json_split;
 pub mod metrics;
 pub mod page;
 pub mod policy;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use chrono::Utc;
 use coder_gpu_reclaimer::gpu::expo::{parse, render_sample};
 use coder_gpu_reclaimer::gpu::signals::Signal;
-use coder_gpu_reclaimer::gpu::{Ownership, readings_from_exposition};
+use coder_gpu_reclaimer::gpu::{Ownership, series_from_exposition};
 use proptest::prelude::*;
 
 use crate::common::{WS_ID, fixture};
@@ -161,15 +161,15 @@ fn the_realistic_legacy_fixture_maps_to_workspaces() {
     assert!(errors.is_empty(), "{errors:?}");
     assert_eq!(samples.len(), 14);
     let src: Arc<str> = Arc::from("http://10.0.0.7:9400/metrics");
-    let (readings, errors) = readings_from_exposition(&text, Utc::now(), &src, &Ownership::default());
+    let (readings, errors) = series_from_exposition(&text, Utc::now(), &src, &Ownership::default());
     assert!(errors.is_empty());
     assert_eq!(readings.len(), 4, "GPU 0, GPU 1 and two MIG instances");
     let gpu0 = readings.iter().find(|r| r.key.uuid.starts_with("GPU-585834da")).unwrap();
     assert_eq!(gpu0.workspace_id.as_deref(), Some(WS_ID));
-    crate::common::assert_close(gpu0.values.get(Signal::GpuUtil), Some(1.0), "100% becomes the ratio 1.0");
-    crate::common::assert_close(gpu0.values.get(Signal::SmActive), Some(0.012), "");
-    crate::common::assert_close(gpu0.values.get(Signal::FbUsedMib), Some(302.0), "");
-    crate::common::assert_close(gpu0.values.get(Signal::PowerWatts), Some(90.0), "");
+    crate::common::assert_close(gpu0.points[0].values.get(Signal::GpuUtil), Some(1.0), "100% becomes the ratio 1.0");
+    crate::common::assert_close(gpu0.points[0].values.get(Signal::SmActive), Some(0.012), "");
+    crate::common::assert_close(gpu0.points[0].values.get(Signal::FbUsedMib), Some(302.0), "");
+    crate::common::assert_close(gpu0.points[0].values.get(Signal::PowerWatts), Some(90.0), "");
     assert_eq!(gpu0.model.as_deref(), Some("NVIDIA L40S"));
     let gpu1 = readings.iter().find(|r| r.key.uuid.starts_with("GPU-7f3e")).unwrap();
     assert_eq!((gpu1.workspace_id.as_deref(), gpu1.key.pod.as_deref()), (None, None), "no pod labels: nobody's");
@@ -179,22 +179,22 @@ fn the_realistic_legacy_fixture_maps_to_workspaces() {
     assert_eq!(owned.workspace_id.as_deref(), Some("5d1e2f3a-4b5c-4d6e-8f7a-9b0c1d2e3f4a"));
     let empty = mig.iter().find(|r| r.key.gpu_instance.as_deref() == Some("2")).unwrap();
     assert_eq!(empty.workspace_id, None, "pod=\"\" means no owner");
-    assert_eq!(owned.values.get(Signal::GpuUtil), None, "no GPU_UTIL for MIG instances");
+    assert_eq!(owned.points[0].values.get(Signal::GpuUtil), None, "no GPU_UTIL for MIG instances");
 }
 
 #[test]
 fn the_49_names_normalise_to_the_same_units() {
     let src: Arc<str> = Arc::from("x");
-    let (readings, errors) = readings_from_exposition(&fixture("dcgm/exporter-4.9-names.txt"), Utc::now(), &src, &Ownership::default());
+    let (readings, errors) = series_from_exposition(&fixture("dcgm/exporter-4.9-names.txt"), Utc::now(), &src, &Ownership::default());
     assert!(errors.is_empty());
     assert_eq!(readings.len(), 1);
     let r = &readings[0];
     assert_eq!(r.workspace_id.as_deref(), Some(WS_ID));
-    crate::common::assert_close(r.values.get(Signal::GpuUtil), Some(1.0), "");
-    crate::common::assert_close(r.values.get(Signal::FbUsedMib), Some(302.0), "bytes become MiB");
-    crate::common::assert_close(r.values.get(Signal::SmActive), Some(0.012), "");
-    crate::common::assert_close(r.values.get(Signal::GrEngineActive), Some(1.0), "");
-    crate::common::assert_close(r.values.get(Signal::PowerWatts), Some(90.0), "");
+    crate::common::assert_close(r.points[0].values.get(Signal::GpuUtil), Some(1.0), "");
+    crate::common::assert_close(r.points[0].values.get(Signal::FbUsedMib), Some(302.0), "bytes become MiB");
+    crate::common::assert_close(r.points[0].values.get(Signal::SmActive), Some(0.012), "");
+    crate::common::assert_close(r.points[0].values.get(Signal::GrEngineActive), Some(1.0), "");
+    crate::common::assert_close(r.points[0].values.get(Signal::PowerWatts), Some(90.0), "");
 }
 
 #[test]
@@ -210,12 +210,12 @@ fn the_fake_exporter_renders_what_the_parser_expects() {
         let (samples, errors) = parse(&text);
         assert!(errors.is_empty() && !samples.is_empty(), "{cfg:?}: {errors:?}");
         let src: Arc<str> = Arc::from("x");
-        let (readings, _) = readings_from_exposition(&text, Utc::now(), &src, &Ownership::default());
+        let (readings, _) = series_from_exposition(&text, Utc::now(), &src, &Ownership::default());
         assert_eq!(readings.len(), 2, "{cfg:?}");
         for r in &readings {
-            crate::common::assert_close(r.values.get(Signal::PowerWatts), Some(24.3), "{cfg:?}: idle GPUs draw 24.3 W");
-            assert_eq!(r.values.get(Signal::SmActive).is_some(), cfg.profiling, "{cfg:?}");
-            assert_eq!(r.values.get(Signal::GpuUtil).is_some(), !cfg.mig, "{cfg:?}");
+            crate::common::assert_close(r.points[0].values.get(Signal::PowerWatts), Some(24.3), "{cfg:?}: idle GPUs draw 24.3 W");
+            assert_eq!(r.points[0].values.get(Signal::SmActive).is_some(), cfg.profiling, "{cfg:?}");
+            assert_eq!(r.points[0].values.get(Signal::GpuUtil).is_some(), !cfg.mig, "{cfg:?}");
         }
     }
 }
@@ -223,16 +223,16 @@ fn the_fake_exporter_renders_what_the_parser_expects() {
 #[test]
 fn virtual_gpu_series_are_read_by_the_device_not_the_pods_zeros() {
     let src: Arc<str> = Arc::from("x");
-    let (readings, errors) = readings_from_exposition(&fixture("dcgm/exporter-vgpu.txt"), Utc::now(), &src, &Ownership::default());
+    let (readings, errors) = series_from_exposition(&fixture("dcgm/exporter-vgpu.txt"), Utc::now(), &src, &Ownership::default());
     assert!(errors.is_empty(), "{errors:?}");
     let owned: Vec<_> = readings.iter().filter(|r| r.workspace_id.is_some()).collect();
     assert_eq!(owned.len(), 2, "two pods share the device");
     for r in owned {
         assert!(r.shared, "the vgpu label marks a shared GPU");
-        crate::common::assert_close(r.values.get(Signal::GpuUtil), Some(0.87), "the device's utilization, not the pod's 0");
-        crate::common::assert_close(r.values.get(Signal::FbUsedMib), Some(31_420.0), "the device's memory, not the pod's 0");
-        crate::common::assert_close(r.values.get(Signal::SmActive), Some(0.803), "");
-        assert_eq!(r.energy_joules, Some(98_765_432.101));
+        crate::common::assert_close(r.points[0].values.get(Signal::GpuUtil), Some(0.87), "the device's utilization, not the pod's 0");
+        crate::common::assert_close(r.points[0].values.get(Signal::FbUsedMib), Some(31_420.0), "the device's memory, not the pod's 0");
+        crate::common::assert_close(r.points[0].values.get(Signal::SmActive), Some(0.803), "");
+        assert_eq!(r.points[0].energy_joules, Some(98_765_432.101));
     }
     let device = readings.iter().find(|r| r.workspace_id.is_none()).unwrap();
     assert!(!device.shared && device.key.pod.is_none());
@@ -255,8 +255,8 @@ fn stuck_counters_in_real_layout_read_as_metrics_disagree() {
         let text = fixture("dcgm/exporter-stuck.txt")
             .replace(" 98765432101", &format!(" {}", 98_765_432_101 + rise))
             .replace(" 87654321012", &format!(" {}", 87_654_321_012 + rise));
-        let (readings, _) = readings_from_exposition(&text, at, &src, &Ownership::default());
-        readings.iter().for_each(|r| windows.record(r));
+        let (readings, _) = series_from_exposition(&text, at, &src, &Ownership::default());
+        readings.iter().for_each(|r| windows.record(r, None, false));
         windows.flush();
     }
     for id in [WS_ID, "5d3e1f0a-2b4c-4d6e-8f10-3a5b7c9d1e2f"] {
@@ -275,9 +275,13 @@ fn negative_and_nan_values_are_no_reading() {
     let text = mocks::exporter::render(&world, &cfg, &[1.0e9]);
     assert!(text.contains("} NaN") && text.contains("} -1"), "the fake writes both:\n{text}");
     let src: Arc<str> = Arc::from("x");
-    let (readings, errors) = readings_from_exposition(&text, Utc::now(), &src, &Ownership::default());
+    let (readings, errors) = series_from_exposition(&text, Utc::now(), &src, &Ownership::default());
     assert!(errors.is_empty(), "{errors:?}");
     let r = &readings[0];
-    assert_eq!((r.values.get(Signal::GpuUtil), r.values.get(Signal::FbUsedMib)), (None, None), "absent, never 0 or negative");
-    assert!(r.values.get(Signal::SmActive).is_some(), "the other fields stay");
+    assert_eq!(
+        (r.points[0].values.get(Signal::GpuUtil), r.points[0].values.get(Signal::FbUsedMib)),
+        (None, None),
+        "absent, never 0 or negative"
+    );
+    assert!(r.points[0].values.get(Signal::SmActive).is_some(), "the other fields stay");
 }

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::routing::get;
+use coder_gpu_reclaimer::coder::types::{Workspace, WorkspacesResponse};
+use coder_gpu_reclaimer::json_split::Splitter;
 use mocks::{FakeCoder, FakeExporter, Fault, Load};
 use proptest::prelude::*;
 use wiremock::matchers::any as any_request;
@@ -166,6 +168,26 @@ async fn an_endless_coder_listing_fails_the_pass_not_the_process() {
 }
 
 #[tokio::test]
+async fn one_endless_workspace_in_a_listing_is_cut_off_at_the_piece_limit() {
+    let owner = fixture("coder/user_owner.json");
+    let info = fixture("coder/buildinfo.json");
+    // A listing within its byte limit (256 MiB by default) whose one workspace never ends: the
+    // listing is split workspace by workspace, each held whole while read, so one is capped.
+    let router = Router::new()
+        .route("/api/v2/buildinfo", get(move || async move { info }))
+        .route("/api/v2/users/me", get(move || async move { owner }))
+        .route("/api/v2/authcheck", axum::routing::post(|| async { axum::Json(serde_json::json!({"read": true, "stop": true})) }))
+        .route("/api/v2/workspaces", get(|| async { endless("{\"workspaces\":[{\"name\":\"", "gpu-".repeat(16 * 1024)) }));
+    let url = serve(router).await;
+    let svc = Service::start_url(&url, &["http://127.0.0.1:9/metrics".into()], TOKEN, &[]);
+    let failed = svc.wait_event("pass_failed", Duration::from_secs(20)).await;
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("larger than 4194304 bytes"), "{failed}");
+    let peak = peak_rss_kib(svc.pid());
+    assert!(peak > 0 && peak < 120 * 1024, "peak RSS {peak} KiB with an endless workspace");
+}
+
+#[tokio::test]
 async fn slow_connections_cannot_exhaust_the_http_server() {
     let coder = FakeCoder::start(world(1)).await.unwrap();
     let ex = FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap();
@@ -264,7 +286,7 @@ proptest! {
     /// The Coder listing parser (serde over the streamed body) never panics, whatever the bytes.
     #[test]
     fn coder_json_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
-        let _ = serde_json::from_slice::<coder_gpu_reclaimer::coder::types::WorkspacesResponse>(&bytes);
+        let _ = serde_json::from_slice::<WorkspacesResponse>(&bytes);
     }
 
     /// Nor does it on a real listing with bytes flipped, cut short or spliced.
@@ -274,23 +296,46 @@ proptest! {
         let at = at % body.len();
         body[at] = byte;
         body.truncate(cut.max(1).min(body.len()));
-        let _ = serde_json::from_slice::<coder_gpu_reclaimer::coder::types::WorkspacesResponse>(&body);
+        let _ = serde_json::from_slice::<WorkspacesResponse>(&body);
+        let mut split = Splitter::new(&["workspaces"], 1 << 20);
+        let _ = split.feed(&body, &mut |e| serde_json::from_slice::<Workspace>(e).map(drop).map_err(|e| e.to_string()));
+        let _ = split.finish();
+    }
+
+    /// A real listing read in chunks of any size gives the workspaces it gives parsed whole.
+    #[test]
+    fn a_listing_split_in_any_chunks_reads_as_a_whole(chunk in 1usize..4096) {
+        let body = fixture("coder/workspaces_running.json");
+        let whole: WorkspacesResponse = serde_json::from_str(&body).unwrap();
+        let mut split = Splitter::new(&["workspaces"], 1 << 20);
+        let mut ids = Vec::new();
+        for piece in body.as_bytes().chunks(chunk) {
+            let mut on_element = |e: &[u8]| {
+                ids.push(serde_json::from_slice::<Workspace>(e).map_err(|e| e.to_string())?.id);
+                Ok(())
+            };
+            split.feed(piece, &mut on_element).unwrap();
+        }
+        let rest: WorkspacesResponse = serde_json::from_slice(&split.finish().unwrap()).unwrap();
+        prop_assert_eq!(ids, whole.workspaces.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
+        prop_assert!(rest.workspaces.is_empty());
+        prop_assert_eq!(rest.count, whole.count);
     }
 
     /// The Prometheus response parser never panics, whatever the bytes or a mutation of a real answer.
     #[test]
     fn prometheus_json_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048), at in 0usize..400, byte in any::<u8>()) {
-        let _ = coder_gpu_reclaimer::gpu::prometheus::parse_matrix(200, &bytes);
+        let _ = coder_gpu_reclaimer::gpu::prometheus::read_answer(200, &bytes, &mut |_| {});
         let mut real = br#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","UUID":"GPU-1","pod":"p"},"values":[[1700000000,"0"],[1700000060,"NaN"]]}]}}"#.to_vec();
         let at = at % real.len();
         real[at] = byte;
-        let _ = coder_gpu_reclaimer::gpu::prometheus::parse_matrix(200, &real);
+        let _ = coder_gpu_reclaimer::gpu::prometheus::read_answer(200, &real, &mut |_| {});
     }
 
     /// The exposition parser, fed arbitrary bytes as text, never panics.
     #[test]
     fn exposition_never_panics(text in "\\PC{0,600}") {
-        let _ = coder_gpu_reclaimer::gpu::readings_from_exposition(
+        let _ = coder_gpu_reclaimer::gpu::series_from_exposition(
             &text,
             chrono::Utc::now(),
             &std::sync::Arc::from("x"),

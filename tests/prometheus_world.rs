@@ -2,7 +2,8 @@
 //! holding 70 minutes of 15 s dcgm-exporter history written with `promtool tsdb
 //! create-blocks-from openmetrics`, as Prometheus stores a scrape with `honorLabels: false`
 //! (`exported_pod`, `exported_namespace`, the exporter's own `pod`, `instance`, `job`). Each
-//! workload is one that the old `query_range` reading got wrong in the unsafe direction.
+//! workload is one that the old `query_range` reading got wrong in the unsafe direction, or one
+//! of the plain cases beside them; the exporter source, fed the same scrapes, must agree.
 
 use std::fmt::Write as _;
 use std::net::TcpListener;
@@ -10,7 +11,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
+use coder_gpu_reclaimer::coder::types::Workspace;
+use coder_gpu_reclaimer::coder::{CoderClient, SessionToken};
+use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
+use coder_gpu_reclaimer::decide::{Decision, decide_with_coder_clock};
+use coder_gpu_reclaimer::duration;
+use coder_gpu_reclaimer::evaluate::merge_collection;
+use coder_gpu_reclaimer::gpu::window::Windows;
+use coder_gpu_reclaimer::gpu::{Collection, Ownership, series_from_exposition};
+use coder_gpu_reclaimer::retry::RetryPolicy;
 use mocks::{FakeCoder, WorldConfig};
 use serde_json::Value;
 use uuid::Uuid;
@@ -89,56 +102,110 @@ struct History {
     value: Box<dyn Fn(i64) -> Option<(f64, f64)>>,
 }
 
-/// 70 minutes of 15 s scrapes in OpenMetrics text, as Prometheus stores them.
-fn openmetrics(now: DateTime<Utc>, gpus: &[History]) -> String {
-    let end = now.timestamp() / 15 * 15;
+/// The six fields of one scrape of one GPU, as dcgm-exporter reports them.
+type Fields = [(&'static str, f64); 6];
+
+/// One scrape of one GPU: when (unix seconds), which GPU (index into the histories), what.
+struct Scrape {
+    at: i64,
+    gpu: usize,
+    fields: Fields,
+}
+
+const HISTORY: i64 = 70 * 60;
+
+/// Every scrape of every GPU over the 70 minutes up to `end`, 15 s apart. Compute shows in
+/// every engine; the energy counter rises with the power drawn.
+fn scrapes(end: i64, gpus: &[History]) -> Vec<Scrape> {
+    let mut out = Vec::new();
+    for (gpu, g) in gpus.iter().enumerate() {
+        let mut energy_mj = 1.0e10;
+        for at in (end - HISTORY..=end).step_by(15) {
+            let Some((sm, fb)) = (g.value)(end - at) else { continue };
+            let busy = f64::from(u8::from(sm >= 0.05));
+            let watts = 24.3 + busy * 274.9;
+            energy_mj += watts * 15.0 * 1000.0;
+            let fields = [
+                ("DCGM_FI_PROF_SM_ACTIVE", sm),
+                ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", busy),
+                ("DCGM_FI_DEV_GPU_UTIL", 100.0 * busy),
+                ("DCGM_FI_DEV_FB_USED", fb),
+                ("DCGM_FI_DEV_POWER_USAGE", watts),
+                ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", energy_mj),
+            ];
+            out.push(Scrape { at, gpu, fields });
+        }
+    }
+    out
+}
+
+/// The scrapes in OpenMetrics text, as Prometheus stores them: the workload's labels renamed
+/// `exported_*`, the exporter's own `pod`, `namespace`, `instance` and `job` beside them.
+fn openmetrics(gpus: &[History], scrapes: &[Scrape]) -> String {
     let mut out = String::new();
-    let families = [
-        "DCGM_FI_PROF_SM_ACTIVE",
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-        "DCGM_FI_DEV_GPU_UTIL",
-        "DCGM_FI_DEV_FB_USED",
-        "DCGM_FI_DEV_POWER_USAGE",
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-    ];
-    for family in families {
+    for (k, (family, _)) in scrapes[0].fields.iter().enumerate() {
         let _ = writeln!(out, "# TYPE {family} {}", if family.contains("ENERGY") { "counter" } else { "gauge" });
-        for (i, g) in gpus.iter().enumerate() {
-            let labels = format!(
-                "gpu=\"{i}\",UUID=\"{}\",device=\"nvidia{i}\",modelName=\"NVIDIA A10G\",Hostname=\"gpu-node-{i}\",exported_pod=\"{}\",exported_namespace=\"coder\",exported_container=\"dev\",pod=\"nvidia-dcgm-exporter-x7k2p\",namespace=\"gpu-operator\",instance=\"10.0.3.{i}:9400\",job=\"nvidia-dcgm-exporter\"",
-                g.uuid, g.pod
+        for s in scrapes {
+            let (i, g) = (s.gpu, &gpus[s.gpu]);
+            let _ = writeln!(
+                out,
+                "{family}{{gpu=\"{i}\",UUID=\"{}\",device=\"nvidia{i}\",modelName=\"NVIDIA A10G\",Hostname=\"gpu-node-{i}\",exported_pod=\"{}\",exported_namespace=\"coder\",exported_container=\"dev\",pod=\"nvidia-dcgm-exporter-x7k2p\",namespace=\"gpu-operator\",instance=\"10.0.3.{i}:9400\",job=\"nvidia-dcgm-exporter\"}} {} {}",
+                g.uuid, g.pod, s.fields[k].1, s.at
             );
-            let mut energy_mj = 1.0e10;
-            for t in (end - 70 * 60..=end).step_by(15) {
-                let Some((sm, fb)) = (g.value)(end - t) else { continue };
-                let busy = sm >= 0.05;
-                energy_mj += if busy { 299.2 } else { 24.3 } * 15.0 * 1000.0;
-                let value = match family {
-                    "DCGM_FI_PROF_SM_ACTIVE" => sm,
-                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE" | "DCGM_FI_DEV_GPU_UTIL" if busy => {
-                        if family.ends_with("UTIL") {
-                            100.0
-                        } else {
-                            1.0
-                        }
-                    }
-                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE" | "DCGM_FI_DEV_GPU_UTIL" => 0.0,
-                    "DCGM_FI_DEV_FB_USED" => fb,
-                    "DCGM_FI_DEV_POWER_USAGE" => {
-                        if busy {
-                            299.2
-                        } else {
-                            24.3
-                        }
-                    }
-                    _ => energy_mj,
-                };
-                let _ = writeln!(out, "{family}{{{labels}}} {value} {t}");
-            }
         }
     }
     out.push_str("# EOF\n");
     out
+}
+
+/// What dcgm-exporter (`--kubernetes`) serves at `at`: the same scrapes in its own text, the
+/// workload's pod labels as it writes them.
+fn exposition(at: i64, gpus: &[History], scrapes: &[Scrape]) -> String {
+    let now: Vec<&Scrape> = scrapes.iter().filter(|s| s.at == at).collect();
+    let mut out = String::new();
+    for (k, (family, _)) in scrapes[0].fields.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {family} \n# TYPE {family} {}", if family.contains("ENERGY") { "counter" } else { "gauge" });
+        for s in &now {
+            let (i, g) = (s.gpu, &gpus[s.gpu]);
+            let _ = writeln!(
+                out,
+                "{family}{{gpu=\"{i}\",UUID=\"{}\",device=\"nvidia{i}\",modelName=\"NVIDIA A10G\",Hostname=\"gpu-node-{i}\",container=\"dev\",namespace=\"coder\",pod=\"{}\"}} {}",
+                g.uuid, g.pod, s.fields[k].1
+            );
+        }
+    }
+    out
+}
+
+/// What the exporter source decides on the same history: every 15 s scrape parsed as
+/// dcgm-exporter's text and merged as a pass does (`merge_collection`), one sample per 60 s pass
+/// (`run --sample-interval 15s`), then each workspace decided at `now` by the default policy.
+fn exporter_decisions(now: DateTime<Utc>, end: i64, gpus: &[History], scrapes: &[Scrape], workspaces: &[Workspace]) -> Vec<Decision> {
+    let settings =
+        Settings::new(crate::common::url("http://coder.invalid"), SessionToken::new("x-y").unwrap(), GpuSourceSettings::Exporters(vec![]));
+    let policy = &settings.policy;
+    let step = settings.interval.as_secs() as i64;
+    let mut windows = Windows::new(duration::chrono(policy.longest_lookback()), settings.interval);
+    let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+    let source: Arc<str> = Arc::from("http://10.0.3.1:9400/metrics");
+    for at in (end - HISTORY..=end).step_by(15) {
+        let when = DateTime::from_timestamp(at, 0).unwrap();
+        let (series, errors) = series_from_exposition(&exposition(at, gpus, scrapes), when, &source, &Ownership::default());
+        assert!(errors.is_empty(), "{errors:?}");
+        merge_collection(
+            &mut windows,
+            &mut Collection { series, failures: Vec::new(), requests: 1, step: None },
+            workspaces,
+            chrono::Duration::zero(),
+        );
+        if at % step == 0 {
+            windows.flush();
+            windows.prune(when, &live);
+        }
+    }
+    windows.flush();
+    windows.prune(now, &live);
+    workspaces.iter().map(|ws| decide_with_coder_clock(now, chrono::Duration::zero(), ws, windows.get(&ws.id), policy, None)).collect()
 }
 
 #[tokio::test]
@@ -146,8 +213,8 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
     if installed_or_skip(installed(), "prometheus").is_none() {
         return;
     }
-    let coder = FakeCoder::start(WorldConfig { gpus: 5, scale: 600.0, ..WorldConfig::default() }).await.unwrap();
-    let names = ["bursty", "idle", "stale", "gap", "restarted"];
+    let coder = FakeCoder::start(WorldConfig { gpus: 8, scale: 600.0, ..WorldConfig::default() }).await.unwrap();
+    let names = ["bursty", "idle", "stale", "gap", "restarted", "busy", "memory-held"];
     let ids: Vec<Uuid> = names.iter().map(|n| coder.with(|w| w.create_workspace("alice", n, None)).unwrap()).collect();
     for _ in 0..200 {
         if coder.with(|w| ids.iter().all(|id| w.ws_index(*id).is_some_and(|i| w.is_running(&w.workspaces[i])))) {
@@ -198,8 +265,13 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
             value: Box::new(|ago| (ago >= 32 * 60 + 30).then_some((0.0, 4_000.0))),
         },
         History { pod: pods[4].clone(), uuid: uuid(5), value: Box::new(|ago| (ago <= 31 * 60 + 30).then_some((0.0, 0.0))) },
+        History { pod: pods[5].clone(), uuid: uuid(6), value: Box::new(|_| Some((0.91, 20_000.0))) },
+        // A process holds 19 GiB and computes nothing (FINDINGS: utilization reads 0).
+        History { pod: pods[6].clone(), uuid: uuid(7), value: Box::new(|_| Some((0.0, 19_376.0))) },
     ];
-    let prom = prometheus_with(&openmetrics(now, &gpus)).await;
+    let end = now.timestamp() / 15 * 15;
+    let scrapes = scrapes(end, &gpus);
+    let prom = prometheus_with(&openmetrics(&gpus, &scrapes)).await;
     let token = coder.owner_token();
     let (coder_url, prom_url) = (coder.url(), prom.url.clone());
     let out = tokio::task::spawn_blocking(move || {
@@ -216,8 +288,9 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     let doc: Value = serde_json::from_str(&stdout).unwrap();
+    let planned = |id: &str| doc["workspaces"].as_array().unwrap().iter().find(|w| w["id"] == id).unwrap().clone();
     let verdict = |id: Uuid| {
-        let w = doc["workspaces"].as_array().unwrap().iter().find(|w| w["id"] == id.to_string()).unwrap();
+        let w = planned(&id.to_string());
         (w["verdict"].as_str().unwrap().to_string(), w["reason"].as_str().unwrap().to_string(), w["message"].as_str().unwrap().to_string())
     };
     for (i, want) in [
@@ -226,10 +299,47 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
         (2, ("unknown", "stale-data")),
         (3, ("unknown", "sample-gap")),
         (4, ("reclaim", "idle")),
+        (5, ("keep", "gpu-active")),
+        (6, ("reclaim", "memory-held-idle")),
     ] {
         let (v, r, m) = verdict(ids[i]);
         assert_eq!((v.as_str(), r.as_str()), want, "{}: {m}", names[i]);
     }
     let (_, _, m) = verdict(ids[4]);
     assert!(m.starts_with("GPU idle 3"), "judged by the new session's 31 minutes only: {m}");
+
+    // Both sources agree on the same workloads: the exporter source, fed the same scrapes as
+    // dcgm-exporter's text, reaches the same verdict and reason, and the same idle time within
+    // one pass interval.
+    let client = CoderClient::new(
+        &crate::common::url(&coder.url()),
+        SessionToken::new(&coder.owner_token()).unwrap(),
+        Duration::from_secs(5),
+        RetryPolicy::none(),
+    )
+    .unwrap();
+    let workspaces = client.running_workspaces().await.unwrap();
+    for d in exporter_decisions(now, end, &gpus, &scrapes, &workspaces) {
+        let Some(i) = ids.iter().position(|id| id.to_string() == d.workspace_id) else { continue };
+        let p = planned(&d.workspace_id);
+        let exporter = (serde_json::to_value(d.verdict).unwrap(), serde_json::to_value(d.reason).unwrap());
+        assert_eq!(
+            (&p["verdict"], &p["reason"]),
+            (&exporter.0, &exporter.1),
+            "{}: Prometheus said {}, the exporter {}",
+            names[i],
+            p["message"],
+            d.message
+        );
+        let prom_idle = p["gpu_idle_seconds"].as_i64();
+        let exp_idle = d.gpu_idle.map(|g| g.num_seconds());
+        assert!(
+            match (prom_idle, exp_idle) {
+                (Some(a), Some(b)) => (a - b).abs() <= 60,
+                (a, b) => a == b,
+            },
+            "{}: GPU idle {prom_idle:?} s from Prometheus, {exp_idle:?} s from the exporter",
+            names[i]
+        );
+    }
 }

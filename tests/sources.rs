@@ -50,8 +50,8 @@ async fn one_failing_exporter_makes_only_its_gpus_unknown() {
     let c = source(urls.clone()).collect(Utc::now()).await;
     assert!(started.elapsed() < Duration::from_secs(2), "scrapes run concurrently with a timeout ({:?})", started.elapsed());
     assert_eq!(c.requests, 6);
-    assert_eq!(c.readings.len(), 4, "the good exporter's GPUs");
-    assert!(c.readings.iter().all(|r| r.source.as_ref() == urls[0]));
+    assert_eq!(c.series.len(), 4, "the good exporter's GPUs");
+    assert!(c.series.iter().all(|r| r.source.as_ref() == urls[0]));
     let why = |u: &str| c.failures.iter().find(|f| f.source == u).map(|f| f.error.clone()).unwrap_or_else(|| panic!("no failure for {u}"));
     assert!(why(&urls[1]).contains("empty body"));
     assert!(why(&urls[2]).contains("unparseable") || why(&urls[2]).contains("no DCGM"), "{}", why(&urls[2]));
@@ -66,7 +66,7 @@ async fn a_headless_service_name_expands_to_each_address() {
     let port = good.address().port();
     let c = source(vec![format!("dns+http://localhost:{port}/metrics")]).collect(Utc::now()).await;
     assert!(c.requests >= 1, "localhost resolves to at least one address");
-    assert!(c.readings.iter().any(|r| r.workspace_id.as_deref() == Some(WS_ID)), "failures: {:?}", c.failures);
+    assert!(c.series.iter().any(|r| r.workspace_id.as_deref() == Some(WS_ID)), "failures: {:?}", c.failures);
     let c = source(vec!["dns+http://no-such-host.invalid:9400/metrics".into()]).collect(Utc::now()).await;
     assert_eq!(c.failures.len(), 1);
     assert!(c.failures[0].error.contains("cannot resolve"), "{:?}", c.failures);
@@ -87,13 +87,9 @@ fn prom(server: &MockServer, timeout: Duration) -> PrometheusSource {
     .unwrap()
 }
 
-/// The query a pass sends for `name`'s signal and unit.
-fn query_with(source: &PrometheusSource, name: &str) -> String {
-    source
-        .queries()
-        .into_iter()
-        .find(|q| q.contains(&format!("\"{name}\"")) || q.contains(&format!("\"{name}|")) || q.contains(&format!("|{name}\"")))
-        .unwrap()
+/// The query a fetch of the whole window (`aggregate = false`) or of new steps sends for `name`.
+fn query_with(source: &PrometheusSource, name: &str, aggregate: bool) -> String {
+    source.queries(aggregate).into_iter().find(|q| q.contains(&format!("max_over_time({name}{{"))).unwrap()
 }
 
 #[tokio::test]
@@ -103,45 +99,78 @@ async fn prometheus_reads_raw_samples_per_step_with_a_constant_number_of_queries
     let step = 60;
     let now = Utc::now();
     let end = now.timestamp() / step * step;
-    // Prometheus drops the exporter's `pod` into the by-clause result only when there is no
-    // exported_pod: the aggregated series carry the workload's labels.
-    let labels = json!({"UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6", "modelName": "NVIDIA L40S",
-        "pod": "dcgm-exporter-x7k2p", "namespace": "gpu-operator", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"), "exported_namespace": "coder"});
-    for (name, values) in
-        [("DCGM_FI_DEV_GPU_UTIL", ["100", "100"]), ("DCGM_FI_PROF_SM_ACTIVE", ["0.012", "NaN"]), ("DCGM_FI_DEV_FB_USED", ["302", "302"])]
-    {
+    // The whole window comes as stored: a dcgm-exporter scrape's labels (the exporter's own pod,
+    // instance and job beside the workload's exported_pod). After an exporter restart one GPU
+    // has two series, here overlapping in one step.
+    let stored = |exporter: &str, instance: &str| {
+        json!({"DCGM_FI_DRIVER_VERSION": "570.124.06", "Hostname": "l40s.example.com", "UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6",
+            "device": "nvidia0", "pci_bus_id": "00000000:4E:00.0", "exported_container": "dev", "exported_namespace": "coder", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"),
+            "gpu": "0", "instance": instance, "job": "nvidia-dcgm-exporter", "modelName": "NVIDIA L40S", "namespace": "gpu-operator", "pod": exporter})
+    };
+    let (old, new) = (stored("nvidia-dcgm-exporter-x7k2p", "10.0.1.7:9400"), stored("nvidia-dcgm-exporter-q4m9z", "10.0.1.9:9400"));
+    for (name, series) in [
+        (
+            "DCGM_FI_DEV_GPU_UTIL",
+            json!([{"metric": old, "values": [[end - 60, "100"]]}, {"metric": new, "values": [[end - 60, "0"], [end, "100"]]}]),
+        ),
+        ("DCGM_FI_PROF_SM_ACTIVE", json!([{"metric": new, "values": [[end - 60, "0.012"], [end, "NaN"]]}])),
+        ("DCGM_FI_DEV_FB_USED", json!([{"metric": new, "values": [[end - 60, "302"], [end, "302"]]}])),
+    ] {
         Mock::given(method("GET"))
             .and(path("/api/v1/query_range"))
-            .and(query_param("query", query_with(&source, name)))
+            .and(query_param("query", query_with(&source, name, false)))
             .and(query_param("step", "60s"))
-            .respond_with(matrix(json!([{"metric": labels, "values": [[end - 60, values[0]], [end, values[1]]]}])))
+            .respond_with(matrix(series))
             .expect(1)
             .mount(&server)
             .await;
     }
+    // The next fetch is one new step, aggregated: the workload's labels only.
+    let aggregated = json!({"UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6", "modelName": "NVIDIA L40S",
+        "pod": "nvidia-dcgm-exporter-q4m9z", "namespace": "gpu-operator", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"), "exported_namespace": "coder"});
+    Mock::given(method("GET"))
+        .and(path("/api/v1/query_range"))
+        .and(query_param("query", query_with(&source, "DCGM_FI_PROF_SM_ACTIVE", true)))
+        .respond_with(matrix(json!([{"metric": aggregated, "values": [[end + 60, "0.5"]]}])))
+        .expect(1)
+        .mount(&server)
+        .await;
     Mock::given(method("GET")).and(path("/api/v1/query_range")).respond_with(matrix(json!([]))).mount(&server).await;
+
     let c = source.collect(now).await;
     assert!(c.failures.is_empty(), "{:?}", c.failures);
-    let queries = source.queries();
+    let queries = source.queries(false);
     assert_eq!(c.requests, queries.len(), "a constant number of queries, whatever the fleet size");
     assert_eq!(server.received_requests().await.unwrap().len(), queries.len());
     for q in &queries {
-        assert!(q.starts_with("max by (UUID, uuid, GPU_I_ID, pod, exported_pod") && q.contains("(max_over_time({__name__=~"), "{q}");
-        assert!(q.ends_with("[60s]))"), "every raw sample of each step, never a lookback-filled value: {q}");
+        assert!(q.starts_with("max_over_time(DCGM_FI_") && q.ends_with("{}[60s])"), "every raw sample of each step, as stored: {q}");
     }
-    assert!(c.step.is_some() && c.readings.len() == 2, "two steps for one GPU: {:?}", c.readings);
-    assert!(c.readings.iter().all(|r| r.workspace_id.as_deref() == Some(WS_ID)), "exported_pod is the workload's pod, not the exporter's");
-    let first = &c.readings[0];
-    assert_eq!(first.at.timestamp(), end - 60, "points sit on the step grid");
-    crate::common::assert_close(first.values.get(Signal::GpuUtil), Some(1.0), "");
-    crate::common::assert_close(first.values.get(Signal::SmActive), Some(0.012), "");
-    assert_eq!(c.readings[1].values.get(Signal::SmActive), None, "NaN is no reading, not zero");
-    // The next pass asks only for steps after the last one it has (none yet: the same step).
+    assert!(c.step.is_some() && c.series.len() == 1, "one GPU, its two exporters' series folded into one: {:?}", c.series);
+    let gpu = &c.series[0];
+    assert_eq!(gpu.workspace_id.as_deref(), Some(WS_ID), "exported_pod is the workload's pod, not the exporter's");
+    assert_eq!(gpu.points.iter().map(|p| p.at.timestamp()).collect::<Vec<_>>(), [end - 60, end], "points sit on the step grid");
+    crate::common::assert_close(gpu.points[0].values.get(Signal::GpuUtil), Some(1.0), "the higher of two series in one step");
+    crate::common::assert_close(gpu.points[0].values.get(Signal::SmActive), Some(0.012), "");
+    crate::common::assert_close(gpu.points[1].values.get(Signal::FbUsedMib), Some(302.0), "");
+    assert_eq!(gpu.points[1].values.get(Signal::SmActive), None, "NaN is no reading, not zero");
+    let reqs = server.received_requests().await.unwrap();
+    let param = |r: &wiremock::Request, name: &str| r.url.query_pairs().find(|(k, _)| k == name).map(|(_, v)| v.parse::<i64>().unwrap());
+    assert_eq!(param(&reqs[0], "start"), Some(end - 1800), "the first pass fetches the whole window, step-aligned");
+
+    // The next pass asks only for steps after the last one it has: none yet, then one.
     let again = source.collect(now).await;
     assert_eq!(again.requests, 0, "nothing new: no query");
+    let next = source.collect(now + chrono::Duration::seconds(60)).await;
+    assert!(next.failures.is_empty(), "{:?}", next.failures);
     let reqs = server.received_requests().await.unwrap();
-    let start = reqs[0].url.query_pairs().find(|(k, _)| k == "start").map(|(_, v)| v.to_string()).unwrap();
-    assert_eq!(start.parse::<i64>().unwrap(), end - 1800, "the first pass fetches the whole window, step-aligned");
+    let later = &reqs[queries.len()..];
+    assert_eq!(later.len(), queries.len());
+    assert!(later.iter().all(|r| param(r, "start") == Some(end + 60) && param(r, "end") == Some(end + 60)), "one new step");
+    for q in source.queries(true) {
+        assert!(q.starts_with("max by (UUID, uuid, GPU_I_ID, pod, exported_pod") && q.ends_with("{}[60s]))"), "aggregated: {q}");
+    }
+    assert_eq!(next.series.len(), 1);
+    crate::common::assert_close(next.series[0].points[0].values.get(Signal::SmActive), Some(0.5), "");
 }
 
 #[tokio::test]
@@ -151,8 +180,11 @@ async fn prometheus_queries_carry_the_namespace_headers_and_bearer_token() {
     let dir = std::env::temp_dir().join(format!("cgr-prom-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("token"), "pr0m-t0ken\n").unwrap();
-    let options =
-        PrometheusOptions { headers: vec![("X-Scope-OrgID".into(), "team-gpu".into())], bearer_token_file: Some(dir.join("token")) };
+    let options = PrometheusOptions {
+        headers: vec![("X-Scope-OrgID".into(), "team-gpu".into())],
+        bearer_token_file: Some(dir.join("token")),
+        power: true,
+    };
     let own = Ownership { namespace: Some("coder".into()), workspace_id_label: None };
     let source = PrometheusSource::with_options(
         &crate::common::url(&server.uri()),
@@ -175,7 +207,7 @@ async fn prometheus_queries_carry_the_namespace_headers_and_bearer_token() {
         assert!(r.headers.get("Accept-Encoding").is_some_and(|v| v.to_str().unwrap().contains("gzip")), "gzip accepted");
         let q = r.url.query_pairs().find(|(k, _)| k == "query").unwrap().1.to_string();
         assert!(
-            q.contains("exported_namespace=\"coder\"") && q.contains(",namespace=\"coder\""),
+            q.contains("{exported_namespace=\"coder\"}") && q.contains("{namespace=\"coder\"}"),
             "the namespace filter is in the query: {q}"
         );
     }
@@ -192,13 +224,13 @@ async fn prometheus_errors_make_data_unknown_never_zero() {
         .mount(&server)
         .await;
     let c = prom(&server, Duration::from_secs(2)).collect(Utc::now()).await;
-    assert!(c.readings.is_empty());
+    assert!(c.series.is_empty());
     assert!(c.failures.iter().all(|f| f.error.contains("HTTP 422") && f.error.contains("too many samples")), "{:?}", c.failures);
     assert!(c.failures.iter().all(|f| f.source == server.uri()), "failures name the source the windows know");
 
     let slow = MockServer::start().await;
     Mock::given(method("GET")).respond_with(matrix(json!([])).set_delay(Duration::from_secs(3))).mount(&slow).await;
     let c = prom(&slow, Duration::from_millis(300)).collect(Utc::now()).await;
-    assert!(c.readings.is_empty() && !c.failures.is_empty());
+    assert!(c.series.is_empty() && !c.failures.is_empty());
     assert!(c.failures[0].error.contains("timed out"), "{:?}", c.failures);
 }

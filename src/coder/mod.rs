@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::Error;
-use crate::http::{BodyError, Tls, error_chain, read_limited, redirect_refused};
+use crate::http::{BodyError, StreamError, Tls, error_chain, read_limited, read_split, redirect_refused};
 use crate::retry::{Attempt, RetryPolicy, retry};
 pub use token::{SessionToken, TokenSource};
 use types::*;
@@ -222,7 +222,7 @@ impl CoderClient {
 
     async fn list_once(&self, endpoint: &'static str, url: &str) -> Attempt<(WorkspacesResponse, Option<chrono::Duration>), CoderError> {
         let sent = chrono::Utc::now();
-        let mut resp = match self.request(Method::GET, url).send().await {
+        let resp = match self.request(Method::GET, url).send().await {
             Ok(r) => r,
             Err(e) => return self.transport_failure(endpoint, &e),
         };
@@ -232,44 +232,20 @@ impl CoderClient {
         if !status.is_success() {
             return self.status_failure(endpoint, resp).await;
         }
-        if resp.content_length().is_some_and(|n| n > self.max_listing_bytes as u64) {
-            return Attempt::Done(Err(self.too_large(endpoint)));
-        }
-        let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
-        let parser = tokio::task::spawn_blocking(move || {
-            serde_json::from_reader::<_, WorkspacesResponse>(std::io::BufReader::new(ChunkReader { rx, current: bytes::Bytes::new() }))
-        });
-        let mut stream_error = None;
-        let mut received = 0usize;
-        loop {
-            match resp.chunk().await {
-                Ok(Some(chunk)) => {
-                    received += chunk.len();
-                    if received > self.max_listing_bytes {
-                        drop(tx);
-                        let _ = parser.await;
-                        return Attempt::Done(Err(self.too_large(endpoint)));
-                    }
-                    if tx.send(chunk).await.is_err() {
-                        break; // the parser stopped early: it has an error to report
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    stream_error = Some(e);
-                    break;
-                }
-            }
-        }
-        drop(tx);
-        let parsed = parser.await;
-        if let Some(e) = stream_error {
-            return body_failure(endpoint, BodyError::Transport(error_chain(&e.without_url())));
-        }
+        // Each workspace is parsed as soon as its bytes are in: the listing is never held whole.
+        let mut workspaces = Vec::new();
+        let mut on_workspace = |bytes: &[u8]| {
+            workspaces.push(serde_json::from_slice::<Workspace>(bytes).map_err(|e| e.to_string())?);
+            Ok(())
+        };
+        let parsed = read_split(resp, self.max_listing_bytes, &["workspaces"], &mut on_workspace)
+            .await
+            .and_then(|rest| serde_json::from_slice::<WorkspacesResponse>(&rest).map_err(|e| StreamError::Parse(e.to_string())));
         match parsed {
-            Ok(Ok(list)) => Attempt::Done(Ok((list, clock_offset))),
-            Ok(Err(e)) => Attempt::Done(Err(unexpected_body(endpoint, e))),
-            Err(e) => Attempt::Done(Err(unexpected_body(endpoint, format!("the parser task failed: {e}")))),
+            Ok(list) => Attempt::Done(Ok((WorkspacesResponse { workspaces, ..list }, clock_offset))),
+            Err(StreamError::Body(BodyError::TooLarge { .. })) => Attempt::Done(Err(self.too_large(endpoint))),
+            Err(StreamError::Body(e)) => body_failure(endpoint, e),
+            Err(StreamError::Parse(e)) => Attempt::Done(Err(unexpected_body(endpoint, e))),
         }
     }
 
@@ -465,26 +441,6 @@ fn body_failure<T>(endpoint: &'static str, e: BodyError) -> Attempt<T, CoderErro
 fn unexpected_body(endpoint: &'static str, e: impl fmt::Display) -> CoderError {
     let message = format!("unexpected response body ({e}); is --coder-url a Coder deployment of v2.x?");
     CoderError { kind: ErrorKind::Decode, endpoint, message }
-}
-
-/// `std::io::Read` over body chunks arriving on a channel (for streaming JSON parsing).
-struct ChunkReader {
-    rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
-    current: bytes::Bytes,
-}
-
-impl std::io::Read for ChunkReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        while self.current.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(chunk) => self.current = chunk,
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.current.len());
-        buf[..n].copy_from_slice(&self.current.split_to(n));
-        Ok(n)
-    }
 }
 
 fn classify(status: StatusCode) -> ErrorKind {

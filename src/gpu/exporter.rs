@@ -23,7 +23,7 @@ const MAX_CONCURRENT_SCRAPES: usize = 32;
 /// a few hundred KB; an endless body stops here instead of filling memory.
 pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 
-use super::{Collection, GpuReading, GpuSource, Ownership, SourceFailure, readings_from_exposition};
+use super::{Collection, GpuSeries, GpuSource, Ownership, SourceFailure, series_from_exposition};
 
 /// One `--dcgm-exporter` value: a URL scraped as it is, or `dns+http://name:port/path`, scraped
 /// at every address the name resolves to (a headless Service).
@@ -118,12 +118,12 @@ async fn resolve_all(url: &Url) -> Result<Vec<Url>, String> {
     Ok(urls)
 }
 
-/// Parses one exporter's body into readings; an empty or unparseable body is a failure.
-fn read_exposition(source: &Arc<str>, body: &str, now: DateTime<Utc>, ownership: &Ownership) -> Result<Vec<GpuReading>, String> {
+/// Parses one exporter's body into one series per GPU; an empty or unparseable body is a failure.
+fn read_exposition(source: &Arc<str>, body: &str, now: DateTime<Utc>, ownership: &Ownership) -> Result<Vec<GpuSeries>, String> {
     if body.trim().is_empty() {
         return Err("empty body (the exporter is reloading, or has no GPUs)".into());
     }
-    let (found, errors) = readings_from_exposition(body, now, source, ownership);
+    let (found, errors) = series_from_exposition(body, now, source, ownership);
     if found.is_empty() {
         return Err(errors.first().map_or("no DCGM GPU metrics in the response".to_string(), |e| format!("unparseable exposition ({e})")));
     }
@@ -167,14 +167,14 @@ impl GpuSource for ExporterSource {
                 (source, host, result)
             });
         }
-        let mut readings: Vec<GpuReading> = Vec::new();
+        let mut series: Vec<GpuSeries> = Vec::new();
         while let Some(joined) = tasks.join_next().await {
             let Ok((source, host, result)) = joined else { continue };
             match result {
-                Ok(found) => readings.extend(found),
+                Ok(found) => series.extend(found),
                 Err(error) => failures.push(SourceFailure::new(source.to_string(), host, error)),
             }
         }
-        Collection { readings, failures, requests, step: None }
+        Collection { series, failures, requests, step: None }
     }
 }

@@ -28,23 +28,101 @@ pub struct GpuKey {
     pub pod: Option<String>,
 }
 
-/// Everything one source said about one GPU at one time.
+/// One moment of one GPU: its signals, and its energy counter.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    pub at: DateTime<Utc>,
+    pub values: SignalValues,
+    /// The device's energy counter, joules (frozen-data detection).
+    pub energy_joules: Option<f64>,
+}
+
+impl Point {
+    pub fn new(at: DateTime<Utc>) -> Self {
+        Point { at, values: SignalValues::default(), energy_joules: None }
+    }
+
+    /// Adds one exporter field (a signal or the energy counter) from its raw value. Two values
+    /// for one signal (an old and a renamed field, two series of one GPU) keep the higher: a
+    /// reading may show more work than was done, never less.
+    pub fn add(&mut self, name: &str, value: f64) {
+        if let Some(energy) = signals::energy_joules(name, value) {
+            self.energy_joules = match (self.energy_joules, energy) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+        } else if let Some((signal, v)) = signals::lookup(name).and_then(|m| m.normalise(value).map(|v| (m.signal, v))) {
+            self.values.set(signal, self.values.get(signal).map_or(v, |old| old.max(v)));
+        }
+    }
+}
+
+/// Everything one source said about one GPU: whose it is, and its points in time order (one
+/// per exporter scrape; one per step of Prometheus history). The labels are held once per GPU,
+/// not once per point: a first Prometheus pass over 10,000 GPUs has 700,000 points.
 #[derive(Debug, Clone, PartialEq)]
-pub struct GpuReading {
+pub struct GpuSeries {
     pub key: GpuKey,
     /// The workspace the series belongs to, when its labels say so.
     pub workspace_id: Option<String>,
     pub namespace: Option<String>,
     pub model: Option<String>,
-    pub at: DateTime<Utc>,
-    pub values: SignalValues,
     /// The exporter URL or Prometheus base URL that reported it.
     pub source: Arc<str>,
     /// A virtual-GPU series (time-slicing, `vgpu` label): one of several pods sharing the device.
-    /// Its values are the device's (see `readings_from_exposition`), never the pod's own zeros.
+    /// Its values are the device's (see `series_from_exposition`), never the pod's own zeros.
     pub shared: bool,
-    /// The device's energy counter, joules (frozen-data detection).
-    pub energy_joules: Option<f64>,
+    pub points: Vec<Point>,
+}
+
+impl GpuSeries {
+    /// A GPU's series from its labels (`label` answers a label's value), with no points yet.
+    pub fn from_labels<'a>(label: impl Fn(&str) -> Option<&'a str>, source: &Arc<str>, ownership: &Ownership) -> Option<GpuSeries> {
+        let uuid = label("UUID").or_else(|| label("uuid"))?;
+        let (workspace_id, pod, namespace) = ownership.owner(|k| label(k).map(str::to_string));
+        Some(GpuSeries {
+            key: GpuKey { uuid: uuid.to_string(), gpu_instance: label("GPU_I_ID").map(str::to_string), pod },
+            workspace_id,
+            namespace,
+            model: label("modelName").map(str::to_string),
+            source: source.clone(),
+            shared: label("vgpu").is_some_and(|v| !v.is_empty()),
+            points: Vec::new(),
+        })
+    }
+
+    /// Adds one field's values, in time order, to the points at their times (added where there
+    /// are none yet): one walk through both, since both are sorted.
+    pub fn add_values(&mut self, name: &str, values: impl Iterator<Item = (DateTime<Utc>, f64)>) {
+        let mut j = 0;
+        for (at, value) in values {
+            if j > 0 && self.points.get(j - 1).is_some_and(|p| p.at >= at) {
+                j = self.points.partition_point(|p| p.at < at); // out of order: look it up
+            }
+            while self.points.get(j).is_some_and(|p| p.at < at) {
+                j += 1;
+            }
+            if self.points.get(j).is_none_or(|p| p.at != at) {
+                self.points.insert(j, Point::new(at));
+            }
+            if let Some(p) = self.points.get_mut(j) {
+                p.add(name, value);
+            }
+        }
+    }
+
+    /// The point at `at`, added in time order when there is none yet.
+    pub fn point_at(&mut self, at: DateTime<Utc>) -> &mut Point {
+        let i = match self.points.last() {
+            Some(last) if last.at < at => self.points.len(),
+            _ => match self.points.binary_search_by(|p| p.at.cmp(&at)) {
+                Ok(i) => return &mut self.points[i],
+                Err(i) => i,
+            },
+        };
+        self.points.insert(i, Point::new(at));
+        &mut self.points[i]
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -66,17 +144,17 @@ impl SourceFailure {
 /// What one collection round returned.
 #[derive(Debug, Default)]
 pub struct Collection {
-    pub readings: Vec<GpuReading>,
+    pub series: Vec<GpuSeries>,
     pub failures: Vec<SourceFailure>,
     /// HTTP requests made (the benchmark checks this does not grow with the fleet).
     pub requests: usize,
-    /// Set when each reading is a finished sample of its own step (Prometheus history: the
+    /// Set when each point is a finished sample of its own step (Prometheus history: the
     /// highest raw sample in the step ending at its time), not one more reading to merge into
     /// the pass's sample (an exporter scrape).
     pub step: Option<std::time::Duration>,
 }
 
-/// A place GPU readings come from. Both sources yield the same readings, so the windows and
+/// A place GPU readings come from. Both sources yield the same series, so the windows and
 /// decisions never know which one is configured.
 pub trait GpuSource: Send + Sync {
     fn collect(&self, now: DateTime<Utc>) -> impl Future<Output = Collection> + Send;
@@ -147,7 +225,8 @@ pub fn find_uuid(text: &str) -> Option<String> {
     })
 }
 
-/// Groups parsed exposition samples into one reading per GPU (per pod, for shared GPUs).
+/// Groups parsed exposition samples into one series per GPU (per pod, for shared GPUs), each
+/// with one point at `at`.
 ///
 /// In dcgm-exporter's virtual-GPU mode (`--kubernetes-virtual-gpus`, time-slicing) each sharing
 /// pod gets its own series, marked by a `vgpu` label: its `GPU_UTIL` and `FB_USED` are that pod's
@@ -156,73 +235,80 @@ pub fn find_uuid(text: &str) -> Option<String> {
 /// stays beside them with the real values. A shared reading therefore takes the device's
 /// utilization, memory, power and video engines, and keeps a pod's own utilization only when it
 /// is higher (per-pod values can show work; their zeros prove nothing).
-pub fn readings_from_exposition(
+pub fn series_from_exposition(
     text: &str,
     at: DateTime<Utc>,
     source: &Arc<str>,
     ownership: &Ownership,
-) -> (Vec<GpuReading>, Vec<expo::ParseError>) {
-    let mut by_gpu: HashMap<GpuKey, GpuReading> = HashMap::new();
+) -> (Vec<GpuSeries>, Vec<expo::ParseError>) {
+    let mut by_gpu: HashMap<GpuKey, GpuSeries> = HashMap::new();
     let errors = expo::parse_filtered(
         text,
         |name| signals::lookup(name).is_some() || signals::energy_joules(name, 0.0).is_some(),
         |sample| {
-            let Some(uuid) = sample.label("UUID").or_else(|| sample.label("uuid")) else { return };
-            let (workspace_id, pod, namespace) = ownership.owner(|k| sample.label(k).map(str::to_string));
-            let shared = sample.label("vgpu").is_some_and(|v| !v.is_empty());
-            let key = GpuKey { uuid: uuid.to_string(), gpu_instance: sample.label("GPU_I_ID").map(str::to_string), pod };
-            let reading = by_gpu.entry(key.clone()).or_insert_with(|| GpuReading {
-                key,
-                workspace_id,
-                namespace,
-                model: sample.label("modelName").map(str::to_string),
-                at,
-                values: SignalValues::default(),
-                source: source.clone(),
-                shared,
-                energy_joules: None,
+            let Some(mut series) = GpuSeries::from_labels(|k| sample.label(k), source, ownership) else { return };
+            let gpu = by_gpu.entry(series.key.clone()).or_insert_with(|| {
+                series.points.push(Point::new(at));
+                series
             });
-            if let Some(energy) = signals::energy_joules(sample.name, sample.value) {
-                reading.energy_joules = energy;
-            } else if let Some(v) = signals::lookup(sample.name).and_then(|m| m.normalise(sample.value).map(|v| (m.signal, v))) {
-                reading.values.set(v.0, v.1);
-            }
+            gpu.point_at(at).add(sample.name, sample.value);
         },
     );
-    let mut readings: Vec<GpuReading> = by_gpu.into_values().collect();
-    merge_shared(&mut readings);
-    (readings, errors)
+    let mut series: Vec<GpuSeries> = by_gpu.into_values().collect();
+    merge_shared(&mut series);
+    (series, errors)
 }
 
-/// Gives each shared (virtual-GPU) reading the device's utilization, memory, power and video
-/// engines from the device-level reading of the same GPU and time, keeping a pod's own
-/// utilization only when it is higher (per-pod values can show work; their zeros prove nothing).
-pub fn merge_shared(readings: &mut [GpuReading]) {
-    type Device = (String, Option<String>, DateTime<Utc>);
-    let device: HashMap<Device, (SignalValues, Option<f64>)> = readings
+/// Gives each shared (virtual-GPU) series the device's utilization, memory, power and video
+/// engines from the device-level series of the same GPU, point by point (same time), keeping a
+/// pod's own utilization only when it is higher (per-pod values can show work; their zeros
+/// prove nothing).
+pub fn merge_shared(series: &mut [GpuSeries]) {
+    if !series.iter().any(|s| s.shared) {
+        return;
+    }
+    let device: HashMap<(String, Option<String>), Vec<Point>> = series
         .iter()
-        .filter(|r| r.key.pod.is_none())
-        .map(|r| ((r.key.uuid.clone(), r.key.gpu_instance.clone(), r.at), (r.values, r.energy_joules)))
+        .filter(|s| s.key.pod.is_none())
+        .map(|s| ((s.key.uuid.clone(), s.key.gpu_instance.clone()), s.points.clone()))
         .collect();
-    for r in readings.iter_mut().filter(|r| r.shared) {
-        let own_util = r.values.get(Signal::GpuUtil);
-        let (dev, energy) = device.get(&(r.key.uuid.clone(), r.key.gpu_instance.clone(), r.at)).copied().unwrap_or_default();
-        for s in [Signal::GpuUtil, Signal::FbUsedMib, Signal::PowerWatts, Signal::EncUtil, Signal::DecUtil] {
-            r.values.clear(s);
-            if let Some(v) = dev.get(s) {
-                r.values.set(s, v);
+    for s in series.iter_mut().filter(|s| s.shared) {
+        let dev_points = device.get(&(s.key.uuid.clone(), s.key.gpu_instance.clone()));
+        for p in &mut s.points {
+            let dev = dev_points.and_then(|d| d.binary_search_by(|q| q.at.cmp(&p.at)).ok().map(|i| d[i]));
+            let own_util = p.values.get(Signal::GpuUtil);
+            let dev_values = dev.map(|d| d.values).unwrap_or_default();
+            for signal in [Signal::GpuUtil, Signal::FbUsedMib, Signal::PowerWatts, Signal::EncUtil, Signal::DecUtil] {
+                p.values.clear(signal);
+                if let Some(v) = dev_values.get(signal) {
+                    p.values.set(signal, v);
+                }
             }
+            if let Some(u) = own_util.filter(|u| *u > 0.0 && p.values.get(Signal::GpuUtil).is_none_or(|d| *u > d)) {
+                p.values.set(Signal::GpuUtil, u);
+            }
+            p.energy_joules = p.energy_joules.or(dev.and_then(|d| d.energy_joules));
         }
-        if let Some(u) = own_util.filter(|u| *u > 0.0 && r.values.get(Signal::GpuUtil).is_none_or(|d| *u > d)) {
-            r.values.set(Signal::GpuUtil, u);
-        }
-        r.energy_joules = r.energy_joules.or(energy);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_land_on_their_points_in_time_order_whatever_order_they_come_in() {
+        let t = |s: i64| DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap();
+        let mut gpu = GpuSeries::from_labels(|k| (k == "UUID").then_some("GPU-1"), &Arc::from("x"), &Ownership::default()).unwrap();
+        gpu.add_values("DCGM_FI_PROF_SM_ACTIVE", [(t(60), 0.5), (t(180), 0.0)].into_iter());
+        gpu.add_values("DCGM_FI_DEV_GPU_UTIL", [(t(0), 10.0), (t(60), 100.0), (t(120), 0.0), (t(180), 7.0)].into_iter());
+        gpu.add_values("DCGM_FI_PROF_SM_ACTIVE", [(t(180), 0.25), (t(60), 0.1), (t(240), 0.0)].into_iter());
+        let at: Vec<i64> = gpu.points.iter().map(|p| p.at.timestamp() - 1_800_000_000).collect();
+        assert_eq!(at, [0, 60, 120, 180, 240]);
+        let sm: Vec<Option<f64>> = gpu.points.iter().map(|p| p.values.get(Signal::SmActive)).collect();
+        assert_eq!(sm, [None, Some(0.5), None, Some(0.25), Some(0.0)], "two values for one time: the higher");
+        assert_eq!(gpu.points[1].values.get(Signal::GpuUtil), Some(1.0));
+    }
 
     #[test]
     fn finds_the_workspace_id_in_official_pod_names() {

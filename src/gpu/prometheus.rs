@@ -2,11 +2,22 @@
 //! exporters, for large fleets. Decisions need raw samples, never the values Prometheus fills in
 //! for up to 5 minutes (its lookback), so every point is `max_over_time(x[step])` at a
 //! step-aligned time: the highest raw sample in that step, and no point at all for a step with no
-//! raw sample (a gap or stale series shows as what it is). Points are aggregated by the labels
-//! that identify a GPU and its pod (the scrape target's own labels dropped), only the signals
-//! the decisions use are asked for, one query per signal and unit (a constant number, whatever
-//! the fleet size), and after the first pass only the new steps are fetched. Any failure (HTTP
-//! error, `status: "error"`, a timeout, a body over the limit) makes the data unknown, never zero.
+//! raw sample (a gap or stale series shows as what it is). Only the fields the decisions use are
+//! asked for, one query per exporter field name (a constant number, whatever the fleet size), and
+//! after the first pass only the new steps are fetched.
+//!
+//! A fetch of a few steps (every pass after the first) is aggregated by the labels that identify
+//! a GPU and its pod, dropping the scrape target's: for one or two points per series, the labels
+//! are most of the bytes. A fetch of the whole window asks for the series as stored: Prometheus
+//! 2.42 spends about 1.3 µs per series and step on `max by` (measured: 1.5 s against 0.6 s for
+//! one field of 10,000 GPUs over 70 steps), so aggregating a first pass over 10,000 GPUs (34
+//! steps, 5 fields) would cost it 2.2 s more CPU, to save a quarter of the bytes (250 against
+//! 338 KB gzip-compressed for that field). Either way the answer is folded as it streams in, per GPU and step, taking the higher
+//! value when two series describe one GPU (an exporter restart, two replicas), which is what
+//! `max by` would have done; no answer is ever held whole.
+//!
+//! Any failure (HTTP error, `status: "error"`, a timeout, a body over the limit) makes the data
+//! unknown, never zero.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,21 +28,26 @@ use chrono::{DateTime, Utc};
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
+use serde::de::{Deserializer, MapAccess, Visitor};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::signals::{NAMES, Signal, SignalValues};
+use super::signals::{NAMES, Signal};
 use crate::error::Error;
-use crate::http::{Tls, error_chain, host_port, read_limited, redact, redirect_refused};
+use crate::http::{StreamError, Tls, error_chain, host_port, read_split, redact, redirect_refused};
+use crate::json_split::Splitter;
 
-use super::{Collection, GpuKey, GpuReading, GpuSource, Ownership, SourceFailure, merge_shared};
+use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, SourceFailure, merge_shared};
 
-/// One query's body at most; a steady-state pass reads a few hundred KB, the first pass over
-/// 10,000 GPUs a few tens of MB.
+/// One query's body at most (uncompressed); over 10,000 GPUs a steady-state pass reads about
+/// 3 MB per field, the first pass about 14 MB.
 pub const DEFAULT_MAX_BODY: usize = 128 << 20;
 
-/// Queries sent at once: each holds its body and its parsed matrix until it is merged.
-const MAX_QUERIES_IN_FLIGHT: usize = 2;
+/// Queries sent at once: each is folded as it streams in, so this bounds Prometheus's load (a
+/// third of its default 20 concurrent queries), not this process's memory. With 2, a steady pass
+/// over 10,000 GPUs took 1.15-1.3 s, Prometheus and the service each waiting on the other; with
+/// 5, 0.85-1.06 s (benches/prometheus.rs).
+const MAX_QUERIES_IN_FLIGHT: usize = 6;
 
 /// The labels a point is aggregated by: what identifies a GPU (`UUID`, or `uuid` with `-o`; a MIG
 /// instance), its pod and namespace (as the exporter names them, as Prometheus renames them, and
@@ -59,58 +75,138 @@ pub struct PrometheusOptions {
     pub headers: Vec<(String, String)>,
     /// A file holding a bearer token (re-read at each pass: a rotated token is picked up).
     pub bearer_token_file: Option<PathBuf>,
+    /// Ask for the power draw too: only a policy with a power veto (`active_power_watts`) reads
+    /// it, and each field is a sixth of what Prometheus does per pass.
+    pub power: bool,
 }
 
-/// What one query asks for: a signal in one unit (its names share a scale), or the energy counter.
-#[derive(Debug, Clone)]
+/// Room for points reserved per GPU at most (more steps grow as they come).
+const MAX_STEPS_RESERVED: usize = 1024;
+
+/// Fetches of at most this many steps are aggregated by `BY` (see the module's notes).
+const AGGREGATE_UP_TO_STEPS: i64 = 10;
+
+/// One query: one exporter field, a signal or the energy counter.
+#[derive(Debug, Clone, Copy)]
 struct QuerySpec {
-    signal: Option<Signal>,
-    names: Vec<&'static str>,
+    name: &'static str,
 }
 
 impl QuerySpec {
-    /// The signals the decisions use, grouped by unit, and the energy counter.
-    fn all() -> Vec<QuerySpec> {
-        let mut specs: Vec<QuerySpec> = Vec::new();
-        // Names share a query when they share a unit: the same scale, and for utilization the
-        // same reading of values above 1 (`Mapping::normalise`).
-        let unit =
-            |m: &super::signals::Mapping| (m.signal, m.scale.to_bits(), m.signal == Signal::GpuUtil && m.name.ends_with("_UTIL_RATIO"));
-        for m in NAMES {
-            match specs.iter_mut().find(|q| super::signals::lookup(q.names[0]).is_some_and(|x| unit(&x) == unit(m))) {
-                Some(q) => q.names.push(m.name),
-                None => specs.push(QuerySpec { signal: Some(m.signal), names: vec![m.name] }),
-            }
-        }
-        specs.push(QuerySpec { signal: None, names: vec!["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] });
-        specs
+    /// Every field the decisions use, by each name dcgm-exporter has given it; the power draw
+    /// only when asked for.
+    fn all(power: bool) -> Vec<QuerySpec> {
+        NAMES
+            .iter()
+            .filter(|m| power || m.signal != Signal::PowerWatts)
+            .map(|m| m.name)
+            .chain(["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"])
+            .map(|name| QuerySpec { name })
+            .collect()
     }
 
-    /// `max by (GPU and pod labels) (max_over_time({__name__=~"A|B"}[STEPs]))`, for the namespace
-    /// if one is set (as the exporter or as Prometheus names the label).
-    fn promql(&self, step_secs: u64, namespace: Option<&str>, workspace_label: Option<&str>) -> String {
-        let names = self.names.join("|");
-        let mut by: Vec<&str> = BY.to_vec();
-        if let Some(l) = workspace_label {
-            by.push(l);
-        }
-        let by = by.join(", ");
-        let select = |ns_matcher: &str| format!("max by ({by}) (max_over_time({{__name__=~\"{names}\"{ns_matcher}}}[{step_secs}s]))");
+    /// `max_over_time(NAME[STEPs])`, aggregated as `max by (GPU and pod labels) (...)` when
+    /// `aggregate`, for the namespace if one is set (as the exporter or as Prometheus names the
+    /// label).
+    fn promql(&self, step_secs: u64, namespace: Option<&str>, workspace_label: Option<&str>, aggregate: bool) -> String {
+        let name = self.name;
+        let select = |ns_matcher: &str| {
+            let raw = format!("max_over_time({name}{{{ns_matcher}}}[{step_secs}s])");
+            if !aggregate {
+                return raw;
+            }
+            let mut by: Vec<&str> = BY.to_vec();
+            by.extend(workspace_label);
+            format!("max by ({}) ({raw})", by.join(", "))
+        };
         match namespace {
             None => select(""),
             Some(ns) => {
                 let ns = ns.replace('\\', "\\\\").replace('"', "\\\"");
-                format!("{} or {}", select(&format!(",exported_namespace=\"{ns}\"")), select(&format!(",namespace=\"{ns}\"")))
+                format!("{} or {}", select(&format!("exported_namespace=\"{ns}\"")), select(&format!("namespace=\"{ns}\"")))
             }
         }
     }
 }
 
+/// One series of a `query_range` answer: its labels and its points, as they stream in.
+#[derive(Debug, Default, Deserialize)]
+pub struct Series {
+    #[serde(default)]
+    pub metric: Labels,
+    #[serde(default)]
+    pub values: Vec<(f64, SampleValue)>,
+}
+
+/// A series' labels, in the order sent (a dozen at most: a list is cheaper than a map).
+#[derive(Debug, Default)]
+pub struct Labels(pub Vec<(String, String)>);
+
+impl Labels {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Labels {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Labels;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a map of label names to values")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
+                let mut labels = Vec::new();
+                while let Some(pair) = map.next_entry::<String, String>()? {
+                    labels.push(pair);
+                }
+                Ok(Labels(labels))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// A sample's value: Prometheus sends it as a string (`"0.5"`, `"NaN"`, `"+Inf"`); `None` when it
+/// is not a number at all. Parsed in place, never kept as text.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleValue(pub Option<f64>);
+
+impl<'de> Deserialize<'de> for SampleValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = SampleValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a sample value")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SampleValue, E> {
+                Ok(SampleValue(v.parse().ok()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<SampleValue, E> {
+                Ok(SampleValue(Some(v)))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<SampleValue, E> {
+                Ok(SampleValue(Some(v as f64)))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<SampleValue, E> {
+                Ok(SampleValue(Some(v as f64)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Where a `query_range` answer's series are: split off one by one as they stream in.
+const RESULT: &[&str] = &["data", "result"];
+
+/// An answer without its series.
 #[derive(Deserialize)]
 struct Envelope {
     status: String,
     #[serde(default)]
-    data: Option<MatrixData>,
+    data: Option<ResultType>,
     #[serde(default, rename = "errorType")]
     error_type: String,
     #[serde(default)]
@@ -118,32 +214,73 @@ struct Envelope {
 }
 
 #[derive(Deserialize)]
-struct MatrixData {
+struct ResultType {
     #[serde(rename = "resultType")]
     result_type: String,
-    result: Vec<Series>,
 }
 
-/// One series of a `query_range` answer.
-#[derive(Debug, Deserialize)]
-pub struct Series {
-    pub metric: HashMap<String, String>,
-    #[serde(default)]
-    pub values: Vec<(f64, String)>,
+fn not_prometheus(status: u16) -> String {
+    format!("HTTP {status}: not a Prometheus API response")
 }
 
-/// Decodes a `query_range` answer: the series of a `matrix`, or what went wrong. Never panics,
-/// whatever the bytes.
-pub fn parse_matrix(status: u16, body: &[u8]) -> Result<Vec<Series>, String> {
-    let envelope: Envelope = serde_json::from_slice(body).map_err(|_| format!("HTTP {status}: not a Prometheus API response"))?;
+/// One series of an answer, from its bytes.
+fn parse_series(status: u16, bytes: &[u8]) -> Result<Series, String> {
+    serde_json::from_slice(bytes).map_err(|_| not_prometheus(status))
+}
+
+/// Judges an answer by its envelope (the document without its series): a `matrix`, or what
+/// went wrong.
+fn check_envelope(status: u16, rest: &[u8]) -> Result<(), String> {
+    let envelope: Envelope = serde_json::from_slice(rest).map_err(|_| not_prometheus(status))?;
     if envelope.status != "success" || !(200..300).contains(&status) {
-        return Err(format!("HTTP {status}: {} {}", envelope.error_type, envelope.error).trim_end().to_string());
+        let why = format!("{} {}", envelope.error_type, envelope.error);
+        return Err(format!("HTTP {status}: {}", why.trim()).trim_end_matches([':', ' ']).to_string());
     }
-    let data = envelope.data.ok_or("success without data")?;
-    if data.result_type != "matrix" {
-        return Err(format!("expected a matrix, got {}", data.result_type));
+    match envelope.data.map(|d| d.result_type).as_deref() {
+        Some("matrix") => Ok(()),
+        Some(other) => Err(format!("expected a matrix, got {other}")),
+        None => Err("success without data".into()),
     }
-    Ok(data.result)
+}
+
+/// Decodes a whole `query_range` answer, handing each series of its `matrix` to `on_series`; or
+/// says what went wrong (then the series handed on are to be discarded). The service reads
+/// answers as they stream in (`read_split`); this is the same decoding over one slice. Never
+/// panics, whatever the bytes.
+pub fn read_answer(status: u16, body: &[u8], on_series: &mut dyn FnMut(Series)) -> Result<(), String> {
+    let mut splitter = Splitter::new(RESULT, crate::http::MAX_PIECE);
+    splitter.feed(body, &mut |bytes| parse_series(status, bytes).map(&mut *on_series))?;
+    let rest = splitter.finish().map_err(|_| not_prometheus(status))?;
+    check_envelope(status, &rest)
+}
+
+/// One pass's answers, folded per GPU and step as they stream in.
+struct Fold {
+    source: Arc<str>,
+    ownership: Ownership,
+    /// Steps fetched: each GPU's room for points, reserved once.
+    steps: usize,
+    index: HashMap<GpuKey, usize>,
+    series: Vec<GpuSeries>,
+}
+
+impl Fold {
+    fn add(&mut self, spec: QuerySpec, s: Series) {
+        let Some(mut new) = GpuSeries::from_labels(|k| s.metric.get(k), &self.source, &self.ownership) else { return };
+        let i = match self.index.get(&new.key) {
+            Some(&i) => i,
+            None => {
+                new.points.reserve_exact(self.steps);
+                self.index.insert(new.key.clone(), self.series.len());
+                self.series.push(new);
+                self.series.len() - 1
+            }
+        };
+        if let Some(gpu) = self.series.get_mut(i) {
+            let values = s.values.iter().filter_map(|(t, v)| Some((DateTime::from_timestamp(t.round() as i64, 0)?, v.0?)));
+            gpu.add_values(spec.name, values);
+        }
+    }
 }
 
 pub struct PrometheusSource {
@@ -199,13 +336,19 @@ impl PrometheusSource {
         })
     }
 
-    /// Every query a pass sends (for tests and the README).
-    pub fn queries(&self) -> Vec<String> {
-        let step = self.step.as_secs();
-        QuerySpec::all()
-            .iter()
-            .map(|q| q.promql(step, self.ownership.namespace.as_deref(), self.ownership.workspace_id_label.as_deref()))
-            .collect()
+    /// Every query a fetch sends: of the whole window (`aggregate = false`), or of a few new
+    /// steps (for tests and the README).
+    pub fn queries(&self, aggregate: bool) -> Vec<String> {
+        QuerySpec::all(self.options.power).iter().map(|q| self.promql(*q, aggregate)).collect()
+    }
+
+    fn promql(&self, spec: QuerySpec, aggregate: bool) -> String {
+        spec.promql(
+            self.step.as_secs().max(1),
+            self.ownership.namespace.as_deref(),
+            self.ownership.workspace_id_label.as_deref(),
+            aggregate,
+        )
     }
 
     /// The steps to fetch now: `(start, end)` in unix seconds, both on the step grid, `end`
@@ -246,7 +389,9 @@ struct Query {
     headers: HeaderMap,
 }
 
-async fn query_range(q: Query, query: String, start: i64, end: i64, step: u64) -> Result<Vec<Series>, String> {
+/// Sends one `query_range` and folds its answer into `fold` as it streams in.
+async fn query_range(q: Query, spec: QuerySpec, query: String, range: (i64, i64, u64), fold: Arc<Mutex<Fold>>) -> Result<(), String> {
+    let (start, end, step) = range;
     let url = format!("{}/api/v1/query_range", q.base);
     let params = [("query", query), ("start", start.to_string()), ("end", end.to_string()), ("step", format!("{step}s"))];
     let resp =
@@ -257,93 +402,142 @@ async fn query_range(q: Query, query: String, start: i64, end: i64, step: u64) -
     if status.is_redirection() {
         return Err(redirect_refused(status.as_u16(), resp.headers()));
     }
-    let body = read_limited(resp, q.max_body).await.map_err(|e| e.to_string())?;
-    parse_matrix(status.as_u16(), &body)
+    let status = status.as_u16();
+    let mut on_series = |bytes: &[u8]| {
+        let series = parse_series(status, bytes)?;
+        fold.lock().unwrap_or_else(|p| p.into_inner()).add(spec, series);
+        Ok(())
+    };
+    let rest = read_split(resp, q.max_body, RESULT, &mut on_series).await.map_err(|e| match e {
+        StreamError::Body(e) => e.to_string(),
+        StreamError::Parse(e) => e,
+    })?;
+    check_envelope(status, &rest)
 }
 
 impl GpuSource for PrometheusSource {
     async fn collect(&self, now: DateTime<Utc>) -> Collection {
-        let specs = QuerySpec::all();
+        let specs = QuerySpec::all(self.options.power);
         let requests = specs.len();
         let Some((start, end)) = self.span(now) else {
-            return Collection { readings: Vec::new(), failures: Vec::new(), requests: 0, step: Some(self.step) };
+            return Collection { series: Vec::new(), failures: Vec::new(), requests: 0, step: Some(self.step) };
         };
         let headers = match self.headers() {
             Ok(h) => h,
             Err(error) => {
                 let failures = vec![SourceFailure::new(self.shown.clone(), self.host.clone(), error)];
-                return Collection { readings: Vec::new(), failures, requests: 0, step: Some(self.step) };
+                return Collection { series: Vec::new(), failures, requests: 0, step: Some(self.step) };
             }
         };
         let step = self.step.as_secs().max(1);
-        let mut tasks = JoinSet::new();
-        // A few queries at a time: a full window's bodies and matrices, all at once, would be
-        // the pass's peak memory (12 x 10,000 series at a fleet's first pass).
+        let steps = (end - start) / step as i64 + 1;
+        let aggregate = steps <= AGGREGATE_UP_TO_STEPS;
+        let fold = Arc::new(Mutex::new(Fold {
+            source: Arc::from(self.shown.as_str()),
+            ownership: self.ownership.clone(),
+            steps: usize::try_from(steps).unwrap_or(0).min(MAX_STEPS_RESERVED),
+            index: HashMap::new(),
+            series: Vec::new(),
+        }));
+        // A few queries at a time: each keeps Prometheus busy evaluating it (a whole window over
+        // 10,000 GPUs is 700,000 points per field); more would only queue there.
         let in_flight = Arc::new(Semaphore::new(MAX_QUERIES_IN_FLIGHT));
-        for (i, spec) in specs.iter().enumerate() {
+        let mut tasks = JoinSet::new();
+        for spec in specs {
             let in_flight = in_flight.clone();
             let q = Query { http: self.http.clone(), base: self.base.clone(), max_body: self.max_body, headers: headers.clone() };
-            let query = spec.promql(step, self.ownership.namespace.as_deref(), self.ownership.workspace_id_label.as_deref());
+            let query = self.promql(spec, aggregate);
+            let fold = fold.clone();
             tasks.spawn(async move {
                 let _permit = in_flight.acquire_owned().await;
-                (i, query_range(q, query, start, end, step).await)
+                (spec, query_range(q, spec, query, (start, end, step), fold).await)
             });
         }
-        let source: Arc<str> = Arc::from(self.shown.as_str());
         let mut failures = Vec::new();
-        let mut points: HashMap<(GpuKey, i64), GpuReading> = HashMap::new();
         while let Some(joined) = tasks.join_next().await {
-            let Ok((i, result)) = joined else { continue };
-            let spec = &specs[i];
-            let series = match result {
-                Ok(s) => s,
-                Err(error) => {
-                    let what = spec.signal.map_or("energy", Signal::as_str);
-                    failures.push(SourceFailure::new(self.shown.clone(), self.host.clone(), format!("{what} query: {error}")));
-                    continue;
+            match joined {
+                Ok((_, Ok(()))) => {}
+                Ok((spec, Err(error))) => {
+                    failures.push(SourceFailure::new(self.shown.clone(), self.host.clone(), format!("{} query: {error}", spec.name)))
                 }
-            };
-            let mapping = spec.names.first().and_then(|n| super::signals::lookup(n));
-            for s in series {
-                let Some(uuid) = s.metric.get("UUID").or_else(|| s.metric.get("uuid")) else { continue };
-                let (workspace_id, pod, namespace) = self.ownership.owner(|k| s.metric.get(k).cloned());
-                let key = GpuKey { uuid: uuid.clone(), gpu_instance: s.metric.get("GPU_I_ID").cloned(), pod };
-                for (t, v) in &s.values {
-                    let Ok(value) = v.parse::<f64>() else { continue };
-                    let secs = t.round() as i64;
-                    let Some(at) = DateTime::from_timestamp(secs, 0) else { continue };
-                    let reading = points.entry((key.clone(), secs)).or_insert_with(|| GpuReading {
-                        key: key.clone(),
-                        workspace_id: workspace_id.clone(),
-                        namespace: namespace.clone(),
-                        model: s.metric.get("modelName").cloned(),
-                        at,
-                        values: SignalValues::default(),
-                        source: source.clone(),
-                        shared: s.metric.get("vgpu").is_some_and(|v| !v.is_empty()),
-                        energy_joules: None,
-                    });
-                    match (spec.signal, mapping) {
-                        (Some(signal), Some(m)) => {
-                            if let Some(v) = m.normalise(value) {
-                                reading.values.set(signal, v);
-                            }
-                        }
-                        _ => reading.energy_joules = super::signals::energy_joules("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", value).flatten(),
-                    }
-                }
+                Err(e) => failures.push(SourceFailure::new(self.shown.clone(), self.host.clone(), format!("a query task failed: {e}"))),
             }
         }
         if !failures.is_empty() {
             // A partial picture is worse than none: a missing SM_ACTIVE would fall back to
             // utilization silently. Report every GPU from this source as unknown, and fetch
             // these steps again next pass.
-            return Collection { readings: Vec::new(), failures, requests, step: Some(self.step) };
+            return Collection { series: Vec::new(), failures, requests, step: Some(self.step) };
         }
         *self.fetched_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
-        let mut readings: Vec<GpuReading> = points.into_values().collect();
-        merge_shared(&mut readings);
-        readings.sort_by(|a, b| a.at.cmp(&b.at).then_with(|| a.key.cmp(&b.key)));
-        Collection { readings, failures, requests, step: Some(self.step) }
+        let mut series = std::mem::take(&mut fold.lock().unwrap_or_else(|p| p.into_inner()).series);
+        merge_shared(&mut series);
+        series.sort_by(|a, b| a.key.cmp(&b.key));
+        Collection { series, failures, requests, step: Some(self.step) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(status: u16, body: &str) -> (Result<(), String>, Vec<Series>) {
+        let mut got = Vec::new();
+        let result = read_answer(status, body.as_bytes(), &mut |s| got.push(s));
+        (result, got)
+    }
+
+    #[test]
+    fn hands_on_each_series_of_a_matrix() {
+        // As Prometheus 2.42 writes it (`warnings` only when there are some).
+        let body = r#"{"status":"success","data":{"resultType":"matrix","result":[
+            {"metric":{"UUID":"GPU-1","exported_pod":"p"},"values":[[1700000040,"0.5"],[1700000100,"NaN"],[1700000160,"+Inf"]]},
+            {"metric":{},"values":[[1700000040.5,"x"]]}]},"warnings":["a remote store was slow"]}"#;
+        let (result, series) = read(200, body);
+        assert_eq!(result, Ok(()));
+        assert_eq!(series.len(), 2);
+        assert_eq!(
+            (series[0].metric.get("UUID"), series[0].metric.get("exported_pod"), series[0].metric.get("pod")),
+            (Some("GPU-1"), Some("p"), None)
+        );
+        let values: Vec<(f64, Option<f64>)> = series[0].values.iter().map(|(t, v)| (*t, v.0)).collect();
+        assert_eq!(values[0], (1_700_000_040.0, Some(0.5)));
+        assert!(values[1].1.is_some_and(f64::is_nan) && values[2].1 == Some(f64::INFINITY));
+        assert_eq!(series[1].values[0].1.0, None, "not a number: no value");
+    }
+
+    #[test]
+    fn says_what_went_wrong() {
+        let error = r#"{"status":"error","errorType":"execution","error":"query processing would load too many samples into memory"}"#;
+        assert_eq!(read(422, error).0, Err("HTTP 422: execution query processing would load too many samples into memory".into()));
+        assert_eq!(read(502, "<html>Bad Gateway</html>").0, Err("HTTP 502: not a Prometheus API response".into()));
+        let success = r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
+        assert_eq!(read(503, success).0, Err("HTTP 503".into()), "a success envelope under an error status is no answer");
+        let vector = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1,"1"]}]}}"#;
+        assert_eq!(read(200, vector).0, Err("expected a matrix, got vector".into()));
+        assert_eq!(read(200, r#"{"status":"success"}"#).0, Err("success without data".into()));
+        let (cut, _) = read(200, &success[..success.len() - 3]);
+        assert!(cut.is_err(), "a body cut short is no answer");
+        assert!(read(200, &format!("{success} trailing")).0.is_err());
+    }
+
+    #[test]
+    fn a_whole_window_is_asked_as_stored_and_new_steps_aggregated() {
+        let spec = QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" };
+        assert_eq!(spec.promql(60, None, None, false), "max_over_time(DCGM_FI_PROF_SM_ACTIVE{}[60s])");
+        assert_eq!(
+            spec.promql(60, Some("co\"der"), Some("label_ws"), true),
+            format!(
+                "max by ({by}, label_ws) (max_over_time(DCGM_FI_PROF_SM_ACTIVE{{exported_namespace=\"co\\\"der\"}}[60s])) or \
+                 max by ({by}, label_ws) (max_over_time(DCGM_FI_PROF_SM_ACTIVE{{namespace=\"co\\\"der\"}}[60s]))",
+                by = BY.join(", ")
+            )
+        );
+        let names: Vec<&str> = QuerySpec::all(true).iter().map(|q| q.name).collect();
+        assert_eq!(names.len(), NAMES.len() + 1, "every field name the decisions read, and the energy counter");
+        assert!(names.contains(&"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") && names.contains(&"DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO"));
+        let without: Vec<&str> = QuerySpec::all(false).iter().map(|q| q.name).collect();
+        assert_eq!(without.len(), names.len() - 2, "no power draw unless a power veto reads it");
+        assert!(!without.iter().any(|n| n.contains("POWER")));
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 
 use super::signals::{Signal, SignalValues};
-use super::{GpuKey, GpuReading};
+use super::{GpuKey, GpuSeries};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuSample {
@@ -182,6 +182,8 @@ impl WorkspaceWindows {
     }
 
     fn push(&mut self, window: GpuWindow) -> usize {
+        // Most workspaces have one GPU: no room for four up front (a window is ~300 bytes).
+        self.windows.reserve_exact(1);
         self.windows.push(window);
         let n = self.windows.len();
         if n == INDEX_FROM + 1 {
@@ -222,36 +224,35 @@ impl Windows {
         Windows { retain, capacity: per_window.clamp(4, 4096), by_workspace: HashMap::new() }
     }
 
-    /// Adds a reading to its workspace's window (merged until the pass flushes). Readings with
-    /// no workspace are ignored.
-    pub fn record(&mut self, reading: &GpuReading) {
-        let Some(ws) = &reading.workspace_id else { return };
+    /// Adds a series' points from `from` on to its workspace's window: merged into one sample
+    /// until the pass flushes (exporter readings), or, with `steps`, each its own sample (the
+    /// steps of Prometheus history). A series with no workspace, or no point from `from` on,
+    /// is ignored.
+    pub fn record(&mut self, series: &GpuSeries, from: Option<DateTime<Utc>>, steps: bool) {
+        let Some(ws) = &series.workspace_id else { return };
+        let mut points = series.points.iter().filter(|p| from.is_none_or(|f| p.at >= f)).peekable();
+        if points.peek().is_none() {
+            return;
+        }
         let gpus = self.by_workspace.entry(ws.clone()).or_default();
-        let index = match gpus.position(&reading.key) {
+        let index = match gpus.position(&series.key) {
             Some(i) => i,
             None => {
-                let mut w = GpuWindow::new(reading.key.clone(), reading.source.clone());
+                let mut w = GpuWindow::new(series.key.clone(), series.source.clone());
                 w.samples.reserve_exact(self.capacity);
                 gpus.push(w)
             }
         };
         let window = &mut gpus.windows[index];
-        window.source = reading.source.clone();
-        window.shared = reading.shared;
+        window.source = series.source.clone();
+        window.shared = series.shared;
         if window.model.is_none() {
-            window.model.clone_from(&reading.model);
+            window.model.clone_from(&series.model);
         }
-        window.observe(reading.at, reading.values, reading.energy_joules);
-    }
-
-    /// Adds a reading that is a finished sample of its own (a Prometheus step): recorded and
-    /// flushed at once, so each step stays its own sample.
-    pub fn record_sample(&mut self, reading: &GpuReading) {
-        self.record(reading);
-        let Some(ws) = &reading.workspace_id else { return };
-        if let Some(gpus) = self.by_workspace.get_mut(ws) {
-            if let Some(i) = gpus.position(&reading.key) {
-                gpus.windows[i].flush();
+        for p in points {
+            window.observe(p.at, p.values, p.energy_joules);
+            if steps {
+                window.flush();
             }
         }
     }
@@ -391,23 +392,26 @@ mod tests {
         assert_eq!(w.max_since(Signal::GpuUtil, t(0)), Some(0.5));
     }
 
+    /// One GPU's series with one idle point at `at`.
+    fn series(uuid: &str, workspace: &str, at: i64) -> GpuSeries {
+        GpuSeries {
+            key: GpuKey { uuid: uuid.into(), gpu_instance: None, pod: None },
+            workspace_id: Some(workspace.into()),
+            namespace: None,
+            model: None,
+            source: Arc::from("x"),
+            shared: false,
+            points: vec![crate::gpu::Point { at: t(at), values: util(0.0), energy_joules: None }],
+        }
+    }
+
     #[test]
     fn many_series_on_one_workspace_are_found_by_key() {
         let mut ws = Windows::new(Duration::seconds(600), std::time::Duration::from_secs(10));
-        let reading = |i: usize, at: i64| GpuReading {
-            key: GpuKey { uuid: format!("GPU-{i}"), gpu_instance: None, pod: None },
-            workspace_id: Some("a".into()),
-            namespace: None,
-            model: None,
-            at: t(at),
-            values: util(0.0),
-            source: Arc::from("x"),
-            shared: false,
-            energy_joules: None,
-        };
+        let reading = |i: usize, at: i64| series(&format!("GPU-{i}"), "a", at);
         for at in [0, 10] {
             for i in 0..20_000 {
-                ws.record(&reading(i, at));
+                ws.record(&reading(i, at), None, false);
             }
             ws.flush();
         }
@@ -416,7 +420,7 @@ mod tests {
         assert!(gpus.iter().all(|w| w.samples.len() == 2), "each series kept its own window");
         ws.prune(t(605), &HashSet::from(["a"]));
         assert_eq!(ws.sample_count(), 20_000, "the first samples aged out");
-        ws.record(&reading(7, 20));
+        ws.record(&reading(7, 20), None, false);
         ws.flush();
         assert_eq!(ws.get("a").unwrap()[7].samples.len(), 2, "the index still finds keys after pruning");
     }
@@ -424,20 +428,9 @@ mod tests {
     #[test]
     fn memory_stays_bounded_and_gone_workspaces_are_dropped() {
         let mut ws = Windows::new(Duration::seconds(600), std::time::Duration::from_secs(10));
-        let key = GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: None };
         for i in 0..10_000 {
             for id in ["a", "b"] {
-                ws.record(&GpuReading {
-                    key: key.clone(),
-                    workspace_id: Some(id.into()),
-                    namespace: None,
-                    model: None,
-                    at: t(i * 10),
-                    values: util(0.0),
-                    source: Arc::from("x"),
-                    shared: false,
-                    energy_joules: None,
-                });
+                ws.record(&series("GPU-1", id, i * 10), None, false);
             }
             ws.flush();
             ws.prune(t(i * 10), &HashSet::from(["a", "b"]));
