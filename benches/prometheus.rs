@@ -193,7 +193,7 @@ impl Drop for Killed {
 }
 
 fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: &std::path::Path) {
-    let kept = std::env::var_os("RECLAIMER_BENCH_DIR").map(|d| PathBuf::from(d).join(n.to_string()));
+    let kept = std::env::var_os("RECLAIMER_BENCH_DIR").filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join(n.to_string()));
     let dir = kept.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("reclaimer-prom-bench-{}-{n}", std::process::id())));
     if kept.is_none() || !dir.join("data").is_dir() {
         let _ = std::fs::remove_dir_all(&dir);

@@ -9,6 +9,7 @@ pub mod signals;
 pub mod window;
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -26,6 +27,19 @@ pub struct GpuKey {
     pub gpu_instance: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+}
+
+impl GpuKey {
+    /// A GPU's identity from its series' labels (`label` answers a label's value); `None` without
+    /// a UUID.
+    pub fn from_labels<'a>(label: impl Fn(&str) -> Option<&'a str>) -> Option<GpuKey> {
+        let uuid = label("UUID").or_else(|| label("uuid"))?;
+        Some(GpuKey {
+            uuid: uuid.to_string(),
+            gpu_instance: label("GPU_I_ID").map(str::to_string),
+            pod: pick(&label, POD_LABELS).map(str::to_string),
+        })
+    }
 }
 
 /// One moment of one GPU: its signals, and its energy counter.
@@ -78,10 +92,10 @@ pub struct GpuSeries {
 impl GpuSeries {
     /// A GPU's series from its labels (`label` answers a label's value), with no points yet.
     pub fn from_labels<'a>(label: impl Fn(&str) -> Option<&'a str>, source: &Arc<str>, ownership: &Ownership) -> Option<GpuSeries> {
-        let uuid = label("UUID").or_else(|| label("uuid"))?;
-        let (workspace_id, pod, namespace) = ownership.owner(|k| label(k).map(str::to_string));
+        let key = GpuKey::from_labels(&label)?;
+        let (workspace_id, _, namespace) = ownership.owner(&label);
         Some(GpuSeries {
-            key: GpuKey { uuid: uuid.to_string(), gpu_instance: label("GPU_I_ID").map(str::to_string), pod },
+            key,
             workspace_id,
             namespace,
             model: label("modelName").map(str::to_string),
@@ -189,24 +203,31 @@ impl Ownership {
     /// The workspace id a series belongs to, or `None` (no pod, empty pod, other namespace).
     /// The workload's labels are `exported_pod`/`exported_namespace` when Prometheus renamed
     /// them (its own target labels carried `pod`); those win when present.
-    pub fn owner(&self, label: impl Fn(&str) -> Option<String>) -> (Option<String>, Option<String>, Option<String>) {
-        // Prometheus' `exported_` renames win; `-o` (use-old-namespace) spells them pod_name and
-        // pod_namespace.
-        let pick = |names: [&str; 3]| names.into_iter().find_map(|n| label(n).filter(|v| !v.is_empty()));
-        let pod = pick(["exported_pod", "pod", "pod_name"]);
-        let namespace = pick(["exported_namespace", "namespace", "pod_namespace"]);
-        if let Some(want) = &self.namespace {
-            if namespace.as_deref() != Some(want.as_str()) {
-                return (None, pod, namespace);
-            }
+    pub fn owner<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> (Option<String>, Option<String>, Option<String>) {
+        let pod = pick(&label, POD_LABELS);
+        let namespace = pick(&label, NAMESPACE_LABELS);
+        let (pod_owned, namespace_owned) = (pod.map(str::to_string), namespace.map(str::to_string));
+        if self.namespace.as_deref().is_some_and(|want| namespace != Some(want)) {
+            return (None, pod_owned, namespace_owned);
         }
         let id = match &self.workspace_id_label {
             Some(name) => label(name).filter(|v| !v.is_empty()).map(|v| v.to_ascii_lowercase()),
             None => None,
         }
-        .or_else(|| pod.as_deref().and_then(find_uuid));
-        (id, pod, namespace)
+        .or_else(|| pod.and_then(find_uuid));
+        (id, pod_owned, namespace_owned)
     }
+}
+
+/// The labels that name a series' pod and namespace, first present wins: Prometheus' `exported_`
+/// renames of the workload's labels (its own target labels carried `pod`), the exporter's own
+/// spelling, and `-o` (use-old-namespace).
+const POD_LABELS: [&str; 3] = ["exported_pod", "pod", "pod_name"];
+const NAMESPACE_LABELS: [&str; 3] = ["exported_namespace", "namespace", "pod_namespace"];
+
+/// The first of `names` that has a non-empty value.
+fn pick<'a>(label: &impl Fn(&str) -> Option<&'a str>, names: [&str; 3]) -> Option<&'a str> {
+    names.into_iter().find_map(|n| label(n).filter(|v| !v.is_empty()))
 }
 
 /// The first UUID inside a pod name. The official Kubernetes template names the Deployment
@@ -246,11 +267,15 @@ pub fn series_from_exposition(
         text,
         |name| signals::lookup(name).is_some() || signals::energy_joules(name, 0.0).is_some(),
         |sample| {
-            let Some(mut series) = GpuSeries::from_labels(|k| sample.label(k), source, ownership) else { return };
-            let gpu = by_gpu.entry(series.key.clone()).or_insert_with(|| {
-                series.points.push(Point::new(at));
-                series
-            });
+            let Some(key) = GpuKey::from_labels(|k| sample.label(k)) else { return };
+            let gpu = match by_gpu.entry(key) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
+                    let Some(mut series) = GpuSeries::from_labels(|k| sample.label(k), source, ownership) else { return };
+                    series.points.push(Point::new(at));
+                    e.insert(series)
+                }
+            };
             gpu.point_at(at).add(sample.name, sample.value);
         },
     );
@@ -324,16 +349,16 @@ mod tests {
     fn exported_pod_wins_and_empty_pod_means_nobody() {
         let id = "0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70";
         let exported = format!("coder-{id}-7d9f8b6c5d-x2x9k");
-        let labels = |pairs: Vec<(&'static str, String)>| move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+        let owner = |own: &Ownership, pairs: &[(&str, &str)]| own.owner(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v));
         let own = Ownership::default();
-        let (ws, pod, _) = own.owner(labels(vec![("pod", "dcgm-exporter-abcde".into()), ("exported_pod", exported.clone())]));
+        let (ws, pod, _) = owner(&own, &[("pod", "dcgm-exporter-abcde"), ("exported_pod", &exported)]);
         assert_eq!((ws.as_deref(), pod.as_deref()), (Some(id), Some(exported.as_str())));
-        assert_eq!(own.owner(labels(vec![("pod", String::new())])).0, None);
-        assert_eq!(own.owner(labels(vec![])).0, None);
+        assert_eq!(owner(&own, &[("pod", "")]).0, None);
+        assert_eq!(owner(&own, &[]).0, None);
         let ns = Ownership { namespace: Some("coder".into()), workspace_id_label: None };
-        assert_eq!(ns.owner(labels(vec![("pod", exported.clone()), ("namespace", "other".into())])).0, None);
-        assert_eq!(ns.owner(labels(vec![("pod", exported.clone()), ("namespace", "coder".into())])).0.as_deref(), Some(id));
+        assert_eq!(owner(&ns, &[("pod", &exported), ("namespace", "other")]).0, None);
+        assert_eq!(owner(&ns, &[("pod", &exported), ("namespace", "coder")]).0.as_deref(), Some(id));
         let by_label = Ownership { namespace: None, workspace_id_label: Some("label_com_coder_workspace_id".into()) };
-        assert_eq!(by_label.owner(labels(vec![("pod", "x".into()), ("label_com_coder_workspace_id", id.into())])).0.as_deref(), Some(id));
+        assert_eq!(owner(&by_label, &[("pod", "x"), ("label_com_coder_workspace_id", id)]).0.as_deref(), Some(id));
     }
 }

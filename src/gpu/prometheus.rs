@@ -266,12 +266,13 @@ struct Fold {
 
 impl Fold {
     fn add(&mut self, spec: QuerySpec, s: Series) {
-        let Some(mut new) = GpuSeries::from_labels(|k| s.metric.get(k), &self.source, &self.ownership) else { return };
-        let i = match self.index.get(&new.key) {
+        let Some(key) = GpuKey::from_labels(|k| s.metric.get(k)) else { return };
+        let i = match self.index.get(&key) {
             Some(&i) => i,
             None => {
+                let Some(mut new) = GpuSeries::from_labels(|k| s.metric.get(k), &self.source, &self.ownership) else { return };
                 new.points.reserve_exact(self.steps);
-                self.index.insert(new.key.clone(), self.series.len());
+                self.index.insert(key, self.series.len());
                 self.series.push(new);
                 self.series.len() - 1
             }
