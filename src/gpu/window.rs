@@ -183,7 +183,9 @@ impl WorkspaceWindows {
 
     fn push(&mut self, window: GpuWindow) -> usize {
         // Most workspaces have one GPU: no room for four up front (a window is ~300 bytes).
-        self.windows.reserve_exact(1);
+        if self.windows.is_empty() {
+            self.windows.reserve_exact(1);
+        }
         self.windows.push(window);
         let n = self.windows.len();
         if n == INDEX_FROM + 1 {
