@@ -13,7 +13,7 @@ FROM gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57
 COPY --from=build /src/target/release/coder-gpu-reclaimer /usr/local/bin/coder-gpu-reclaimer
 USER nonroot:nonroot
 # glibc's malloc keeps a heap per thread, each holding on to what it freed: at 10,000 GPUs that
-# is 95-101 MiB of peak RSS against 61-82 MiB with two (benches/prometheus.rs).
+# is 95-101 MiB of peak RSS against 61-90 MiB with two (benches/prometheus.rs).
 ENV MALLOC_ARENA_MAX=2
 EXPOSE 9464
 ENTRYPOINT ["/usr/local/bin/coder-gpu-reclaimer"]

@@ -45,8 +45,8 @@ pub const DEFAULT_MAX_BODY: usize = 128 << 20;
 
 /// Queries sent at once: each is folded as it streams in, so this bounds Prometheus's load (a
 /// third of its default 20 concurrent queries), not this process's memory. With 2, a steady pass
-/// over 10,000 GPUs took 1.15-1.3 s, Prometheus and the service each waiting on the other; with
-/// 5 or 6, 0.85-1.22 s (benches/prometheus.rs).
+/// over 10,000 GPUs took 1.15-1.33 s, Prometheus and the service each waiting on the other; with
+/// 5 or 6, 0.85-1.38 s, median 1.06 s (benches/prometheus.rs).
 const MAX_QUERIES_IN_FLIGHT: usize = 6;
 
 /// The labels a point is aggregated by: what identifies a GPU (`UUID`, or `uuid` with `-o`; a MIG
