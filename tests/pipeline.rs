@@ -342,15 +342,8 @@ async fn a_workspace_restarted_right_after_its_stop_is_not_stopped_again() {
 
 #[tokio::test]
 async fn the_audit_log_and_the_webhook_record_warnings_and_stops() {
-    use wiremock::matchers::method;
-    use wiremock::{Mock, MockServer, ResponseTemplate};
-    let hook = MockServer::start().await;
-    Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&hook).await;
-    let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
-    let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
-    let mut h = Harness::build(world, |s| {
-        s.mode = Mode::Enforce;
-        s.audit_log = Some(path.clone());
+    let hook = webhook().await;
+    let (mut h, path) = audited(Mode::Enforce, |s| {
         s.notify_webhook = Some(url(&hook.uri()));
         s.policy.thresholds.grace = Duration::from_millis(450);
     })
@@ -418,15 +411,23 @@ async fn webhook() -> wiremock::MockServer {
     hook
 }
 
-#[tokio::test]
-async fn a_refused_stop_backs_off_and_is_abandoned_after_five_attempts() {
+/// One GPU at 600x speed, in `mode`, with an audit log in a fresh file (its path returned);
+/// `tune` sets the rest.
+async fn audited(mode: Mode, tune: impl FnOnce(&mut Settings)) -> (Harness, std::path::PathBuf) {
     let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
     let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
-    let mut h = Harness::build(world, |s| {
-        s.mode = Mode::Enforce;
+    let h = Harness::build(world, |s| {
+        s.mode = mode;
         s.audit_log = Some(path.clone());
+        tune(s);
     })
     .await;
+    (h, path)
+}
+
+#[tokio::test]
+async fn a_refused_stop_backs_off_and_is_abandoned_after_five_attempts() {
+    let (mut h, path) = audited(Mode::Enforce, |_| {}).await;
     let a = h.workspace("alice", "a", Load::Idle).await;
     // Coder refuses every stop of this workspace (403: the token may not stop it).
     h.coder.set_fault(&format!("/api/v2/workspaces/{a}/builds"), Fault { fail_next: 10_000, status: 403, ..Fault::default() });
@@ -476,12 +477,8 @@ async fn a_refused_stop_backs_off_and_is_abandoned_after_five_attempts() {
 
 #[tokio::test]
 async fn a_stop_whose_reply_was_lost_is_recorded_once_and_followed() {
-    let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
     let hook = webhook().await;
-    let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
-    let mut h = Harness::build(world, |s| {
-        s.mode = Mode::Enforce;
-        s.audit_log = Some(path.clone());
+    let (mut h, path) = audited(Mode::Enforce, |s| {
         s.notify_webhook = Some(url(&hook.uri()));
         s.request_timeout = Duration::from_millis(500);
     })
@@ -518,12 +515,8 @@ async fn a_stop_whose_reply_was_lost_is_recorded_once_and_followed() {
 
 #[tokio::test]
 async fn observe_mode_never_tells_anyone_a_stop_will_happen() {
-    let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
     let hook = webhook().await;
-    let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
-    let mut h = Harness::build(world, |s| {
-        s.mode = Mode::Observe;
-        s.audit_log = Some(path.clone());
+    let (mut h, path) = audited(Mode::Observe, |s| {
         s.notify_webhook = Some(url(&hook.uri()));
         s.policy.thresholds.grace = Duration::from_millis(900);
     })
@@ -585,13 +578,7 @@ async fn a_workspace_listed_twice_is_judged_and_stopped_once() {
 
 #[tokio::test]
 async fn the_audit_log_records_the_gpu_time_given_back_until_the_workspace_runs_again() {
-    let path = std::env::temp_dir().join(format!("cgr-audit-{}.jsonl", Uuid::new_v4()));
-    let world = WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() };
-    let mut h = Harness::build(world, |s| {
-        s.mode = Mode::Enforce;
-        s.audit_log = Some(path.clone());
-    })
-    .await;
+    let (mut h, path) = audited(Mode::Enforce, |_| {}).await;
     let a = h.workspace("alice", "a", Load::Idle).await;
     for _ in 0..40 {
         h.pass().await;
