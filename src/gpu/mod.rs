@@ -124,19 +124,6 @@ impl GpuSeries {
             }
         }
     }
-
-    /// The point at `at`, added in time order when there is none yet.
-    pub fn point_at(&mut self, at: DateTime<Utc>) -> &mut Point {
-        let i = match self.points.last() {
-            Some(last) if last.at < at => self.points.len(),
-            _ => match self.points.binary_search_by(|p| p.at.cmp(&at)) {
-                Ok(i) => return &mut self.points[i],
-                Err(i) => i,
-            },
-        };
-        self.points.insert(i, Point::new(at));
-        &mut self.points[i]
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -271,12 +258,11 @@ pub fn series_from_exposition(
             let gpu = match by_gpu.entry(key) {
                 Entry::Occupied(e) => e.into_mut(),
                 Entry::Vacant(e) => {
-                    let Some(mut series) = GpuSeries::from_labels(|k| sample.label(k), source, ownership) else { return };
-                    series.points.push(Point::new(at));
+                    let Some(series) = GpuSeries::from_labels(|k| sample.label(k), source, ownership) else { return };
                     e.insert(series)
                 }
             };
-            gpu.point_at(at).add(sample.name, sample.value);
+            gpu.add_values(sample.name, std::iter::once((at, sample.value)));
         },
     );
     let mut series: Vec<GpuSeries> = by_gpu.into_values().collect();
