@@ -127,12 +127,18 @@ impl Evaluator {
         let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
         for ws in &workspaces {
             let build = &ws.latest_build.id;
-            if self.sessions.get(&ws.id).is_some_and(|seen| seen != build) {
-                // Restarted since the last pass: its old samples describe another session.
-                self.windows.forget(&ws.id);
-                self.warnings.remove(&ws.id);
+            match self.sessions.get_mut(&ws.id) {
+                Some(seen) if seen == build => {}
+                Some(seen) => {
+                    // Restarted since the last pass: its old samples describe another session.
+                    self.windows.forget(&ws.id);
+                    self.warnings.remove(&ws.id);
+                    seen.clone_from(build);
+                }
+                None => {
+                    self.sessions.insert(ws.id.clone(), build.clone());
+                }
             }
-            self.sessions.insert(ws.id.clone(), build.clone());
         }
         self.sessions.retain(|id, _| live.contains(id.as_str()));
         merge_collection(&mut self.windows, &mut collection, &workspaces, self.coder_clock_offset);

@@ -236,7 +236,11 @@ impl Windows {
         if points.peek().is_none() {
             return;
         }
-        let gpus = self.by_workspace.entry(ws.clone()).or_default();
+        // Looked up before inserting: most passes find it, and need no copy of the id.
+        let gpus = match self.by_workspace.get_mut(ws) {
+            Some(gpus) => gpus,
+            None => self.by_workspace.entry(ws.clone()).or_default(),
+        };
         let index = match gpus.position(&series.key) {
             Some(i) => i,
             None => {
