@@ -1,7 +1,8 @@
 //! What every outgoing HTTP client shares: parsing the URLs people configure, building clients
 //! that never follow a redirect and trust the configured extra CAs, reading bodies with a byte
-//! limit (whole, or split as they stream in), and writing URLs into logs and labels without their secrets. A leaf module: `coder/`,
-//! `gpu/` and `audit` use it; it uses nothing of this crate but `error` and `json_split`.
+//! limit (whole, or split as they stream in), and writing URLs into logs and labels without
+//! their secrets. A leaf module: `coder/`, `gpu/` and `audit` use it; it uses nothing of this
+//! crate but `error` and `json_split`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -135,18 +136,41 @@ pub fn bytes_human(n: usize) -> String {
     }
 }
 
-/// Reads a whole body, chunk by chunk, stopping as soon as it passes `limit` bytes.
-pub async fn read_limited(mut resp: reqwest::Response, limit: usize) -> Result<Bytes, BodyError> {
+/// Hands a body to `on_chunk` chunk by chunk, stopping as soon as it passes `limit` bytes (or
+/// announces more) with the `BodyError` as `E`, or at `on_chunk`'s first error.
+async fn for_each_chunk<E>(
+    mut resp: reqwest::Response,
+    limit: usize,
+    body_error: fn(BodyError) -> E,
+    mut on_chunk: impl FnMut(&[u8]) -> Result<(), E>,
+) -> Result<(), E> {
     if resp.content_length().is_some_and(|n| n > limit as u64) {
-        return Err(BodyError::TooLarge { limit });
+        return Err(body_error(BodyError::TooLarge { limit }));
     }
-    let mut buf = BytesMut::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| BodyError::Transport(error_chain(&e.without_url())))? {
-        if buf.len() + chunk.len() > limit {
-            return Err(BodyError::TooLarge { limit });
+    let mut received = 0usize;
+    while let Some(chunk) = resp.chunk().await.map_err(|e| body_error(BodyError::Transport(error_chain(&e.without_url()))))? {
+        received += chunk.len();
+        if received > limit {
+            return Err(body_error(BodyError::TooLarge { limit }));
         }
-        buf.extend_from_slice(&chunk);
+        on_chunk(&chunk)?;
     }
+    Ok(())
+}
+
+/// Reads a whole body, chunk by chunk, stopping as soon as it passes `limit` bytes.
+pub async fn read_limited(resp: reqwest::Response, limit: usize) -> Result<Bytes, BodyError> {
+    let mut buf = BytesMut::new();
+    for_each_chunk(
+        resp,
+        limit,
+        |e| e,
+        |chunk| {
+            buf.extend_from_slice(chunk);
+            Ok(())
+        },
+    )
+    .await?;
     Ok(buf.freeze())
 }
 
@@ -178,23 +202,13 @@ pub const MAX_PIECE: usize = 4 << 20;
 /// each piece is parsed from memory. Reading stops, and the result is `TooLarge`, as soon as
 /// the body passes `limit` bytes; it stops too at the first error of `on_element`.
 pub async fn read_split(
-    mut resp: reqwest::Response,
+    resp: reqwest::Response,
     limit: usize,
     path: &'static [&'static str],
     on_element: &mut (dyn FnMut(&[u8]) -> Result<(), String> + Send),
 ) -> Result<Vec<u8>, StreamError> {
-    if resp.content_length().is_some_and(|n| n > limit as u64) {
-        return Err(StreamError::Body(BodyError::TooLarge { limit }));
-    }
     let mut splitter = Splitter::new(path, MAX_PIECE);
-    let mut received = 0usize;
-    while let Some(chunk) = resp.chunk().await.map_err(|e| StreamError::Body(BodyError::Transport(error_chain(&e.without_url()))))? {
-        received += chunk.len();
-        if received > limit {
-            return Err(StreamError::Body(BodyError::TooLarge { limit }));
-        }
-        splitter.feed(&chunk, on_element).map_err(StreamError::Parse)?;
-    }
+    for_each_chunk(resp, limit, StreamError::Body, |chunk| splitter.feed(chunk, on_element).map_err(StreamError::Parse)).await?;
     splitter.finish().map_err(StreamError::Parse)
 }
 

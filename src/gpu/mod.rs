@@ -93,7 +93,7 @@ impl GpuSeries {
     /// A GPU's series from its labels (`label` answers a label's value), with no points yet.
     pub fn from_labels<'a>(label: impl Fn(&str) -> Option<&'a str>, source: &Arc<str>, ownership: &Ownership) -> Option<GpuSeries> {
         let key = GpuKey::from_labels(&label)?;
-        let (workspace_id, _, namespace) = ownership.owner(&label);
+        let (workspace_id, namespace) = ownership.owner(&label);
         Some(GpuSeries {
             key,
             workspace_id,
@@ -190,19 +190,19 @@ impl Ownership {
     /// The workspace id a series belongs to, or `None` (no pod, empty pod, other namespace).
     /// The workload's labels are `exported_pod`/`exported_namespace` when Prometheus renamed
     /// them (its own target labels carried `pod`); those win when present.
-    pub fn owner<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> (Option<String>, Option<String>, Option<String>) {
+    pub fn owner<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> (Option<String>, Option<String>) {
         let pod = pick(&label, POD_LABELS);
         let namespace = pick(&label, NAMESPACE_LABELS);
-        let (pod_owned, namespace_owned) = (pod.map(str::to_string), namespace.map(str::to_string));
+        let namespace_owned = namespace.map(str::to_string);
         if self.namespace.as_deref().is_some_and(|want| namespace != Some(want)) {
-            return (None, pod_owned, namespace_owned);
+            return (None, namespace_owned);
         }
         let id = match &self.workspace_id_label {
             Some(name) => label(name).filter(|v| !v.is_empty()).map(|v| v.to_ascii_lowercase()),
             None => None,
         }
         .or_else(|| pod.and_then(find_uuid));
-        (id, pod_owned, namespace_owned)
+        (id, namespace_owned)
     }
 }
 
@@ -337,7 +337,9 @@ mod tests {
         let exported = format!("coder-{id}-7d9f8b6c5d-x2x9k");
         let owner = |own: &Ownership, pairs: &[(&str, &str)]| own.owner(|k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| *v));
         let own = Ownership::default();
-        let (ws, pod, _) = owner(&own, &[("pod", "dcgm-exporter-abcde"), ("exported_pod", &exported)]);
+        let both = [("UUID", "GPU-1"), ("pod", "dcgm-exporter-abcde"), ("exported_pod", exported.as_str())];
+        let (ws, _) = owner(&own, &both);
+        let pod = GpuKey::from_labels(|k| both.iter().find(|(n, _)| *n == k).map(|(_, v)| *v)).and_then(|key| key.pod);
         assert_eq!((ws.as_deref(), pod.as_deref()), (Some(id), Some(exported.as_str())));
         assert_eq!(owner(&own, &[("pod", "")]).0, None);
         assert_eq!(owner(&own, &[]).0, None);
