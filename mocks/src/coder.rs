@@ -13,7 +13,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{get, patch, post, put};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -148,7 +148,7 @@ pub fn build_json(w: &World, ws: &Workspace, b: &Build) -> Value {
     }
     let mut job = json!({
         "id": b.job.id, "created_at": ts(b.job.created_at), "status": b.job.status, "queue_position": 0, "queue_size": 0,
-        "initiator_id": initiator.id, "organization_id": w.organization_id, "type": "workspace_build", "tags": {"scope": "organization"},
+        "initiator_id": initiator.id, "organization_id": w.organizations[ws.org].0, "type": "workspace_build", "tags": {"scope": "organization"},
         "file_id": derived(&w.template_version_id, 3), "available_workers": [], "logs_overflowed": false,
         "input": {"workspace_build_id": b.id}, "metadata": {"template_version_name": "v1", "template_id": w.template_id, "template_name": "gpu-workspace", "template_display_name": "GPU workspace", "template_icon": "", "workspace_id": ws.id, "workspace_name": ws.name}
     });
@@ -183,7 +183,7 @@ pub fn workspace_json(w: &World, ws: &Workspace) -> Value {
         .collect();
     let mut out = json!({
         "id": ws.id, "created_at": ts(ws.created_at), "updated_at": ts(ws.last_used_at), "owner_id": owner.id, "owner_name": owner.username,
-        "owner_avatar_url": "", "organization_id": w.organization_id, "organization_name": "coder", "template_id": w.template_id,
+        "owner_avatar_url": "", "organization_id": w.organizations[ws.org].0, "organization_name": w.organizations[ws.org].1, "template_id": w.template_id,
         "template_name": "gpu-workspace", "template_display_name": "GPU workspace", "template_icon": "", "template_allow_user_cancel_workspace_jobs": false,
         "template_active_version_id": w.template_version_id, "template_require_active_version": false, "template_use_classic_parameter_flow": false,
         "latest_build": latest, "latest_app_status": null, "outdated": false, "name": ws.name, "last_used_at": ts(ws.last_used_at),
@@ -200,10 +200,12 @@ pub fn workspace_json(w: &World, ws: &Workspace) -> Value {
 fn user_json(w: &World, i: usize) -> Value {
     let u = &w.users[i];
     let roles: Vec<Value> = if u.owner { vec![json!({"name": "owner", "display_name": "Owner"})] } else { vec![] };
+    let mut orgs = vec![w.organization_id];
+    orgs.extend(u.org_roles.iter().map(|(i, _)| w.organizations[*i].0).filter(|id| *id != w.organization_id));
     json!({
         "id": u.id, "username": u.username, "name": u.username, "email": format!("{}@example.com", u.username),
-        "created_at": ts(u.created_at), "updated_at": ts(u.created_at), "last_seen_at": ts(w.now()), "status": "active",
-        "login_type": if u.system { "none" } else { "password" }, "roles": roles, "organization_ids": [w.organization_id], "theme_preference": "", "avatar_url": "",
+        "created_at": ts(u.created_at), "updated_at": ts(u.created_at), "last_seen_at": ts(w.now()), "status": u.status,
+        "login_type": if u.system { "none" } else { "password" }, "roles": roles, "organization_ids": orgs, "theme_preference": "", "avatar_url": "",
         "has_ai_seat": false, "is_service_account": u.system
     })
 }
@@ -307,6 +309,15 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
         let Some(key) = w.token(&token).cloned() else {
             return coder_error(ApiError { status: 401, message: signed_out.into(), detail: "API key is invalid.".into() });
         };
+        let user = &w.users[key.user];
+        if user.status != "active" {
+            // `httpmw/apikey.go`: roles are looked up, then a non-active user is refused.
+            return coder_error(ApiError {
+                status: 401,
+                message: format!("User is not active (status = {:?}). Contact an admin to reactivate your account.", user.status),
+                detail: String::new(),
+            });
+        }
         if key.expires_at <= w.now() {
             return coder_error(ApiError {
                 status: 401,
@@ -474,7 +485,7 @@ async fn list_workspaces(State(s): State<CoderState>, Query(lq): Query<ListQuery
     let mut rows: Vec<&Workspace> = w
         .workspaces
         .iter()
-        .filter(|ws| w.may_act_on(me, ws))
+        .filter(|ws| w.may_read(me, ws))
         .filter(|ws| owner.as_deref().is_none_or(|o| w.users[ws.owner].username == o || (o == "me" && ws.owner == me)))
         .filter(|ws| status.as_deref().is_none_or(|st| ws.latest().is_some_and(|b| status_of(b) == st)))
         .collect();
@@ -494,7 +505,7 @@ async fn get_workspace(State(s): State<CoderState>, Path(id): Path<String>, req:
     let w = lock(&s.world);
     let me = caller(req.extensions());
     match Uuid::parse_str(&id).ok().and_then(|id| w.ws_index(id)).map(|i| &w.workspaces[i]) {
-        Some(ws) if w.may_act_on(me, ws) => axum::Json(workspace_json(&w, ws)).into_response(),
+        Some(ws) if w.may_read(me, ws) => axum::Json(workspace_json(&w, ws)).into_response(),
         _ => coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() }),
     }
 }
@@ -536,6 +547,18 @@ async fn get_build(State(s): State<CoderState>, Path(id): Path<String>) -> Respo
     match Uuid::parse_str(&id).ok().and_then(|id| w.find_build(id)) {
         Some((wi, bi)) => axum::Json(build_json(&w, &w.workspaces[wi], &w.workspaces[wi].builds[bi])).into_response(),
         None => coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() }),
+    }
+}
+
+/// `PATCH /api/v2/workspacebuilds/{id}/cancel`: 200 with a `codersdk.Response`.
+async fn cancel_build(State(s): State<CoderState>, Path(id): Path<String>, req: Request) -> Response {
+    let me = caller(req.extensions());
+    let Some(build_id) = Uuid::parse_str(&id).ok() else {
+        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+    };
+    match lock(&s.world).cancel_build(build_id, me) {
+        Ok(()) => axum::Json(json!({"message": "Job has been marked as canceled..."})).into_response(),
+        Err(e) => coder_error(e),
     }
 }
 
@@ -641,6 +664,7 @@ pub fn router(state: CoderState) -> Router {
         .route("/api/v2/workspaces/{workspace}", get(get_workspace))
         .route("/api/v2/workspaces/{workspace}/builds", post(post_build))
         .route("/api/v2/workspacebuilds/{workspacebuild}", get(get_build))
+        .route("/api/v2/workspacebuilds/{workspacebuild}/cancel", patch(cancel_build))
         .route("/api/v2/workspaces/{workspace}/extend", put(put_extend))
         .route("/api/v2/workspaces/{workspace}/ttl", put(put_ttl))
         .route("/control/events", get(events))

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 
 pub use coder::Fault;
 pub use exporter::{Behaviour, ExporterConfig, Names, Stuck};
-pub use world::{Assignment, Load, World, WorldConfig};
+pub use world::{Assignment, Load, OrgRole, World, WorldConfig};
 
 /// A running fake Coder and its world. Dropping it stops the server and the ticker.
 pub struct FakeCoder {

@@ -5,6 +5,10 @@
 //! get a GPU (the official template has `wait_for_rollout = false`), and its agent then stays
 //! `connecting`, later `timeout`; `last_used_at` is refreshed about every 60 s while a
 //! connection is open and written in 60 s batches; a build while another is active is a 409.
+//! coderd's job reaper fails a job pending 30 minutes or hung 5 (`coderd/jobreaper/detector.go`);
+//! a build can be canceled; permissions are per organization (`rbac/roles.go`): an organization
+//! admin acts on its own organization's workspaces, a template admin only reads them. The facts
+//! are in `reference/coder/NOTES.md` sections 14 and 15.
 //! Timestamps are real wall-clock times; Coder's own durations are divided by `scale`, so a
 //! 30-minute story plays in 30 s at scale 60.
 
@@ -107,6 +111,14 @@ pub struct WorldConfig {
     /// Coder's clock minus the real one: every timestamp Coder writes, and its `Date` header,
     /// use coderd's own clock (`reference/coder/NOTES.md` section 14, "Time").
     pub clock_offset: chrono::Duration,
+    /// coderd's job reaper (`coderd/jobreaper/detector.go`): a job pending this long
+    /// (`PendingJobDuration`, 30 min) or running this long without an update (`HungJobDuration`,
+    /// 5 min; this world's jobs send no updates while running) is marked failed. Coder time.
+    pub reaper_pending: Duration,
+    pub reaper_hung: Duration,
+    /// The template lets users set their own autostop TTL (`UserAutostopEnabled`); when not,
+    /// `PUT .../ttl` answers 400 (`coderd/workspaces.go` `putWorkspaceTTL`).
+    pub allow_user_autostop: bool,
 }
 
 impl Default for WorldConfig {
@@ -124,8 +136,19 @@ impl Default for WorldConfig {
             owner_token_lifetime: chrono::Duration::days(7),
             seed: 0x9E37_79B9_7F4A_7C15,
             clock_offset: chrono::Duration::zero(),
+            reaper_pending: Duration::from_secs(30 * 60),
+            reaper_hung: Duration::from_secs(5 * 60),
+            allow_user_autostop: true,
         }
     }
+}
+
+/// An organization role (`rbac/roles.go`): an admin may do anything to the organization's
+/// workspaces; a template admin may read them, not stop them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrgRole {
+    Admin,
+    TemplateAdmin,
 }
 
 /// Coder's constants (usage refresh, batch flush): about every 60 s each.
@@ -140,9 +163,13 @@ pub struct User {
     pub username: String,
     /// The site role `owner`: every action on every workspace.
     pub owner: bool,
-    /// The organization role `organization-admin`: every workspace action but ssh and
-    /// application_connect, in its organization (`coderd/rbac/roles.go`).
-    pub org_admin: bool,
+    /// Organization roles, by index into `World::organizations`: `organization-admin` may do every
+    /// workspace action but ssh and application_connect in its organization, an
+    /// `organization-template-admin` only reads its workspaces (`coderd/rbac/roles.go`).
+    pub org_roles: Vec<(usize, OrgRole)>,
+    /// `active`, or `suspended`: a suspended user's tokens get 401 "User is not active"
+    /// (`coderd/httpmw/apikey.go`).
+    pub status: &'static str,
     /// A system user (`prebuilds`): not a person.
     pub system: bool,
     /// The user's first token (see `World::tokens` for all).
@@ -222,6 +249,8 @@ pub struct Workspace {
     pub id: Uuid,
     pub name: String,
     pub owner: usize,
+    /// Index into `World::organizations`.
+    pub org: usize,
     pub created_at: DateTime<Utc>,
     pub last_used_at: DateTime<Utc>,
     pub ttl_ms: Option<i64>,
@@ -275,7 +304,12 @@ pub struct World {
     pub tokens: Vec<ApiToken>,
     pub template_id: Uuid,
     pub template_version_id: Uuid,
+    /// The default organization's id (`organizations[0]`).
     pub organization_id: Uuid,
+    /// Every organization: id and name; the first is the default one, `coder`.
+    pub organizations: Vec<(Uuid, String)>,
+    /// No provisioner daemon answers: no pending job starts (the reaper fails them in time).
+    pub provisioners_down: bool,
     pub workspaces: Vec<Workspace>,
     /// Which workspace's pod holds each GPU.
     pub gpu_holders: Vec<Option<Uuid>>,
@@ -298,7 +332,8 @@ impl World {
                 id: Uuid::new_v4(),
                 username: name.into(),
                 owner,
-                org_admin: false,
+                org_roles: Vec::new(),
+                status: "active",
                 system: false,
                 token: format!("{key_id}-{}", Uuid::new_v4().simple()),
                 key_id,
@@ -310,7 +345,7 @@ impl World {
             user("admin", true, config.owner_token_lifetime),
             user("alice", false, chrono::Duration::days(30)),
             user("bob", false, chrono::Duration::days(30)),
-            User { org_admin: true, ..user("orgadmin", false, chrono::Duration::days(30)) },
+            User { org_roles: vec![(0, OrgRole::Admin)], ..user("orgadmin", false, chrono::Duration::days(30)) },
             User { system: true, ..user("prebuilds", false, chrono::Duration::days(30)) },
         ];
         if let (Some(p), Ok(id)) = (users.last_mut(), Uuid::parse_str(PREBUILDS_USER_ID)) {
@@ -330,6 +365,7 @@ impl World {
             })
             .collect();
         let now_real = Instant::now();
+        let default_org = Uuid::new_v4();
         let gpus = config.gpus;
         let scale = config.scale.max(0.001);
         World {
@@ -337,7 +373,9 @@ impl World {
             tokens,
             template_id: Uuid::new_v4(),
             template_version_id: Uuid::new_v4(),
-            organization_id: Uuid::new_v4(),
+            organization_id: default_org,
+            organizations: vec![(default_org, "coder".into())],
+            provisioners_down: false,
             workspaces: Vec::new(),
             gpu_holders: vec![None; gpus],
             cordoned: vec![false; gpus],
@@ -395,15 +433,23 @@ impl World {
         }
     }
 
-    /// Whether `user` may read and stop `ws`: an owner any, an organization admin those of its
-    /// organization (this world has one), a member its own (`rbac/roles.go`).
+    /// Whether `user` may read `ws`: an owner any, an organization admin or template admin those
+    /// of its organization, a member its own (`rbac/roles.go`).
+    pub fn may_read(&self, user: usize, ws: &Workspace) -> bool {
+        let u = &self.users[user];
+        u.owner || ws.owner == user || u.org_roles.iter().any(|(org, _)| *org == ws.org)
+    }
+
+    /// Whether `user` may start, stop or otherwise change `ws`: an owner any, an organization
+    /// admin those of its organization, a member its own; a template admin may not.
     pub fn may_act_on(&self, user: usize, ws: &Workspace) -> bool {
         let u = &self.users[user];
-        u.owner || u.org_admin || ws.owner == user
+        u.owner || ws.owner == user || u.org_roles.contains(&(ws.org, OrgRole::Admin))
     }
 
     /// What `POST /api/v2/authcheck` answers for one check: the role's permission on the
     /// object set, then the token's scope (`coderd/authorize.go`, `rbac/roles.go`, `rbac/scopes.go`).
+    /// `org`: the set is that organization's objects; `any_org`: those of some organization.
     pub fn authorize(
         &self,
         token: &ApiToken,
@@ -414,21 +460,42 @@ impl World {
         any_org: bool,
     ) -> bool {
         let u = &self.users[token.user];
-        let in_org = any_org || org == Some(self.organization_id.to_string().as_str());
-        let role = match resource {
-            "workspace" => {
-                u.owner
-                    || (u.org_admin && in_org && !matches!(action, "ssh" | "application_connect"))
-                    || owner_id == Some(u.id.to_string().as_str())
-            }
-            _ => u.owner,
+        let org_role = |role: &OrgRole| match (resource, action) {
+            ("workspace", "ssh" | "application_connect") => false,
+            ("workspace", "read") => true,
+            ("workspace", _) => *role == OrgRole::Admin,
+            _ => false,
         };
+        let in_scope = |i: usize| any_org || org == Some(self.organizations[i].0.to_string().as_str());
+        let role = u.owner
+            || u.org_roles.iter().any(|(i, r)| in_scope(*i) && org_role(r))
+            || (resource == "workspace" && owner_id == Some(u.id.to_string().as_str()));
         let scoped = token.scopes.is_empty()
             || token
                 .scopes
                 .iter()
                 .any(|s| s == "coder:all" || s == "all" || *s == format!("{resource}:{action}") || *s == format!("{resource}:*"));
         role && scoped
+    }
+
+    /// A new organization (no members); returns its index.
+    pub fn add_organization(&mut self, name: &str) -> usize {
+        self.organizations.push((Uuid::new_v4(), name.into()));
+        self.organizations.len() - 1
+    }
+
+    /// Gives `user` a role in organization `org`.
+    pub fn grant(&mut self, user: &str, org: usize, role: OrgRole) {
+        if let Some(u) = self.user_index(user) {
+            self.users[u].org_roles.push((org, role));
+        }
+    }
+
+    /// `coder users suspend`: the user's tokens are refused (401) until reactivated.
+    pub fn set_user_status(&mut self, user: &str, status: &'static str) {
+        if let Some(u) = self.user_index(user) {
+            self.users[u].status = status;
+        }
     }
 
     pub fn user_index(&self, name: &str) -> Option<usize> {
@@ -467,6 +534,7 @@ impl World {
             id,
             name: name.into(),
             owner: owner_idx,
+            org: 0,
             created_at: now,
             last_used_at: now,
             ttl_ms,
@@ -483,6 +551,15 @@ impl World {
             task_id: None,
         });
         self.create_build(id, "start", owner_idx, "initiator")?;
+        Ok(id)
+    }
+
+    /// Creates a workspace in organization `org` (an index into `organizations`).
+    pub fn create_workspace_in(&mut self, org: usize, owner: &str, name: &str) -> Result<Uuid, ApiError> {
+        let id = self.create_workspace(owner, name, None)?;
+        if let Some(wi) = self.ws_index(id) {
+            self.workspaces[wi].org = org.min(self.organizations.len() - 1);
+        }
         Ok(id)
     }
 
@@ -506,9 +583,13 @@ impl World {
     /// `POST /api/v2/workspaces/{id}/builds`, as `by` (a user index).
     pub fn create_build(&mut self, ws_id: Uuid, transition: &'static str, by: usize, reason: &'static str) -> Result<Uuid, ApiError> {
         let wi = self.ws_index(ws_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
-        if !self.may_act_on(by, &self.workspaces[wi]) {
+        if !self.may_read(by, &self.workspaces[wi]) {
             // A member cannot read another user's workspace: Coder says 404, not 403.
             return Err(api_error(404, NOT_FOUND));
+        }
+        if !self.may_act_on(by, &self.workspaces[wi]) {
+            // `wsbuilder.go` authorize: readable, but not this action.
+            return Err(api_error(403, &format!("You do not have permission to {transition} this workspace.")));
         }
         if self.workspaces[wi].latest().is_some_and(|b| matches!(b.job.status, "pending" | "running" | "canceling")) {
             let mut e = api_error(409, "A workspace build is already active.");
@@ -553,12 +634,19 @@ impl World {
             let Some(bi) = self.workspaces[wi].builds.len().checked_sub(1) else { continue };
             let b = &self.workspaces[wi].builds[bi];
             let age = now_real.duration_since(b.queued_real);
-            if b.job.status == "pending" && age >= queue && !b.stalled {
+            let reap = match b.job.status {
+                "pending" => (age >= self.real(self.config.reaper_pending)).then_some(("pending", self.config.reaper_pending)),
+                "running" => (age >= queue + self.real(self.config.reaper_hung)).then_some(("hung", self.config.reaper_hung)),
+                _ => None,
+            };
+            if let Some((kind, threshold)) = reap {
+                self.reap(wi, bi, kind, threshold);
+            } else if b.job.status == "pending" && age >= queue && !b.stalled && !self.provisioners_down {
                 let now = self.now();
                 let b = &mut self.workspaces[wi].builds[bi];
                 b.job.status = "running";
                 b.job.started_at = Some(now);
-            } else if b.job.status == "running" && age >= queue + run {
+            } else if matches!(b.job.status, "running" | "canceling") && age >= queue + run {
                 self.finish_build(wi, bi);
             }
         }
@@ -608,12 +696,67 @@ impl World {
         }
     }
 
+    /// coderd's job reaper (`coderd/jobreaper/detector.go`): the job is failed with its message
+    /// and the previous build's provisioner state is kept, so a reaped stop leaves the pod running.
+    fn reap(&mut self, wi: usize, bi: usize, kind: &str, threshold: Duration) {
+        let now = self.now();
+        let b = &mut self.workspaces[wi].builds[bi];
+        b.job.status = "failed";
+        b.job.started_at = b.job.started_at.or(Some(now));
+        b.job.completed_at = Some(now);
+        b.job.error = Some(format!(
+            "Coder: Build has been detected as {kind} for {:.0} minutes and has been terminated by the reaper.",
+            threshold.as_secs_f64() / 60.0
+        ));
+        let name = self.workspaces[wi].name.clone();
+        self.log(&name, "build_reaped", format!("{kind}: failed by the job reaper"));
+    }
+
+    /// `PATCH /api/v2/workspacebuilds/{id}/cancel` (`coderd/workspacebuilds.go`
+    /// `patchCancelWorkspaceBuild`): a pending job is canceled at once, a running one goes
+    /// `canceling` and ends `canceled`; a finished one is a 400.
+    pub fn cancel_build(&mut self, build_id: Uuid, by: usize) -> Result<(), ApiError> {
+        let (wi, bi) = self.find_build(build_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
+        if !self.may_read(by, &self.workspaces[wi]) {
+            return Err(api_error(404, NOT_FOUND));
+        }
+        if !self.may_act_on(by, &self.workspaces[wi]) {
+            return Err(api_error(403, "You do not have permission to cancel this workspace build."));
+        }
+        let now = self.now();
+        let b = &mut self.workspaces[wi].builds[bi];
+        match b.job.status {
+            "pending" => {
+                b.job.status = "canceled";
+                b.job.completed_at = Some(now);
+            }
+            "running" => b.job.status = "canceling",
+            "canceling" | "canceled" => return Err(api_error(400, "Job has already been marked as canceled!")),
+            _ => return Err(api_error(400, "Job has already completed!")),
+        }
+        let name = self.workspaces[wi].name.clone();
+        let who = self.users[by].username.clone();
+        self.log(&name, "build_canceled", format!("by {who}"));
+        Ok(())
+    }
+
+    /// The latest build of a workspace (by name), for tests that act on it.
+    pub fn latest_build_id(&self, ws_id: Uuid) -> Option<Uuid> {
+        self.ws_index(ws_id).and_then(|wi| self.workspaces[wi].latest()).map(|b| b.id)
+    }
+
     fn finish_build(&mut self, wi: usize, bi: usize) {
         let now = self.now();
         let timeout = self.config.connection_timeout_seconds;
         let ws = &mut self.workspaces[wi];
         let b = &mut ws.builds[bi];
         b.job.completed_at = Some(now);
+        if b.job.status == "canceling" {
+            b.job.status = "canceled";
+            let name = ws.name.clone();
+            self.log(&name, "build_canceled", "the job ended canceled".into());
+            return;
+        }
         if b.fail {
             b.job.status = "failed";
             b.job.error = Some("terraform apply: context deadline exceeded".into());
@@ -789,6 +932,26 @@ impl World {
         self.log(&name, "pod_evicted", "a new pod waits for a GPU".into());
     }
 
+    /// The pod is gone for good: a bare pod (no Deployment) evicted, or its node lost. Its GPU is
+    /// free, nothing recreates it, and the agent stays `disconnected` while the workspace is
+    /// still `running` in Coder (`reference/coder/NOTES.md` section 15).
+    pub fn lose_pod(&mut self, ws_id: Uuid) {
+        let Some(wi) = self.ws_index(ws_id) else { return };
+        let now = self.now();
+        let ws = &mut self.workspaces[wi];
+        let freed = ws.pod.take().and_then(|p| p.gpu);
+        if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()) {
+            agent.disconnected_at = Some(now);
+            agent.online = false;
+        }
+        let name = ws.name.clone();
+        if let Some(g) = freed {
+            self.gpu_holders[g] = None;
+            self.log(&name, "gpu_released", format!("GPU {g} is free (pod lost)"));
+        }
+        self.log(&name, "pod_lost", "nothing recreates it".into());
+    }
+
     /// Makes the next stop build of this workspace fail (its job ends `failed`).
     pub fn fail_next_stop(&mut self, ws_id: Uuid) {
         if let Some(wi) = self.ws_index(ws_id) {
@@ -830,6 +993,13 @@ impl World {
     /// truncated to the minute. The current build's deadline is only cleared when disabling.
     pub fn set_ttl(&mut self, ws_id: Uuid, ttl_ms: Option<i64>) -> Result<(), ApiError> {
         let wi = self.ws_index(ws_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
+        if !self.config.allow_user_autostop {
+            return Err(ApiError {
+                status: 400,
+                message: "Error updating workspace time until shutdown.".into(),
+                detail: "ttl_ms: Custom autostop TTL is not allowed for workspaces using this template.".into(),
+            });
+        }
         let ws = &mut self.workspaces[wi];
         match ttl_ms.filter(|t| *t != 0) {
             None => {
