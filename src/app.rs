@@ -173,6 +173,7 @@ impl Application {
                 if let Some(a) = &mut self.actuator {
                     a.set_self_id(identity.user_id.clone());
                 }
+                self.evaluator.forget_permissions();
                 self.identity = identity;
             }
             Err(e) => tracing::warn!(event = "token_check_failed", error = %e, "cannot ask Coder about the token; trying again next pass"),

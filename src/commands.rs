@@ -11,6 +11,8 @@ use tokio::sync::watch;
 
 use crate::app::{Application, Role, coder_client, gpu_source};
 use crate::cli::OutputFormat;
+use crate::coder::CoderClient;
+use crate::coder::types::Workspace;
 use crate::config::Settings;
 use crate::error::Error;
 use crate::gpu::{GpuKey, GpuSource, Sources};
@@ -186,6 +188,7 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
                     None => line(false, "clock", "Coder's answer had no Date header: its clock cannot be compared"),
                 }
                 let ws = listing.workspaces;
+                organization_permissions(&coder, &ws, &mut line).await;
                 let mapped: HashSet<&str> = collection.series.iter().filter_map(|s| s.workspace_id.as_deref()).collect();
                 let covered = ws.iter().filter(|w| mapped.contains(w.id.as_str())).count();
                 line(true, "coverage", &format!("{covered} of {} running workspaces have GPU series mapped to them", ws.len()));
@@ -194,4 +197,43 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
         }
     }
     all_ok
+}
+
+/// One `check` line: the organizations with running workspaces where the token may not stop
+/// them (permissions are per organization: an organization admin's end at its own).
+async fn organization_permissions(coder: &CoderClient, workspaces: &[Workspace], line: &mut impl FnMut(bool, &str, &str)) {
+    let mut running: BTreeMap<&str, (&str, usize)> = BTreeMap::new();
+    for w in workspaces.iter().filter(|w| !w.organization_id.is_empty()) {
+        running.entry(w.organization_id.as_str()).or_insert((w.organization_name.as_str(), 0)).1 += 1;
+    }
+    if running.is_empty() {
+        return;
+    }
+    let ids: Vec<&str> = running.keys().copied().collect();
+    match coder.may_stop_in(&ids).await {
+        Ok(answers) => {
+            let denied: Vec<String> = running
+                .iter()
+                .filter(|(id, _)| !answers.get(**id).copied().unwrap_or(false))
+                .map(|(_, (name, n))| format!("{name:?} ({n} running)"))
+                .collect();
+            if denied.is_empty() {
+                line(
+                    true,
+                    "organizations",
+                    &format!("the token may stop workspaces in all {} organization(s) with running workspaces", running.len()),
+                );
+            } else {
+                line(
+                    false,
+                    "organizations",
+                    &format!(
+                        "the token may not stop workspaces in {}: they are skipped (no-permission); give its user the organization-admin role there, or use an owner's token",
+                        denied.join(", ")
+                    ),
+                );
+            }
+        }
+        Err(e) => line(false, "organizations", &format!("cannot ask Coder what the token may do per organization: {e}")),
+    }
 }

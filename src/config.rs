@@ -89,6 +89,10 @@ pub struct FileConfig {
     pub stop_timeout: Option<Duration>,
     #[serde(default, with = "crate::duration::opt")]
     pub frozen_after: Option<Duration>,
+    #[serde(default, with = "crate::duration::opt")]
+    pub start_allowance: Option<Duration>,
+    #[serde(default, with = "crate::duration::opt")]
+    pub agent_lost_after: Option<Duration>,
     /// GPU model glob -> watts: a GPU drawing at least this is kept (a power veto).
     #[serde(default)]
     pub active_power_watts: Option<std::collections::BTreeMap<String, f64>>,
@@ -472,6 +476,11 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     p.stop_timeout = file.stop_timeout.unwrap_or(p.stop_timeout);
     if p.stop_timeout < interval {
         return err("stop_timeout must be at least the interval: a stop build is looked at once a pass");
+    }
+    p.start_allowance = file.start_allowance.unwrap_or(p.start_allowance);
+    p.agent_lost_after = file.agent_lost_after.unwrap_or(p.agent_lost_after);
+    if p.agent_lost_after < interval {
+        return err("agent_lost_after must be at least the interval: an agent is looked at once a pass, e.g. agent_lost_after = \"1h\"");
     }
     for (i, r) in file.rules.iter().enumerate() {
         if r.template.is_none() && r.owner.is_none() && r.workspace.is_none() {

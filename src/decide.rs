@@ -46,8 +46,10 @@ pub enum Reason {
     Prebuild,
     Task,
     Excluded,
+    NoPermission,
     NoGpu,
     WaitingForGpu,
+    AgentLost,
     NoGpuData,
     SampleGap,
     StaleData,
@@ -55,6 +57,7 @@ pub enum Reason {
     MetricsDisagree,
     GpuActive,
     Connected,
+    Starting,
     WarmingUp,
     NotIdleLongEnough,
     NoContention,
@@ -73,8 +76,10 @@ impl Reason {
             Reason::Prebuild => "prebuild",
             Reason::Task => "task",
             Reason::Excluded => "excluded",
+            Reason::NoPermission => "no-permission",
             Reason::NoGpu => "no-gpu",
             Reason::WaitingForGpu => "waiting-for-gpu",
+            Reason::AgentLost => "agent-lost",
             Reason::NoGpuData => "no-gpu-data",
             Reason::SampleGap => "sample-gap",
             Reason::StaleData => "stale-data",
@@ -82,6 +87,7 @@ impl Reason {
             Reason::MetricsDisagree => "metrics-disagree",
             Reason::GpuActive => "gpu-active",
             Reason::Connected => "connected",
+            Reason::Starting => "starting",
             Reason::WarmingUp => "warming-up",
             Reason::NotIdleLongEnough => "not-idle-long-enough",
             Reason::NoContention => "no-contention",
@@ -239,17 +245,59 @@ impl Builder<'_> {
     }
 }
 
-/// Every agent connected once and is now `disconnected`: the pod was evicted or rescheduled.
-fn agent_lost(ws: &Workspace) -> bool {
+/// Every agent connected once and is now `disconnected`: the pod was evicted or rescheduled,
+/// or lost for good. Returns since when the last of them was last seen.
+fn agent_lost(ws: &Workspace) -> Option<DateTime<Utc>> {
     let mut agents = ws.latest_build.agents().peekable();
-    agents.peek().is_some() && agents.all(|a| a.first_connected_at.is_some() && a.status == AgentStatus::Disconnected)
+    agents.peek()?;
+    let mut since: Option<DateTime<Utc>> = None;
+    for a in agents {
+        if a.first_connected_at.is_none() || a.status != AgentStatus::Disconnected {
+            return None;
+        }
+        let seen = a.disconnected_at.or(a.last_connected_at).or(a.first_connected_at);
+        since = since.max(seen);
+    }
+    since
 }
 
-/// Build succeeded, but no agent has ever connected: the pod is Pending (no GPU for it).
-fn agent_never_connected(ws: &Workspace) -> bool {
-    let mut agents = ws.latest_build.agents().peekable();
-    agents.peek().is_some()
-        && agents.all(|a| a.first_connected_at.is_none() && matches!(a.status, AgentStatus::Connecting | AgentStatus::Timeout))
+/// Build succeeded, but no agent has ever connected: the pod is Pending (no GPU for it), or
+/// still starting (image pull, container start). Returns when the newest agent was created.
+fn agent_never_connected(ws: &Workspace) -> Option<DateTime<Utc>> {
+    let build = &ws.latest_build;
+    let mut agents = build.agents().peekable();
+    agents.peek()?;
+    let mut created: Option<DateTime<Utc>> = None;
+    for a in agents {
+        if a.first_connected_at.is_some() || !matches!(a.status, AgentStatus::Connecting | AgentStatus::Timeout) {
+            return None;
+        }
+        created = created.max(a.created_at);
+    }
+    created.or(build.job.completed_at).or(build.created_at).or(Some(ws.created_at))
+}
+
+/// How long a start may take before a never-connected agent means a pod waiting for a GPU:
+/// the policy's `start_allowance`, or the agents' `connection_timeout` when that is longer.
+fn start_allowance(ws: &Workspace, policy: &Policy) -> Duration {
+    let timeout = ws.latest_build.agents().map(|a| a.connection_timeout_seconds).max().unwrap_or(0);
+    dur(policy.start_allowance).max(Duration::seconds(timeout.max(0)))
+}
+
+/// The token may not stop workspaces in this workspace's organization: it is not judged (no
+/// stop would be accepted), but a waiting one still counts as demand (GPUs are the cluster's,
+/// not an organization's), and one that is not running stays as it was.
+pub fn without_stop_permission(d: &mut Decision, organization: &str) {
+    if matches!(d.verdict, Verdict::Waiting | Verdict::Skip) {
+        return;
+    }
+    d.verdict = Verdict::Skip;
+    d.reason = Reason::NoPermission;
+    d.message = format!(
+        "the token may not stop workspaces in organization {organization:?} (authcheck per organization): give its user the organization-admin role there, or use an owner's token"
+    );
+    d.stop_at = None;
+    d.restore_ttl_ms = None;
 }
 
 /// Judges one workspace. `prior_stop_at` is the stop time of a warning issued in an earlier
@@ -306,9 +354,27 @@ pub fn decide_with_coder_clock(
         return b.out(Verdict::Skip, Reason::Excluded, "exempt by a policy rule".into(), None);
     }
     let gpu_template = policy.is_gpu_template(&ws.template_name);
+    let fresh_gpu = windows.iter().any(|w| w.last_at().is_some_and(|t| now - t <= dur(policy.stale_after)));
     // Before any GPU judgement: kubelet keeps reporting a finished pod's GPU for a while
     // (stale pod labels), so series may still carry the id of a workspace whose new pod waits.
-    if gpu_template && agent_never_connected(ws) {
+    // Every start passes through `connecting` (image pull, container start), and the device
+    // plugin gives the pod its GPU at admission, before the pull: a young start whose pod
+    // already reports a GPU is starting, not waiting.
+    if let Some(created) = agent_never_connected(ws).filter(|_| gpu_template) {
+        let age = (coder_now - created).max(Duration::zero());
+        let allowance = start_allowance(ws, policy);
+        if fresh_gpu && age < allowance {
+            return b.out(
+                Verdict::Keep,
+                Reason::Starting,
+                format!(
+                    "starting for {}: its pod already reports a GPU, its agent has not connected yet (image pull, container start; allowance {})",
+                    human(age),
+                    human(allowance)
+                ),
+                None,
+            );
+        }
         return b.out(
             Verdict::Waiting,
             Reason::WaitingForGpu,
@@ -316,8 +382,19 @@ pub fn decide_with_coder_clock(
             None,
         );
     }
-    let fresh_gpu = windows.iter().any(|w| w.last_at().is_some_and(|t| now - t <= dur(policy.stale_after)));
-    if gpu_template && agent_lost(ws) && !fresh_gpu {
+    if let Some(since) = agent_lost(ws).filter(|_| gpu_template && !fresh_gpu) {
+        let lost_for = (coder_now - since).max(Duration::zero());
+        if lost_for >= dur(policy.agent_lost_after) {
+            return b.out(
+                Verdict::Unknown,
+                Reason::AgentLost,
+                format!(
+                    "its agent has been disconnected for {} and no GPU reports for it: the pod is gone for good (a bare pod after an eviction, a lost node?); not counted as waiting; restart or stop it in Coder",
+                    human(lost_for)
+                ),
+                None,
+            );
+        }
         return b.out(
             Verdict::Waiting,
             Reason::WaitingForGpu,

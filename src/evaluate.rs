@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 
 use crate::coder::types::Workspace;
 use crate::coder::{CoderClient, CoderError};
-use crate::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide_with_coder_clock};
+use crate::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide_with_coder_clock, without_stop_permission};
 use crate::gpu::window::Windows;
 use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
 use crate::policy::Policy;
@@ -56,6 +56,9 @@ pub struct Evaluator {
     sessions: HashMap<String, String>,
     /// Coder's clock offset as last measured (kept when a response lacks the header).
     coder_clock_offset: chrono::Duration,
+    /// Whether the token may stop workspaces, per organization id: asked once per organization
+    /// that has running workspaces, forgotten when the token changes.
+    may_stop: HashMap<String, bool>,
 }
 
 impl Evaluator {
@@ -69,6 +72,40 @@ impl Evaluator {
             warnings: HashMap::new(),
             sessions: HashMap::new(),
             coder_clock_offset: chrono::Duration::zero(),
+            may_stop: HashMap::new(),
+        }
+    }
+
+    /// The token changed (or a day passed): ask again what it may do in each organization.
+    pub fn forget_permissions(&mut self) {
+        self.may_stop.clear();
+    }
+
+    /// Asks `authcheck` about the organizations not asked about yet. When Coder does not
+    /// answer, those organizations are asked again next pass; meanwhile a stop there is tried
+    /// (a refusal is a 403 the actuator backs off from, never a wrong stop).
+    async fn learn_permissions(&mut self, workspaces: &[Workspace]) {
+        let mut new: Vec<&str> =
+            workspaces.iter().map(|w| w.organization_id.as_str()).filter(|o| !o.is_empty() && !self.may_stop.contains_key(*o)).collect();
+        new.sort_unstable();
+        new.dedup();
+        if new.is_empty() {
+            return;
+        }
+        match self.coder.may_stop_in(&new).await {
+            Ok(answers) => {
+                for org in new {
+                    let allowed = answers.get(org).copied().unwrap_or(false);
+                    if !allowed {
+                        let name = workspaces.iter().find(|w| w.organization_id == org).map_or(org, |w| w.organization_name.as_str());
+                        tracing::warn!(event = "permission_missing", organization = %name, "the token may not stop workspaces in organization {name:?}: they are skipped (no-permission); give its user the organization-admin role there, or use an owner's token");
+                    }
+                    self.may_stop.insert(org.to_string(), allowed);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(event = "permission_check_failed", error = %e, "cannot ask Coder what the token may do per organization; asking again next pass")
+            }
         }
     }
 
@@ -124,6 +161,7 @@ impl Evaluator {
             self.coder_clock_offset = offset;
         }
         let (workspaces, duplicates) = dedup_by_id(listing.workspaces);
+        self.learn_permissions(&workspaces).await;
         let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
         for ws in &workspaces {
             let build = &ws.latest_build.id;
@@ -155,6 +193,11 @@ impl Evaluator {
                 decide_with_coder_clock(now, self.coder_clock_offset, ws, self.windows.get(&ws.id), &self.policy, prior)
             })
             .collect();
+        for (ws, d) in workspaces.iter().zip(decisions.iter_mut()) {
+            if self.may_stop.get(&ws.organization_id) == Some(&false) {
+                without_stop_permission(d, &ws.organization_name);
+            }
+        }
         let fleet = apply_fleet_rules(&mut decisions, &self.policy);
         let new_warnings = (0..decisions.len())
             .filter(|&i| decisions[i].verdict == Verdict::Warn && !self.warnings.contains_key(&decisions[i].workspace_id))

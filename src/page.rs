@@ -49,6 +49,7 @@ fn in_words(w: &WorkspaceStatus) -> &'static str {
         (Verdict::Reclaim, _) => "to be stopped: GPU idle, nobody connected",
         (Verdict::Warn, _) => "warned: stops unless it becomes active",
         (Verdict::Waiting, _) => "waiting for a GPU",
+        (Verdict::Unknown, Reason::AgentLost) => "unknown: its agent is gone (pod lost?), not counted as waiting",
         (Verdict::Unknown, Reason::FrozenData) => "unknown: the exporter's readings are frozen",
         (Verdict::Unknown, Reason::MetricsDisagree) => "unknown: GPU counters contradict each other",
         (Verdict::Unknown, Reason::SampleGap) => "unknown: a gap in GPU readings",
@@ -57,8 +58,10 @@ fn in_words(w: &WorkspaceStatus) -> &'static str {
         (Verdict::Keep, Reason::GpuActive) => "kept: the GPU is computing",
         (Verdict::Keep, Reason::Connected) => "kept: someone is connected",
         (Verdict::Keep, Reason::WarmingUp) => "kept: still watching the GPU",
+        (Verdict::Keep, Reason::Starting) => "kept: starting, its GPU already assigned",
         (Verdict::Keep, Reason::NoContention) => "kept: nobody waits for a GPU",
         (Verdict::Keep, _) => "kept: not idle long enough",
+        (Verdict::Skip, Reason::NoPermission) => "not judged: the token may not stop it in its organization",
         (Verdict::Skip, _) => "not judged",
     }
 }

@@ -65,6 +65,13 @@ pub struct Policy {
     pub reclaim_tasks: bool,
     /// A stop build whose job stays pending this long (no provisioner took it) is reported.
     pub stop_timeout: Duration,
+    /// A start whose agent has not connected yet but whose pod already reports a GPU is
+    /// `starting` (not waiting) this long after the agent was created, or for the agent's
+    /// `connection_timeout` when that is longer: image pulls of GPU images are slow.
+    pub start_allowance: Duration,
+    /// An agent disconnected this long with no GPU reporting for it has lost its pod for good
+    /// (a bare pod after an eviction, a lost node): it stops counting as demand.
+    pub agent_lost_after: Duration,
     pub rules: Vec<Rule>,
 }
 
@@ -125,6 +132,8 @@ impl Policy {
             max_idle_fraction: 0.5,
             reclaim_tasks: false,
             stop_timeout: Duration::from_secs(10 * 60),
+            start_allowance: Duration::from_secs(10 * 60),
+            agent_lost_after: Duration::from_secs(60 * 60),
             rules: Vec::new(),
         }
     }

@@ -142,10 +142,14 @@ fn scrape_failures(metrics: &Metrics, failures: &[SourceFailure]) {
 pub fn failed_pass(state: &State, error: &CoderError, failures: &[SourceFailure]) {
     scrape_failures(&state.metrics, failures);
     if error.kind == ErrorKind::Unauthorized {
-        let why = format!(
-            "Coder rejects the token ({}): it expired or was revoked; put a new one in the token file (it is picked up without a restart) or CODER_SESSION_TOKEN (restart)",
-            error.message
-        );
+        let why = if error.user_inactive() {
+            format!("Coder rejects the token ({}): {}", error.message, error.token_advice())
+        } else {
+            format!(
+                "Coder rejects the token ({}): it expired or was revoked; put a new one in the token file (it is picked up without a restart) or CODER_SESSION_TOKEN (restart)",
+                error.message
+            )
+        };
         state.set_token_problem(Some(TokenProblem::Rejected(why)));
     }
     tracing::error!(event = "pass_failed", error = %error, "cannot list workspaces; nothing is stopped this pass");

@@ -364,11 +364,120 @@ proptest! {
     }
 }
 
+/// `pending_workspace` whose agent was created `ago` and whose template says
+/// `connection_timeout` (seconds).
+fn starting_workspace(ago: Duration, connection_timeout: i64) -> Workspace {
+    use coder_gpu_reclaimer::coder::types::AgentStatus;
+    let mut w = pending_workspace(WS_ID);
+    for a in w.latest_build.resources.iter_mut().flat_map(|r| r.agents.iter_mut()) {
+        a.created_at = Some(now() - ago);
+        a.connection_timeout_seconds = connection_timeout;
+        a.status = if ago.num_seconds() > connection_timeout { AgentStatus::Timeout } else { AgentStatus::Connecting };
+    }
+    w
+}
+
 #[test]
 fn a_never_connected_agent_waits_even_with_stale_gpu_series() {
-    // kubelet may keep reporting the old pod's GPU for a while after a restart.
-    let d = decide(now(), &pending_workspace(WS_ID), Some(&steady(NOTHING, Fields::All, 40)), &policy(), None);
-    assert_eq!((d.verdict, d.reason), (Verdict::Waiting, Reason::WaitingForGpu));
+    // kubelet may keep reporting the old pod's GPU for a while after a restart: past the
+    // start-up allowance, a never-connected agent is a pod waiting for a GPU, series or not.
+    let w = starting_workspace(mins(15), 120);
+    let d = decide(now(), &w, Some(&steady(NOTHING, Fields::All, 40)), &policy(), None);
+    assert_eq!((d.verdict, d.reason), (Verdict::Waiting, Reason::WaitingForGpu), "{}", d.message);
+}
+
+/// Every start passes through agent `connecting` (image pull, container start), and the pod
+/// has its GPU from admission on (reference NOTES §15): starting is not waiting.
+#[test]
+fn starting_is_not_waiting() {
+    let p = policy(); // start_allowance 10m
+    let fresh = steady(MATMUL, Fields::All, 3);
+    // The pod's series stopped 10 minutes ago (stale_after is 2 minutes): not this start's GPU.
+    let stale = gpu((10..=13).rev().map(|m| (m * 60, values(NOTHING, Fields::All))));
+    // (what, agent created ago, connection timeout, GPU series, verdict, reason)
+    type Case<'a> = (&'a str, Duration, i64, &'a [GpuWindow], Verdict, Reason);
+    let cases: [Case; 7] = [
+        ("3 minutes in, its GPU reports", mins(3), 120, &fresh, Verdict::Keep, Reason::Starting),
+        ("9 minutes in: Coder says timeout, still within the allowance", mins(9), 120, &fresh, Verdict::Keep, Reason::Starting),
+        ("11 minutes in: past the allowance", mins(11), 120, &fresh, Verdict::Waiting, Reason::WaitingForGpu),
+        ("11 minutes in, the agent may take 30", mins(11), 1800, &fresh, Verdict::Keep, Reason::Starting),
+        ("3 minutes in, no GPU series: Pending", mins(3), 120, &[], Verdict::Waiting, Reason::WaitingForGpu),
+        ("3 minutes in, only a stale series", mins(3), 120, &stale, Verdict::Waiting, Reason::WaitingForGpu),
+        ("just created (Coder's clock a little ahead)", Duration::seconds(-5), 120, &fresh, Verdict::Keep, Reason::Starting),
+    ];
+    for (what, ago, timeout, g, verdict, reason) in cases {
+        let d = decide(now(), &starting_workspace(ago, timeout), Some(g), &p, None);
+        assert_eq!((d.verdict, d.reason), (verdict, reason), "{what}: {}", d.message);
+    }
+    // In contended mode a start that has its GPU is no demand: the idle one stays.
+    let p = Policy { reclaim_when: ReclaimWhen::Contended, ..policy() };
+    let idle = ws(mins(40));
+    let mut ds = vec![
+        decide(now(), &idle, Some(&steady(NOTHING, Fields::All, 40)), &p, None),
+        decide(now(), &starting_workspace(mins(2), 120), Some(&fresh), &p, None),
+    ];
+    let out = apply_fleet_rules(&mut ds, &p);
+    assert_eq!((out.waiting, out.stop_order.len(), ds[0].reason), (0, 0, Reason::NoContention));
+}
+
+/// An agent that lost its pod for good (a bare pod after an eviction, a lost node) stays
+/// `disconnected` forever (reference NOTES §15): after `agent_lost_after` it is no demand.
+#[test]
+fn an_agent_lost_for_good_stops_counting_as_demand() {
+    use coder_gpu_reclaimer::coder::types::AgentStatus;
+    let p = Policy { reclaim_when: ReclaimWhen::Contended, ..policy() }; // agent_lost_after 1h
+    let lost = |ago: Duration| {
+        let mut w = ws(mins(90));
+        for a in w.latest_build.resources.iter_mut().flat_map(|r| r.agents.iter_mut()) {
+            a.status = AgentStatus::Disconnected;
+            a.first_connected_at = Some(now() - Duration::hours(3));
+            a.last_connected_at = Some(now() - ago);
+            a.disconnected_at = Some(now() - ago);
+        }
+        w
+    };
+    let idle = steady(NOTHING, Fields::All, 40);
+    for (what, ago, g, verdict, reason) in [
+        ("evicted 20 minutes ago, waits for a GPU", mins(20), &[][..], Verdict::Waiting, Reason::WaitingForGpu),
+        ("gone for 61 minutes", mins(61), &[][..], Verdict::Unknown, Reason::AgentLost),
+        ("gone for a day", Duration::hours(24), &[][..], Verdict::Unknown, Reason::AgentLost),
+        ("disconnected long, but its GPU still reports: judged by the GPU", mins(61), &idle[..], Verdict::Reclaim, Reason::Idle),
+    ] {
+        let d = judge(&lost(ago), g, &p);
+        assert_eq!((d.verdict, d.reason), (verdict, reason), "{what}: {}", d.message);
+    }
+    let mut ds = vec![decide(now(), &ws(mins(40)), Some(&idle), &p, None), decide(now(), &lost(mins(61)), None, &p, None)];
+    let out = apply_fleet_rules(&mut ds, &p);
+    assert_eq!((out.waiting, ds[0].reason), (0, Reason::NoContention), "a lost agent is no demand");
+    let mut ds = vec![decide(now(), &ws(mins(40)), Some(&idle), &p, None), decide(now(), &lost(mins(20)), None, &p, None)];
+    assert_eq!(apply_fleet_rules(&mut ds, &p).stop_order, vec![0], "a recent eviction is demand");
+}
+
+/// Permissions are per organization (reference NOTES §15): a workspace the token may not stop
+/// is not judged, but a waiting one is still demand, wherever it is.
+#[test]
+fn no_stop_permission_skips_but_demand_counts_everywhere() {
+    use coder_gpu_reclaimer::decide::without_stop_permission;
+    let p = Policy { reclaim_when: ReclaimWhen::Contended, restore_autostop: Some(StdDuration::from_secs(3600)), ..policy() };
+    let idle = steady(NOTHING, Fields::All, 40);
+    let mut stoppable = decide(now(), &ws(mins(40)), Some(&idle), &p, None);
+    let mut forbidden = decide(now(), &ws(mins(40)), Some(&idle), &p, None);
+    assert_eq!(forbidden.verdict, Verdict::Reclaim);
+    without_stop_permission(&mut forbidden, "research");
+    assert_eq!((forbidden.verdict, forbidden.reason, forbidden.restore_ttl_ms), (Verdict::Skip, Reason::NoPermission, None));
+    assert!(forbidden.message.contains("\"research\"") && forbidden.message.contains("organization-admin"), "{}", forbidden.message);
+    let mut waiting = decide(now(), &pending_workspace(WS_ID), None, &p, None);
+    without_stop_permission(&mut waiting, "research");
+    assert_eq!(waiting.verdict, Verdict::Waiting, "a waiting workspace stays demand");
+    let mut stopped = decide(now(), &ws(mins(40)), None, &p, None);
+    stopped.verdict = Verdict::Skip;
+    stopped.reason = Reason::NotRunning;
+    without_stop_permission(&mut stopped, "research");
+    assert_eq!(stopped.reason, Reason::NotRunning);
+    stoppable.workspace_id = "the-stoppable-one".into();
+    let mut ds = vec![forbidden, waiting, stoppable];
+    let out = apply_fleet_rules(&mut ds, &p);
+    assert_eq!((out.waiting, out.stop_order.clone()), (1, vec![2]), "the waiter in the other organization frees a GPU here");
 }
 
 /// Coder as it really is (reference NOTES §14): prebuilds, Tasks, evicted pods, Coder's clock.

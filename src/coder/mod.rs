@@ -68,13 +68,29 @@ impl fmt::Display for CoderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Coder {}: {}", self.endpoint, self.message)?;
         match self.kind {
-            ErrorKind::Unauthorized => f.write_str(
-                " (the session token is expired or revoked: create a new one with `coder tokens create --lifetime 168h` as an owner and update CODER_SESSION_TOKEN or the token file)",
-            ),
+            ErrorKind::Unauthorized => write!(f, " ({})", self.token_advice()),
             ErrorKind::NoPermission => f.write_str(" (the token's user lacks permission: use an owner's token)"),
             ErrorKind::Transport => f.write_str(" (check --coder-url and that Coder is reachable from here)"),
             _ => Ok(()),
         }
+    }
+}
+
+impl CoderError {
+    /// For a 401: what will fix it. A suspended (or dormant) user's tokens are refused until an
+    /// admin reactivates the account (`httpmw/apikey.go`: "User is not active"); a new token of
+    /// the same user does not help. Otherwise the token expired or was revoked.
+    pub fn token_advice(&self) -> &'static str {
+        if self.user_inactive() {
+            "the token's user is not active in Coder (suspended or dormant): an admin must reactivate the account (`coder users activate <username>`, or Users in the dashboard); a new token of that user does not help"
+        } else {
+            "the session token is expired or revoked: create a new one with `coder tokens create --lifetime 168h` as an owner and update CODER_SESSION_TOKEN or the token file"
+        }
+    }
+
+    /// A 401 because the token's user is suspended or dormant, not because of the token.
+    pub fn user_inactive(&self) -> bool {
+        self.kind == ErrorKind::Unauthorized && self.message.contains("User is not active")
     }
 }
 
@@ -249,17 +265,35 @@ impl CoderClient {
         }
     }
 
-    /// `POST /api/v2/authcheck`: what the token may do (its user's roles and its scope).
-    /// Checks are asked for any organization: an organization admin may act in its own.
+    /// `POST /api/v2/authcheck`: what the token may do (its user's roles and its scope) to
+    /// workspaces in some organization (`any_org`): enough to know whether it may act at all.
     pub async fn authcheck(&self, actions: &[&str], resource_type: &str) -> Result<HashMap<String, bool>, CoderError> {
         let checks = actions
             .iter()
             .map(|a| {
-                let object = AuthorizationObject { resource_type: resource_type.to_string(), any_org: true };
+                let object = AuthorizationObject { resource_type: resource_type.to_string(), any_org: Some(true), organization_id: None };
                 (a.to_string(), AuthorizationCheck { object, action: a.to_string() })
             })
             .collect();
-        let body = AuthorizationRequest { checks };
+        self.ask_authcheck(AuthorizationRequest { checks }).await
+    }
+
+    /// `POST /api/v2/authcheck`, one question per organization: may the token stop workspaces
+    /// there? Permissions are per organization (`rbac/roles.go`): an organization admin may stop
+    /// its own organization's workspaces, a template admin only reads them. Keyed by organization id.
+    pub async fn may_stop_in(&self, organization_ids: &[&str]) -> Result<HashMap<String, bool>, CoderError> {
+        let checks = organization_ids
+            .iter()
+            .map(|org| {
+                let object =
+                    AuthorizationObject { resource_type: "workspace".into(), any_org: None, organization_id: Some(org.to_string()) };
+                (org.to_string(), AuthorizationCheck { object, action: "stop".into() })
+            })
+            .collect();
+        self.ask_authcheck(AuthorizationRequest { checks }).await
+    }
+
+    async fn ask_authcheck(&self, body: AuthorizationRequest) -> Result<HashMap<String, bool>, CoderError> {
         self.call(Method::POST, "POST /api/v2/authcheck", "/api/v2/authcheck".into(), Some(&body)).await
     }
 

@@ -25,6 +25,12 @@ pub struct Workspace {
     pub owner_id: String,
     #[serde(default)]
     pub template_name: String,
+    /// Permissions are per organization (`rbac/roles.go`): an organization admin may stop
+    /// workspaces of its own only.
+    #[serde(default)]
+    pub organization_id: String,
+    #[serde(default)]
+    pub organization_name: String,
     pub created_at: Time,
     pub last_used_at: Time,
     pub latest_build: WorkspaceBuild,
@@ -62,6 +68,9 @@ pub struct WorkspaceBuild {
     /// Who started the build: this service's user for its own stops.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initiator_id: Option<String>,
+    /// A TTL the template refused is not asked for again until the template version changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_version_id: Option<String>,
     #[serde(default)]
     pub reason: BuildReason,
     #[serde(default)]
@@ -97,6 +106,12 @@ pub struct WorkspaceResource {
 pub struct WorkspaceAgent {
     pub id: String,
     pub status: AgentStatus,
+    /// When the build created the agent: a start-up (image pull, container start) is timed from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<Time>,
+    /// `coder_agent.connection_timeout` (0: none).
+    #[serde(default)]
+    pub connection_timeout_seconds: i64,
     #[serde(default)]
     pub lifecycle_state: AgentLifecycle,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -241,8 +256,12 @@ pub struct AuthorizationCheck {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct AuthorizationObject {
     pub resource_type: String,
-    /// Any organization the user belongs to (an organization admin's rights are per org).
-    pub any_org: bool,
+    /// "In some organization": never set together with `organization_id` (the spec forbids it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub any_org: Option<bool>,
+    /// The answer for this organization only (an organization admin's rights end at its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub organization_id: Option<String>,
 }
 
 /// `codersdk.UpdateWorkspaceTTLRequest`. `None` (null) disables autostop.
