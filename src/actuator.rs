@@ -1,11 +1,14 @@
 //! The actuator: the only code with side effects toward Coder or people (stop builds, TTL
 //! restores, warnings, webhook events, audit lines), and the one place that reads the mode.
 //!
-//! It tracks every stop across passes, keyed by workspace: a stop build is followed until its
-//! job is final; a refused or failed stop backs off (doubling from one interval, at most 30 min)
-//! and is abandoned after `MAX_STOP_ATTEMPTS`; a stop whose reply was lost (a timeout, then 409,
-//! or the latest build being our stop) counts as sent, once. Tracking starts afresh when the
-//! workspace gets a new build. No new stop starts once shutdown began.
+//! It tracks every stop across passes, keyed by workspace, through the states of
+//! `stop_lifecycle` (each change one audit line): a stop build is followed until its job is
+//! final; a refused or failed stop backs off (doubling from one interval, at most 30 min) and is
+//! abandoned after `MAX_STOP_ATTEMPTS`; a stop Coder's job reaper failed is sent once more when
+//! provisioners answer again; a canceled one is not sent again in that idle episode; a stop
+//! whose reply was lost (a timeout, then 409, or the latest build being our stop) counts as
+//! sent, once. Tracking starts afresh when the workspace gets a new build. No new stop starts
+//! once shutdown began.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use chrono::{DateTime, Duration, Utc};
 use tokio::sync::watch;
 
 use crate::audit::{AuditEvent, AuditKind, AuditLog, Notifier};
-use crate::coder::types::{JobStatus, Transition, Workspace, WorkspaceBuild};
+use crate::coder::types::{Transition, WorkspaceBuild};
 use crate::coder::{CoderClient, ErrorKind, StopOutcome};
 use crate::decide::{Verdict, human};
 use crate::error::Error;
@@ -22,6 +25,7 @@ use crate::evaluate::Evaluation;
 use crate::metrics::{Metrics, StopFailureLabels, StopLabels};
 use crate::retry::RetryPolicy;
 use crate::startup::Identity;
+use crate::stop_lifecycle::{JobChange, StopState, provisioners_answer};
 
 /// How many times a stop is tried before it is abandoned (until the workspace's next build).
 pub const MAX_STOP_ATTEMPTS: u32 = 5;
@@ -77,28 +81,24 @@ impl Mode {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum StopState {
-    /// Coder created `build_id`; following it until its job is final.
-    InFlight { build_id: String },
-    /// The POST was refused or the build failed; try again at `retry_at` if still eligible.
-    /// `failed_build` is our stop build that failed, if that is how it failed.
-    Failed { retry_at: DateTime<Utc>, failed_build: Option<String> },
-    /// Every attempt failed: nothing more until the workspace gets a new build.
-    Abandoned { since: DateTime<Utc> },
-}
-
 #[derive(Debug, Clone)]
 struct TrackedStop {
     event: AuditEvent,
     /// When the current state began (for a stop in flight: when it was sent).
     since: DateTime<Utc>,
-    /// `stop_stuck` was reported for this stop build.
-    stuck: bool,
     /// The build the stop was decided on (the running start build): a different latest build
     /// in the listing means a new session, and tracking starts afresh.
     session: String,
+    organization: String,
+    /// `last_used_at` when the stop was decided: a later one means the workspace was used
+    /// since, and the idle episode is over.
+    last_used_at: DateTime<Utc>,
+    /// POSTs that created no build that succeeded, this episode.
     attempts: u32,
+    /// `stop_stuck` was written this idle episode.
+    stuck_reported: bool,
+    /// A reaped stop was sent again this idle episode.
+    resent_after_reap: bool,
     state: StopState,
 }
 
@@ -157,6 +157,8 @@ pub struct ActReport {
 struct Candidate {
     event: AuditEvent,
     session: String,
+    organization: String,
+    last_used_at: DateTime<Utc>,
 }
 
 pub struct Actuator {
@@ -174,6 +176,8 @@ pub struct Actuator {
     stopped: HashMap<String, (AuditEvent, DateTime<Utc>)>,
     /// Observe mode: workspaces already reported as would-stop in this idle episode.
     reported: HashSet<String>,
+    /// Workspaces whose TTL Coder refused for good, with the template version it refused at.
+    ttl_refused: HashMap<String, String>,
 }
 
 impl Actuator {
@@ -202,6 +206,7 @@ impl Actuator {
             tracked: HashMap::new(),
             stopped: HashMap::new(),
             reported: HashSet::new(),
+            ttl_refused: HashMap::new(),
         }
     }
 
@@ -245,7 +250,7 @@ impl Actuator {
         self.announce_warnings(eval, AuditKind::Warn);
         self.resumed(eval);
         self.follow(now, &mut report).await;
-        self.reconcile(now, &eval.workspaces);
+        self.reconcile(eval);
         if eval.fleet.breaker.is_none() {
             let candidates = self.candidates(eval);
             for c in candidates {
@@ -314,19 +319,32 @@ impl Actuator {
         self.stopped.retain(|_, (_, at)| eval.now - *at < Duration::days(8));
     }
 
-    /// Drops tracking of workspaces that got a new build (a new session: start afresh) and of
-    /// abandoned stops whose workspace has not been seen running for a day.
-    fn reconcile(&mut self, now: DateTime<Utc>, workspaces: &[Workspace]) {
-        let latest: HashMap<&str, &str> = workspaces.iter().map(|w| (w.id.as_str(), w.latest_build.id.as_str())).collect();
-        self.tracked.retain(|id, t| match latest.get(id.as_str()) {
-            Some(build) => *build == t.session,
-            None => !matches!(t.state, StopState::Abandoned { since } if now - since > Duration::days(1)),
+    /// Drops tracking of workspaces that got a new build (a new session: start afresh), of
+    /// canceled stops whose workspace is active again (a new idle episode may stop it), and of
+    /// settled stops whose workspace has not been seen running for a day.
+    fn reconcile(&mut self, eval: &Evaluation) {
+        let listed: HashMap<&str, (&str, bool)> = eval
+            .workspaces
+            .iter()
+            .zip(&eval.decisions)
+            .map(|(w, d)| (w.id.as_str(), (w.latest_build.id.as_str(), d.is_stop_eligible())))
+            .collect();
+        let now = eval.now;
+        self.tracked.retain(|id, t| match listed.get(id.as_str()) {
+            Some((build, _)) if *build != t.session => false,
+            Some((_, eligible)) => *eligible || t.state != StopState::Canceled,
+            None => {
+                !matches!(t.state, StopState::Abandoned | StopState::Canceled | StopState::Reaped { .. })
+                    || now - t.since < Duration::days(1)
+            }
         });
     }
 
     /// The stops to attempt this pass, at most the cap: workspaces the fleet rules chose that
-    /// are not in flight, backing off or abandoned, then due retries of failed stop builds
-    /// (their workspace is no longer listed as running, so it has no decision this pass).
+    /// have no stop in flight, backing off, canceled or abandoned; then stops of workspaces no
+    /// longer listed as running (their latest build is our failed stop, so they have no
+    /// decision this pass): due retries of failed stop builds, and reaped stops once
+    /// provisioners answer again.
     fn candidates(&self, eval: &Evaluation) -> Vec<Candidate> {
         let mut out = Vec::new();
         for &i in &eval.fleet.stop_order {
@@ -334,22 +352,36 @@ impl Actuator {
             let due = match self.tracked.get(&ws.id).map(|t| &t.state) {
                 None => true,
                 Some(StopState::Failed { retry_at, .. }) => *retry_at <= eval.now,
-                Some(StopState::InFlight { .. } | StopState::Abandoned { .. }) => false,
+                Some(_) => false,
             };
             if due {
                 let event = AuditEvent {
                     gpus: eval.gpus.get(i).copied(),
                     ..AuditEvent::new(AuditKind::StopSent, eval.now, self.mode.as_str(), ws, d)
                 };
-                out.push(Candidate { event, session: ws.latest_build.id.clone() });
+                out.push(Candidate {
+                    event,
+                    session: ws.latest_build.id.clone(),
+                    organization: ws.organization_id.clone(),
+                    last_used_at: ws.last_used_at,
+                });
             }
         }
         let listed: HashSet<&str> = eval.workspaces.iter().map(|w| w.id.as_str()).collect();
+        let completed = || eval.workspaces.iter().map(|w| (w.organization_id.as_str(), w.latest_build.job.completed_at));
         for (id, t) in &self.tracked {
-            if let StopState::Failed { retry_at, failed_build: Some(_) } = &t.state {
-                if *retry_at <= eval.now && !listed.contains(id.as_str()) {
-                    out.push(Candidate { event: AuditEvent { time: eval.now, ..t.event.clone() }, session: t.session.clone() });
-                }
+            let due = match &t.state {
+                StopState::Failed { retry_at, build_id: Some(_) } => *retry_at <= eval.now,
+                StopState::Reaped { at, .. } => !t.resent_after_reap && provisioners_answer(&t.organization, *at, completed()),
+                _ => false,
+            };
+            if due && !listed.contains(id.as_str()) {
+                out.push(Candidate {
+                    event: AuditEvent { time: eval.now, ..t.event.clone() },
+                    session: t.session.clone(),
+                    organization: t.organization.clone(),
+                    last_used_at: t.last_used_at,
+                });
             }
         }
         out.truncate(self.max_stops_per_pass);
@@ -358,15 +390,18 @@ impl Actuator {
 
     async fn stop(&mut self, now: DateTime<Utc>, c: Candidate, report: &mut ActReport) {
         let id = c.event.workspace_id.clone();
-        let previous = self.tracked.get(&id).cloned();
-        let attempts = previous.as_ref().map_or(0, |t| t.attempts) + 1;
-        if let Some(StopState::Failed { failed_build: Some(failed), .. }) = previous.as_ref().map(|t| &t.state) {
-            // Retrying a failed stop build of a workspace that is not listed as running: only
-            // while nobody has built it since (its latest build is still our failed stop).
+        let ours = self.tracked.get(&id).and_then(|t| match &t.state {
+            StopState::Failed { build_id: Some(b), .. } | StopState::Reaped { build_id: b, .. } => Some(b.clone()),
+            _ => None,
+        });
+        if let Some(failed) = ours {
+            // Sending again for a workspace that is not listed as running: only while nobody has
+            // built or used it since (its latest build is still our stop, and `last_used_at` has
+            // not moved: a person who came back ended this idle episode).
             match self.coder.workspace(&id).await {
-                Ok(ws) if ws.latest_build.id == *failed => {}
+                Ok(ws) if ws.latest_build.id == failed && ws.last_used_at <= c.last_used_at => {}
                 Ok(_) => {
-                    tracing::info!(event = "stop_retry_dropped", workspace_id = %id, "the workspace was built again since the failed stop; deciding afresh");
+                    tracing::info!(event = "stop_retry_dropped", workspace_id = %id, "the workspace was built or used since the stop failed; deciding afresh");
                     self.tracked.remove(&id);
                     return;
                 }
@@ -386,19 +421,39 @@ impl Actuator {
         // the latest build tells.
         let ours = if lost_reply { self.our_stop_build(&id).await } else { None };
         match (outcome, ours) {
-            (Ok(StopOutcome::Queued(build)), _) => self.sent(now, c, attempts, &build.id, false, report),
-            (_, Some(build)) => self.sent(now, c, attempts, &build.id, true, report),
+            (Ok(StopOutcome::Queued(build)), _) => self.sent(now, c, &build.id, false, report),
+            (_, Some(build)) => self.sent(now, c, &build.id, true, report),
             (Ok(StopOutcome::BuildActive(msg)), None) => {
                 tracing::info!(event = "stop_deferred", workspace_id = %id, detail = %msg, "another build is active; deciding again next pass");
                 self.tracked.remove(&id);
                 report.build_active.push(id);
             }
             (Err(e), None) => {
-                tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %c.event.owner, error = %e, attempt = attempts, "the stop build was refused");
+                tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %c.event.owner, error = %e, "the stop build was refused");
                 self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "rejected" }).inc();
-                self.fail(now, c.event, c.session, attempts, None, report);
+                let t = self.track(now, c);
+                t.attempts += 1;
+                self.fail(now, &id, None, &e.to_string(), report);
             }
         }
+    }
+
+    /// The tracked stop of a candidate, created when this is the episode's first attempt.
+    fn track(&mut self, now: DateTime<Utc>, c: Candidate) -> &mut TrackedStop {
+        let id = c.event.workspace_id.clone();
+        let t = self.tracked.entry(id).or_insert_with(|| TrackedStop {
+            event: c.event.clone(),
+            since: now,
+            session: c.session.clone(),
+            organization: c.organization.clone(),
+            last_used_at: c.last_used_at,
+            attempts: 0,
+            stuck_reported: false,
+            resent_after_reap: false,
+            state: StopState::Failed { retry_at: now, build_id: None },
+        });
+        t.event = c.event;
+        t
     }
 
     /// The workspace's latest build, if it is a stop this service's user started.
@@ -413,58 +468,69 @@ impl Actuator {
     }
 
     /// Records a stop build Coder created: exactly once per build id.
-    fn sent(&mut self, now: DateTime<Utc>, c: Candidate, attempts: u32, build_id: &str, lost_reply: bool, report: &mut ActReport) {
+    fn sent(&mut self, now: DateTime<Utc>, c: Candidate, build_id: &str, lost_reply: bool, report: &mut ActReport) {
         let id = c.event.workspace_id.clone();
-        if self.tracked.get(&id).is_some_and(|t| t.state == StopState::InFlight { build_id: build_id.to_string() }) {
+        if self.tracked.get(&id).and_then(|t| t.state.in_flight()) == Some(build_id) {
             return;
         }
-        let event = AuditEvent { event: AuditKind::StopSent, time: now, build_id: Some(build_id.to_string()), ..c.event };
+        let t = self.track(now, c);
+        if matches!(t.state, StopState::Reaped { .. }) {
+            t.resent_after_reap = true;
+        }
+        t.attempts += 1;
+        t.since = now;
+        t.state = StopState::Sent { build_id: build_id.to_string() };
+        t.event = AuditEvent { event: AuditKind::StopSent, time: now, build_id: Some(build_id.to_string()), ..t.event.clone() };
+        let (event, attempts) = (t.event.clone(), t.attempts);
         tracing::info!(event = "stop_sent", workspace_id = %id, owner = %event.owner, reason = event.reason, build_id = %build_id, attempt = attempts, reply_lost = lost_reply, "{}", event.message);
         self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "enforce" }).inc();
         self.announce(&event, true);
-        let state = StopState::InFlight { build_id: build_id.to_string() };
-        self.tracked.insert(id.clone(), TrackedStop { event, since: now, stuck: false, session: c.session, attempts, state });
         report.stops_sent.push(id);
     }
 
-    fn fail(
-        &mut self,
-        now: DateTime<Utc>,
-        event: AuditEvent,
-        session: String,
-        attempts: u32,
-        failed_build: Option<String>,
-        report: &mut ActReport,
-    ) {
-        let id = event.workspace_id.clone();
-        if attempts >= MAX_STOP_ATTEMPTS {
-            let event = AuditEvent { event: AuditKind::StopAbandoned, time: now, attempts: Some(attempts), ..event };
-            tracing::error!(event = "stop_abandoned", workspace_id = %id, owner = %event.owner, attempts, "giving up on stopping this workspace until its next build; look at its build log and the token's permissions in Coder");
-            self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "abandoned" }).inc();
-            self.announce(&event, true);
-            let state = StopState::Abandoned { since: now };
-            self.tracked.insert(id.clone(), TrackedStop { event, since: now, stuck: false, session, attempts, state });
-            report.abandoned.push(id);
-            return;
+    /// Writes the audit line of a stop's change of state (once per change).
+    fn audit_change(&self, t: &TrackedStop, kind: AuditKind, now: DateTime<Utc>) {
+        if let Some(a) = &self.outputs.audit {
+            a.append(&AuditEvent { event: kind, time: now, attempts: Some(t.attempts), ..t.event.clone() });
         }
-        let delay = crate::duration::chrono(self.backoff.delay_for_attempt(attempts));
-        let state = StopState::Failed { retry_at: now + delay, failed_build };
-        self.tracked.insert(id.clone(), TrackedStop { event, since: now, stuck: false, session, attempts, state });
-        report.failed.push(id);
     }
 
-    /// Follows every in-flight stop build: `stop_done` when its job succeeds, `stop_failed`
-    /// (and a later retry) when it fails or is canceled, `stop_stuck` (once, and never a second
-    /// stop) when its job stays pending past `stop_timeout`: no provisioner took it.
+    /// A refused POST or a failed stop build: back off, or abandon after the last attempt.
+    fn fail(&mut self, now: DateTime<Utc>, id: &str, failed_build: Option<String>, error: &str, report: &mut ActReport) {
+        let Some(t) = self.tracked.get_mut(id) else { return };
+        if t.attempts >= MAX_STOP_ATTEMPTS {
+            t.state = StopState::Abandoned;
+            t.since = now;
+            self.abandon(now, id, report);
+            return;
+        }
+        let delay = crate::duration::chrono(self.backoff.delay_for_attempt(t.attempts));
+        t.state = StopState::Failed { retry_at: now + delay, build_id: failed_build };
+        t.since = now;
+        let t = t.clone();
+        tracing::info!(event = "stop_retry_scheduled", workspace_id = %id, attempt = t.attempts, retry_in = %human(delay), error = %error, "the stop did not happen; trying again later");
+        self.audit_change(&t, AuditKind::StopFailed, now);
+        report.failed.push(id.to_string());
+    }
+
+    fn abandon(&mut self, now: DateTime<Utc>, id: &str, report: &mut ActReport) {
+        let Some(t) = self.tracked.get_mut(id) else { return };
+        t.state = StopState::Abandoned;
+        t.since = now;
+        let t = t.clone();
+        let event = AuditEvent { event: AuditKind::StopAbandoned, time: now, attempts: Some(t.attempts), ..t.event };
+        tracing::error!(event = "stop_abandoned", workspace_id = %id, owner = %event.owner, attempts = t.attempts, "giving up on stopping this workspace until its next build; look at its build log, the provisioners and the token's permissions in Coder");
+        self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "abandoned" }).inc();
+        self.announce(&event, true);
+        report.abandoned.push(id.to_string());
+    }
+
+    /// Follows every stop build in flight and moves its tracked stop by what Coder says of the
+    /// job (`stop_lifecycle::observe`): running, stuck (once per episode), succeeded, failed
+    /// (retried later), reaped (sent once more when provisioners answer again), canceled.
     async fn follow(&mut self, now: DateTime<Utc>, report: &mut ActReport) {
-        let in_flight: Vec<(String, String)> = self
-            .tracked
-            .iter()
-            .filter_map(|(id, t)| match &t.state {
-                StopState::InFlight { build_id } => Some((id.clone(), build_id.clone())),
-                _ => None,
-            })
-            .collect();
+        let in_flight: Vec<(String, String)> =
+            self.tracked.iter().filter_map(|(id, t)| t.state.in_flight().map(|b| (id.clone(), b.to_string()))).collect();
         for (id, build_id) in in_flight {
             let build = match self.coder.workspace_build(&build_id).await {
                 Ok(b) => b,
@@ -473,34 +539,60 @@ impl Actuator {
                     continue;
                 }
             };
-            let status = build.job.status;
-            if !status.is_final() {
-                let stuck_timeout = self.stop_timeout;
-                if let Some(t) =
-                    self.tracked.get_mut(&id).filter(|t| !t.stuck && status == JobStatus::Pending && now - t.since >= stuck_timeout)
-                {
-                    t.stuck = true;
-                    tracing::error!(event = "stop_stuck", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, pending_for = %human(now - t.since), "the stop build is still pending: no provisioner has taken it; check the provisioner daemons in Coder (it is not sent again)");
+            let Some(t) = self.tracked.get_mut(&id) else { continue };
+            let Some(change) = crate::stop_lifecycle::observe(&t.state, &build.job, now - t.since, self.stop_timeout, t.stuck_reported)
+            else {
+                continue;
+            };
+            let error = build.job.error.clone().unwrap_or_default();
+            match change {
+                JobChange::Running => t.state = StopState::Running { build_id: build_id.clone() },
+                JobChange::Stuck => {
+                    t.stuck_reported = true;
+                    t.state = StopState::Stuck { build_id: build_id.clone() };
+                    tracing::error!(event = "stop_stuck", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, pending_for = %human(now - t.since), "the stop build is still pending: no provisioner has taken it; check the provisioner daemons in Coder (it is not sent again while pending; Coder's job reaper fails it after 30 minutes)");
                     self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "stuck" }).inc();
                     report.stuck.push(id.clone());
                 }
-                continue;
-            }
-            let Some(tracked) = self.tracked.remove(&id) else { continue };
-            if status == JobStatus::Succeeded {
-                tracing::info!(event = "stop_done", workspace_id = %id, owner = %tracked.event.owner, build_id = %build_id, "the workspace is stopped; its GPU is free");
-                report.stops_done.push(id.clone());
-                let done = AuditEvent { event: AuditKind::StopDone, time: now, ..tracked.event };
-                if let Some(a) = &self.outputs.audit {
-                    a.append(&done);
+                JobChange::Succeeded => {
+                    let Some(t) = self.tracked.remove(&id) else { continue };
+                    tracing::info!(event = "stop_done", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, "the workspace is stopped; its GPU is free");
+                    report.stops_done.push(id.clone());
+                    let done = AuditEvent { event: AuditKind::StopDone, time: now, ..t.event };
+                    if let Some(a) = &self.outputs.audit {
+                        a.append(&done);
+                    }
+                    self.stopped.insert(id.clone(), (done, now));
+                    continue;
                 }
-                self.stopped.insert(id.clone(), (done, now));
-            } else {
-                let error = build.job.error.unwrap_or_default();
-                tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %tracked.event.owner, build_id = %build_id, job_status = status.as_str(), error = %error, "the stop build did not succeed; retrying later");
-                self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "build_failed" }).inc();
-                let mut ignored = ActReport::default();
-                self.fail(now, tracked.event, tracked.session, tracked.attempts, Some(build_id), &mut ignored);
+                JobChange::Canceled => {
+                    t.state = StopState::Canceled;
+                    t.since = now;
+                    tracing::warn!(event = "stop_canceled", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, "a person canceled the stop build; it is not sent again while the workspace stays idle");
+                }
+                JobChange::Reaped if t.resent_after_reap => {
+                    tracing::error!(event = "stop_reaped", workspace_id = %id, build_id = %build_id, error = %error, "Coder's job reaper failed the stop build again");
+                    let t = t.clone();
+                    self.audit_change(&t, AuditKind::StopReaped, now);
+                    self.abandon(now, &id, report);
+                    continue;
+                }
+                JobChange::Reaped => {
+                    let at = build.job.completed_at.unwrap_or(now);
+                    t.state = StopState::Reaped { build_id: build_id.clone(), at };
+                    t.since = now;
+                    tracing::error!(event = "stop_reaped", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, error = %error, "Coder's job reaper failed the stop build: no provisioner took it; the workspace keeps its GPU and is stopped once more when a build in its organization completes again");
+                }
+                JobChange::Failed => {
+                    tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, job_status = build.job.status.as_str(), error = %error, "the stop build did not succeed; retrying later");
+                    self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "build_failed" }).inc();
+                    let mut ignored = ActReport::default();
+                    self.fail(now, &id, Some(build_id), &error, &mut ignored);
+                    continue;
+                }
+            }
+            if let Some(t) = self.tracked.get(&id) {
+                self.audit_change(t, change.audit_kind(), now);
             }
         }
         self.metrics.stuck_stops.set(self.stuck_stops().len() as i64);
@@ -511,9 +603,8 @@ impl Actuator {
         let mut out: Vec<StuckStop> = self
             .tracked
             .values()
-            .filter(|t| t.stuck)
             .filter_map(|t| match &t.state {
-                StopState::InFlight { build_id } => Some(StuckStop {
+                StopState::Stuck { build_id } => Some(StuckStop {
                     workspace_id: t.event.workspace_id.clone(),
                     workspace: t.event.workspace.clone(),
                     owner: t.event.owner.clone(),
@@ -527,10 +618,17 @@ impl Actuator {
         out
     }
 
-    async fn restore_ttls(&self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) {
+    /// Sets TTLs back (`restore_autostop`). A TTL Coder refuses for good (400: the template
+    /// forbids a user autostop TTL; 403/404: the token may not update the workspace) is not
+    /// asked for again until the workspace's template version changes.
+    async fn restore_ttls(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) {
         for (ws, d) in eval.workspaces.iter().zip(&eval.decisions) {
             let Some(ttl) = d.restore_ttl_ms else { continue };
             if *shutdown.borrow() || d.verdict == Verdict::Reclaim {
+                continue;
+            }
+            let version = ws.latest_build.template_version_id.clone().unwrap_or_default();
+            if self.ttl_refused.get(&ws.id) == Some(&version) {
                 continue;
             }
             match self.coder.set_ttl(&ws.id, Some(ttl)).await {
@@ -542,10 +640,16 @@ impl Actuator {
                         a.append(&e);
                     }
                 }
+                Err(err) if matches!(err.kind, ErrorKind::Status(400) | ErrorKind::NoPermission) => {
+                    tracing::warn!(event = "restore_ttl_refused", workspace_id = %ws.id, template = %ws.template_name, error = %err, "Coder refuses this workspace's autostop TTL (the template forbids a user TTL, or the token may not update it): not asked again until its template version changes; set the TTL in the template instead");
+                    self.ttl_refused.insert(ws.id.clone(), version);
+                }
                 Err(err) => {
-                    tracing::warn!(event = "restore_ttl_failed", workspace_id = %ws.id, error = %err, "could not set the autostop TTL back")
+                    tracing::warn!(event = "restore_ttl_failed", workspace_id = %ws.id, error = %err, "could not set the autostop TTL back; trying again next pass")
                 }
             }
         }
+        let listed: HashSet<&str> = eval.workspaces.iter().map(|w| w.id.as_str()).collect();
+        self.ttl_refused.retain(|id, _| listed.contains(id.as_str()));
     }
 }

@@ -1,5 +1,6 @@
-//! Where stop events go besides the logs: the audit trail (one JSON line per stop, would-stop,
-//! abandoned stop and TTL restore, appended and flushed at once: `--audit-log`) and the webhook
+//! Where stop events go besides the logs: the audit trail (one JSON line per change of a stop's
+//! state (see `stop_lifecycle`), per would-stop, TTL restore and resumed workspace, appended
+//! and flushed at once: `--audit-log`) and the webhook
 //! (a JSON event on each warning and stop, Slack-compatible `text`: `--notify-webhook`). Coder
 //! itself cannot message another user. Only the actuator calls these; the texts say "would"
 //! whenever the event's kind is an observe-mode one, so no text promises a stop that cannot
@@ -30,6 +31,16 @@ pub enum AuditKind {
     WouldWarn,
     StopSent,
     WouldStop,
+    /// A provisioner took the stop build.
+    StopRunning,
+    /// The stop build stayed pending past `stop_timeout` (once per idle episode).
+    StopStuck,
+    /// The stop was refused, or its build failed on its own: tried again after a back-off.
+    StopFailed,
+    /// coderd's job reaper failed the stop build (no provisioner took it in 30 minutes).
+    StopReaped,
+    /// A person canceled the stop build: not sent again in this idle episode.
+    StopCanceled,
     /// Every attempt to stop failed; nothing more is tried until the workspace's next build.
     StopAbandoned,
     RestoreTtl,
@@ -47,6 +58,11 @@ impl AuditKind {
             AuditKind::WouldWarn => "would_warn",
             AuditKind::StopSent => "stop_sent",
             AuditKind::WouldStop => "would_stop",
+            AuditKind::StopRunning => "stop_running",
+            AuditKind::StopStuck => "stop_stuck",
+            AuditKind::StopFailed => "stop_failed",
+            AuditKind::StopReaped => "stop_reaped",
+            AuditKind::StopCanceled => "stop_canceled",
             AuditKind::StopAbandoned => "stop_abandoned",
             AuditKind::RestoreTtl => "restore_ttl",
             AuditKind::WouldRestoreTtl => "would_restore_ttl",
@@ -67,6 +83,13 @@ impl AuditKind {
             (AuditKind::WouldWarn, None) => "would be stopped to free its GPU (observe mode: nothing is stopped)".into(),
             (AuditKind::StopSent, _) => "was stopped to free its GPU".into(),
             (AuditKind::WouldStop, _) => "would be stopped to free its GPU (observe mode: nothing was stopped)".into(),
+            (AuditKind::StopRunning, _) => "is being stopped".into(),
+            (AuditKind::StopStuck, _) => "has a stop build that no provisioner takes".into(),
+            (AuditKind::StopFailed, _) => "could not be stopped this time; the reclaimer tries again later".into(),
+            (AuditKind::StopReaped, _) => {
+                "had its stop build failed by Coder's job reaper (no provisioner took it); it keeps its GPU for now".into()
+            }
+            (AuditKind::StopCanceled, _) => "had its stop canceled by a person; it is not stopped again while it stays idle".into(),
             (AuditKind::StopAbandoned, _) => "could not be stopped; the reclaimer gave up until its next build".into(),
             (AuditKind::RestoreTtl, _) => "had its autostop TTL set back".into(),
             (AuditKind::WouldRestoreTtl, _) => "would have its autostop TTL set back (observe mode)".into(),

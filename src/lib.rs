@@ -26,3 +26,4 @@ pub mod retry;
 pub mod serve;
 pub mod startup;
 pub mod status;
+pub mod stop_lifecycle;

@@ -199,3 +199,228 @@ async fn a_stuck_stop_build_is_reported_once_and_never_resent() {
     let metrics = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("coder_gpu_reclaimer_stuck_stops 1") && metrics.contains("kind=\"stuck\"} 1"), "{metrics}");
 }
+
+/// The audit log's lines about one workspace: their `event` kinds, in order.
+fn audit_kinds(path: &std::path::Path, id: Uuid) -> Vec<String> {
+    crate::common::audit_lines(path)
+        .iter()
+        .filter(|v| v["workspace_id"] == id.to_string())
+        .map(|v| v["event"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn stop_posts(coder: &FakeCoder, id: Uuid) -> usize {
+    let path = format!("/api/v2/workspaces/{id}/builds");
+    coder.requests().iter().filter(|(m, p)| m == "POST" && *p == path).count()
+}
+
+/// coderd's job reaper fails a stop no provisioner took (pending 30 minutes; 6 here) and the
+/// workspace leaves `status:running` with its pod still holding the GPU (reference NOTES §15).
+/// The stop is sent once more when a build in its organization completes again, and never a
+/// third time: a second reap abandons it. Each change of state is one audit line.
+#[tokio::test]
+async fn a_stop_coders_reaper_fails_is_sent_once_more_when_provisioners_answer_again() {
+    let coder = FakeCoder::start(WorldConfig { reaper_pending: Duration::from_secs(6 * 60), ..world(3) }).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| running(w, a)).await;
+    coder.with(|w| w.provisioners_down = true);
+    let dir = TempDir::new("reaped");
+    let config = dir.file("policy.toml", "stop_timeout = \"3s\"\n");
+    let audit = dir.0.join("audit.jsonl");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--config", &config, "--audit-log", audit.to_str().unwrap()]);
+    let reaped = svc.wait_event("stop_reaped", Duration::from_secs(30)).await;
+    assert!(reaped["error"].as_str().unwrap().contains("terminated by the reaper"), "{reaped}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(stop_posts(&coder, a), 1, "no provisioner answers yet: not sent again\n{}", svc.raw());
+    assert!(coder.with(|w| holds_gpu(w, a)), "a reaped stop leaves the pod running");
+    // Provisioners answer again: another workspace's start completes. The next stop of A stays
+    // pending too (no provisioner matches it) and is reaped again.
+    coder.with(|w| {
+        w.stall_next_stop(a);
+        w.provisioners_down = false;
+    });
+    let b = coder.with(|w| w.create_workspace("bob", "b", None)).unwrap();
+    until(&coder, "B runs", Duration::from_secs(5), |w| running(w, b)).await;
+    svc.wait_event("stop_abandoned", Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(stop_posts(&coder, a), 2, "one new stop per idle episode after a reap, then no more\n{}", svc.raw());
+    assert_eq!(svc.events("stop_stuck").len(), 1, "stuck is reported once per episode, not per attempt");
+    assert_eq!(
+        audit_kinds(&audit, a),
+        ["stop_sent", "stop_stuck", "stop_reaped", "stop_sent", "stop_reaped", "stop_abandoned"],
+        "{}",
+        svc.raw()
+    );
+}
+
+#[tokio::test]
+async fn a_reaped_stop_sent_again_stops_the_workspace() {
+    let coder = FakeCoder::start(WorldConfig { reaper_pending: Duration::from_secs(5 * 60), ..world(3) }).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| running(w, a)).await;
+    coder.with(|w| w.provisioners_down = true);
+    let dir = TempDir::new("reaped-ok");
+    let config = dir.file("policy.toml", "stop_timeout = \"2s\"\n");
+    let audit = dir.0.join("audit.jsonl");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--config", &config, "--audit-log", audit.to_str().unwrap()]);
+    svc.wait_event("stop_reaped", Duration::from_secs(30)).await;
+    coder.with(|w| w.provisioners_down = false);
+    let b = coder.with(|w| w.create_workspace("bob", "b", None)).unwrap();
+    until(&coder, "B runs", Duration::from_secs(5), |w| running(w, b)).await;
+    until_with(&coder, Some(&svc), "A is stopped by the stop sent again", Duration::from_secs(15), |w| !holds_gpu(w, a)).await;
+    svc.wait_event("stop_done", Duration::from_secs(5)).await;
+    assert_eq!(stop_posts(&coder, a), 2);
+    assert_eq!(audit_kinds(&audit, a), ["stop_sent", "stop_stuck", "stop_reaped", "stop_sent", "stop_done"]);
+}
+
+/// A stop build canceled by a person (`PATCH /api/v2/workspacebuilds/{id}/cancel`) is their
+/// decision about this idle episode: it is never sent again while the workspace stays idle.
+/// A new session (started again, idle again) may be stopped.
+#[tokio::test]
+async fn a_stop_a_person_canceled_is_not_sent_again() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| running(w, a)).await;
+    coder.with(|w| w.stall_next_stop(a));
+    let dir = TempDir::new("canceled");
+    let audit = dir.0.join("audit.jsonl");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--audit-log", audit.to_str().unwrap()]);
+    let sent = svc.wait_event("stop_sent", Duration::from_secs(20)).await;
+    let build = sent["build_id"].as_str().unwrap().to_string();
+    let alice = coder.with(|w| w.token_of("alice")).unwrap();
+    let canceled = reqwest::Client::new()
+        .patch(format!("{}/api/v2/workspacebuilds/{build}/cancel", coder.url()))
+        .header("Coder-Session-Token", alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(canceled.status(), 200);
+    svc.wait_event("stop_canceled", Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(8)).await; // a failed stop would have been retried twice by now
+    assert_eq!(stop_posts(&coder, a), 1, "{}", svc.raw());
+    assert!(coder.with(|w| holds_gpu(w, a)));
+    assert_eq!(audit_kinds(&audit, a), ["stop_sent", "stop_canceled"]);
+    // Started again by its owner: a new session, idle again, may be stopped.
+    coder.with(|w| w.create_build(a, "start", 1, "cli")).unwrap();
+    until_with(&coder, Some(&svc), "A's new session is stopped", Duration::from_secs(25), |w| !holds_gpu(w, a)).await;
+    assert_eq!(stop_posts(&coder, a), 2);
+}
+
+/// Permissions are per organization (reference NOTES §15): a token that is organization admin
+/// in one organization and template admin in another stops idle workspaces in the first only;
+/// the second's get `skip`/`no-permission` and no POST, and `check` names the organization.
+#[tokio::test]
+async fn permission_is_asked_per_organization() {
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let research = coder.with(|w| {
+        let org = w.add_organization("research");
+        w.grant("orgadmin", org, mocks::OrgRole::TemplateAdmin);
+        org
+    });
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    let b = coder.with(|w| w.create_workspace_in(research, "bob", "b")).unwrap();
+    until(&coder, "A and B run", Duration::from_secs(5), |w| agent_connected(w, a) && agent_connected(w, b)).await;
+    let token = coder.with(|w| w.token_of("orgadmin")).unwrap();
+    let (code, out) = crate::e2e::exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()], &token).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("FAIL organizations: the token may not stop workspaces in \"research\" (1 running)"), "{out}");
+    let svc = Service::start(&coder, &[ex.url()], &token, &[]);
+    until_with(&coder, Some(&svc), "A is stopped", Duration::from_secs(20), |w| w.stop_builds_by(a, "orgadmin") == 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(stop_posts(&coder, b), 0, "no stop is sent where the token may not stop\n{}", svc.raw());
+    let s = status_of(&svc, b).await;
+    assert_eq!((s["verdict"].as_str(), s["reason"].as_str()), (Some("skip"), Some("no-permission")), "{s}");
+    let missing = svc.events("permission_missing");
+    assert_eq!(missing.len(), 1, "said once, not every pass");
+    assert_eq!(missing[0]["organization"], "research");
+}
+
+/// Every start passes through agent `connecting` (image pull, container start) while its pod
+/// already has its GPU: in contended mode that is no reason to stop an idle workspace.
+#[tokio::test]
+async fn a_starting_workspace_that_has_its_gpu_is_not_waiting() {
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let idle = coder.with(|w| w.create_workspace("alice", "idle", None)).unwrap();
+    until(&coder, "I runs", Duration::from_secs(5), |w| agent_connected(w, idle)).await;
+    // A slow image pull: the next pod's agent connects 30 minutes (30 s here) after its GPU.
+    coder.with(|w| w.config.agent_connect = Duration::from_secs(30 * 60));
+    let new = coder.with(|w| w.create_workspace("bob", "new", None)).unwrap();
+    until(&coder, "N has its GPU", Duration::from_secs(5), |w| holds_gpu(w, new)).await;
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended"]);
+    tokio::time::sleep(Duration::from_secs(12)).await; // idle_after is 6 s
+    assert_eq!(stops(&coder, idle), 0, "nobody waits: N is starting\n{}", svc.raw());
+    let s = status_of(&svc, new).await;
+    assert_eq!((s["verdict"].as_str(), s["reason"].as_str()), (Some("keep"), Some("starting")), "{s}");
+    assert_eq!(status_of(&svc, idle).await["reason"], "no-contention");
+}
+
+/// A pod gone for good (a bare pod after an eviction, a lost node) leaves its agent
+/// `disconnected` forever: after `agent_lost_after` it stops counting as demand, and the
+/// status page says so.
+#[tokio::test]
+async fn an_agent_lost_for_good_is_not_demand_forever() {
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let lost = coder.with(|w| w.create_workspace("alice", "lost", None)).unwrap();
+    let idle = coder.with(|w| w.create_workspace("bob", "idle", None)).unwrap();
+    until(&coder, "both run", Duration::from_secs(5), |w| agent_connected(w, lost) && agent_connected(w, idle)).await;
+    coder.with(|w| w.lose_pod(lost));
+    let dir = TempDir::new("lost");
+    let config = dir.file("policy.toml", "agent_lost_after = \"3s\"\n");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended", "--config", &config]);
+    tokio::time::sleep(Duration::from_secs(12)).await; // idle_after is 6 s
+    assert_eq!(stops(&coder, idle), 0, "a lost agent is no demand\n{}", svc.raw());
+    let s = status_of(&svc, lost).await;
+    assert_eq!((s["verdict"].as_str(), s["reason"].as_str()), (Some("unknown"), Some("agent-lost")), "{s}");
+    let addr = svc.addr().await;
+    let page = reqwest::get(format!("http://{addr}/")).await.unwrap().text().await.unwrap();
+    assert!(page.contains("its agent is gone"), "the status page shows it");
+}
+
+/// `restore_autostop` on a template that forbids user TTLs: coderd answers 400 (reference
+/// NOTES §15). The PUT is sent once, not every pass.
+#[tokio::test]
+async fn a_ttl_the_template_refuses_is_asked_for_once() {
+    let coder = FakeCoder::start(WorldConfig { allow_user_autostop: false, ..world(1) }).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| agent_connected(w, a)).await;
+    coder.with(|w| {
+        w.set_load(a, Load::Matmul);
+        w.open_connection(a);
+    });
+    let dir = TempDir::new("ttl");
+    let config = dir.file("policy.toml", "restore_autostop = \"1h\"\n");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--config", &config]);
+    let refused = svc.wait_event("restore_ttl_refused", Duration::from_secs(10)).await;
+    assert!(refused["error"].as_str().unwrap().contains("Custom autostop TTL is not allowed"), "{refused}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let path = format!("/api/v2/workspaces/{a}/ttl");
+    let puts = coder.requests().iter().filter(|(m, p)| m == "PUT" && *p == path).count();
+    assert_eq!(puts, 1, "{}", svc.raw());
+    assert!(svc.events("restore_ttl_failed").is_empty());
+}
+
+/// A suspended user's token is refused with 401 "User is not active" (`httpmw/apikey.go`): the
+/// fix is to reactivate the account, not a new token.
+#[tokio::test]
+async fn a_suspended_owner_is_told_to_reactivate_the_account() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &[]);
+    let addr = svc.addr().await;
+    svc.wait_event("pass", Duration::from_secs(5)).await;
+    coder.with(|w| w.set_user_status("admin", "suspended"));
+    let rejected = svc.wait_event("token_rejected", Duration::from_secs(10)).await;
+    let message = rejected["message"].as_str().unwrap();
+    assert!(message.contains("reactivate the account") && message.contains("does not help"), "{rejected}");
+    let ready = reqwest::get(format!("http://{addr}/readyz")).await.unwrap().text().await.unwrap();
+    assert!(ready.contains("reactivate"), "{ready}");
+    coder.with(|w| w.set_user_status("admin", "active"));
+    svc.wait_event("token_accepted", Duration::from_secs(10)).await;
+}

@@ -19,7 +19,7 @@ use mocks::{Behaviour, ExporterConfig, FakeCoder, FakeExporter, Fault, Load, Wor
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::common::url;
+use crate::common::{audit_lines, url};
 
 pub const INTERVAL: Duration = Duration::from_millis(150);
 
@@ -395,11 +395,6 @@ async fn an_unreachable_webhook_never_blocks_a_stop() {
     assert_eq!(h.stops_by_admin(a), 1);
 }
 
-/// Reads the audit log's lines as JSON.
-fn audit_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path).unwrap_or_default().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
-
 /// The webhook's received events, as JSON.
 async fn hook_events(hook: &wiremock::MockServer) -> Vec<serde_json::Value> {
     hook.received_requests().await.unwrap().iter().map(|r| serde_json::from_slice(&r.body).unwrap()).collect()
@@ -460,8 +455,10 @@ async fn a_refused_stop_backs_off_and_is_abandoned_after_five_attempts() {
     assert!(metrics.contains("coder_gpu_reclaimer_stop_failures_total{kind=\"abandoned\"} 1"), "{metrics}");
     let lines = audit_lines(&path);
     let kinds: Vec<&str> = lines.iter().filter_map(|l| l["event"].as_str()).collect();
-    assert_eq!(kinds, vec!["stop_abandoned"], "{lines:?}");
-    assert_eq!(lines[0]["attempts"], 5);
+    // Each change of state is one audit line: four failures, then the abandonment.
+    assert_eq!(kinds, vec!["stop_failed", "stop_failed", "stop_failed", "stop_failed", "stop_abandoned"], "{lines:?}");
+    let attempts: Vec<i64> = lines.iter().filter_map(|l| l["attempts"].as_i64()).collect();
+    assert_eq!(attempts, vec![1, 2, 3, 4, 5]);
 
     // A new build is a new session: stopping starts afresh.
     h.coder.with(|w| w.create_build(a, "start", w.user_index("alice").unwrap(), "cli")).unwrap();

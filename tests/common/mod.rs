@@ -73,3 +73,14 @@ pub fn installed_or_skip<T>(found: Option<T>, package: &str) -> Option<T> {
     }
     found
 }
+
+/// The audit log's lines as JSON, but `stop_running`: whether a pass looks while a quick
+/// provisioner runs the job is a matter of timing, so tests read the states that always come.
+pub fn audit_lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["event"] != "stop_running")
+        .collect()
+}
