@@ -225,12 +225,14 @@ async fn every_request_body_fits_its_schema() {
     client.set_ttl(crate::common::WS_ID, Some(8 * 3_600_000)).await.ok();
     client.set_ttl(crate::common::WS_ID, None).await.ok();
     client.authcheck(&["read", "stop"], "workspace").await.ok();
+    client.may_stop_in(&["42638e23-9859-4dec-8568-7bc6436fa29d", "7c1f0a2b-3d4e-4f5a-8b6c-9d0e1f2a3b4c"]).await.ok();
     let requests = server.received_requests().await.unwrap();
-    assert_eq!(requests.len(), 4);
+    assert_eq!(requests.len(), 5);
     for (req, def) in requests.iter().zip([
         "codersdk.CreateWorkspaceBuildRequest",
         "codersdk.UpdateWorkspaceTTLRequest",
         "codersdk.UpdateWorkspaceTTLRequest",
+        "codersdk.AuthorizationRequest",
         "codersdk.AuthorizationRequest",
     ]) {
         let body: Value = serde_json::from_slice(&req.body).unwrap();
@@ -288,6 +290,8 @@ async fn the_fake_coder_answers_in_the_spec_shapes() {
     let key_id = token.split('-').next().unwrap().to_string();
     let key: Value = get(format!("/api/v2/users/me/keys/{key_id}")).await.json().await.unwrap();
     assert!(check(&spec, "codersdk.APIKey", &key).is_empty());
+    // No provisioner takes the stop, so it can still be canceled below.
+    fake.with(|w| w.provisioners_down = true);
     let stop = || {
         http.post(format!("{}/api/v2/workspaces/{a}/builds", fake.url()))
             .header("Coder-Session-Token", &token)
@@ -303,4 +307,12 @@ async fn the_fake_coder_answers_in_the_spec_shapes() {
     let body: Value = again.json().await.unwrap();
     assert!(check(&spec, "codersdk.Response", &body).is_empty());
     assert_eq!(body["message"], "A workspace build is already active.");
+    let canceled = http
+        .patch(format!("{}/api/v2/workspacebuilds/{}/cancel", fake.url(), build["id"].as_str().unwrap()))
+        .header("Coder-Session-Token", &token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(canceled.status().as_u16(), 200);
+    assert!(check(&spec, "codersdk.Response", &canceled.json::<Value>().await.unwrap()).is_empty());
 }

@@ -161,3 +161,98 @@ async fn a_freed_gpu_goes_to_the_oldest_waiter_or_at_random() {
         }
     }
 }
+
+/// Coder's lifecycle details (reference NOTES §15), as the fake plays them: permissions per
+/// organization, the job reaper, canceled builds and suspended users.
+#[tokio::test]
+async fn organizations_the_reaper_cancel_and_suspension_behave_as_coderd_does() {
+    let c = fake(WorldConfig { reaper_pending: Duration::from_secs(600), ..fast(2) }).await; // 1 s here
+    let research = c.with(|w| {
+        let org = w.add_organization("research");
+        w.grant("orgadmin", org, mocks::OrgRole::TemplateAdmin);
+        org
+    });
+    let a = c.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    let b = c.with(|w| w.create_workspace_in(research, "bob", "b")).unwrap();
+    settle().await;
+    let http = reqwest::Client::new();
+    let org_admin = c.with(|w| w.token_of("orgadmin")).unwrap();
+    let post = |path: String, token: &str, body: Value| {
+        http.post(format!("{}{path}", c.url())).header("Coder-Session-Token", token.to_string()).json(&body).send()
+    };
+    // A template admin reads the other organization's workspaces but may not stop them.
+    let listed: Value = http
+        .get(format!("{}/api/v2/workspaces?q=status:running", c.url()))
+        .header("Coder-Session-Token", &org_admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["count"], 2, "{listed}");
+    let names: Vec<&str> = listed["workspaces"].as_array().unwrap().iter().filter_map(|w| w["organization_name"].as_str()).collect();
+    assert!(names.contains(&"research") && names.contains(&"coder"), "{names:?}");
+    let refused = post(format!("/api/v2/workspaces/{b}/builds"), &org_admin, json!({"transition": "stop"})).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(refused.json::<Value>().await.unwrap()["message"], "You do not have permission to stop this workspace.");
+    let orgs = c.with(|w| w.organizations.iter().map(|(id, _)| id.to_string()).collect::<Vec<_>>());
+    let check = |org: &str, action: &str| json!({"object": {"resource_type": "workspace", "organization_id": org}, "action": action});
+    let answers: Value = post(
+        "/api/v2/authcheck".into(),
+        &org_admin,
+        json!({"checks": {"stop-coder": check(&orgs[0], "stop"), "stop-research": check(&orgs[1], "stop"), "read-research": check(&orgs[1], "read"), "any": {"object": {"resource_type": "workspace", "any_org": true}, "action": "stop"}}}),
+    )
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        answers,
+        json!({"stop-coder": true, "stop-research": false, "read-research": true, "any": true}),
+        "any_org says yes for some org"
+    );
+
+    // No provisioner answers: the stop stays pending until the reaper fails it; the pod runs on.
+    c.with(|w| w.provisioners_down = true);
+    let owner = c.owner_token();
+    let stop: Value =
+        post(format!("/api/v2/workspaces/{a}/builds"), &owner, json!({"transition": "stop"})).await.unwrap().json().await.unwrap();
+    let build = stop["id"].as_str().unwrap().to_string();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let reaped: Value = http
+        .get(format!("{}/api/v2/workspacebuilds/{build}", c.url()))
+        .header("Coder-Session-Token", &owner)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((reaped["status"].as_str(), reaped["job"]["status"].as_str()), (Some("failed"), Some("failed")), "{reaped}");
+    assert_eq!(reaped["job"]["error"], "Coder: Build has been detected as pending for 10 minutes and has been terminated by the reaper.");
+    assert!(c.with(|w| w.gpu_holders.contains(&Some(a))), "a reaped stop leaves the pod and its GPU");
+
+    // A pending stop canceled by its owner ends `canceled` at once; a second cancel is a 400.
+    let stop: Value =
+        post(format!("/api/v2/workspaces/{b}/builds"), &owner, json!({"transition": "stop"})).await.unwrap().json().await.unwrap();
+    let cancel = || {
+        http.patch(format!("{}/api/v2/workspacebuilds/{}/cancel", c.url(), stop["id"].as_str().unwrap()))
+            .header("Coder-Session-Token", c.with(|w| w.token_of("bob")).unwrap())
+            .send()
+    };
+    assert_eq!(cancel().await.unwrap().status(), StatusCode::OK);
+    assert_eq!(c.with(|w| w.ws_index(b).and_then(|i| w.workspaces[i].latest().map(|l| l.job.status))), Some("canceled"));
+    assert_eq!(cancel().await.unwrap().status(), StatusCode::BAD_REQUEST);
+
+    // A suspended user's token: 401 "User is not active", whatever the token.
+    c.with(|w| w.set_user_status("bob", "suspended"));
+    let me = http.get(format!("{}/api/v2/users/me", c.url())).header("Coder-Session-Token", c.with(|w| w.token_of("bob")).unwrap());
+    let resp = me.send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["message"],
+        "User is not active (status = \"suspended\"). Contact an admin to reactivate your account."
+    );
+}
