@@ -1,9 +1,10 @@
 //! What the service gives back, counted while it runs: GPU-seconds observed idle, GPUs
-//! reclaimed, GPU-seconds given back (from a stop until the workspace runs again), and how long
-//! GPU sessions waited for a GPU (from `waiting` to running with a GPU). Fed once per pass by the
-//! report step from the pass's own figures; no I/O, no clock of its own (`now` is the pass's).
+//! reclaimed, GPU-seconds given back (from a stop until the workspace runs again), how long GPU
+//! sessions waited for a GPU (from `waiting` to running with a GPU), the latest stops, and, when
+//! GPU-hours have a price (`gpu_hour_price`), the same in money. Fed once per pass by the report
+//! step from the pass's own figures; no I/O, no clock of its own (`now` is the pass's).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use chrono::{DateTime, Duration, NaiveDate, Utc};
 use serde::Serialize;
@@ -11,15 +12,51 @@ use serde::Serialize;
 use crate::coder::types::Workspace;
 use crate::decide::{Decision, Verdict};
 
+/// How many of the latest completed stops the status document lists.
+pub const RECENT_STOPS: usize = 10;
+
 /// The figures the status document shows.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct AccountingSummary {
     /// GPU-hours given back today (UTC) and over the last 7 days, while the service ran.
     pub gpu_hours_given_back_today: f64,
     pub gpu_hours_given_back_7d: f64,
+    /// GPU-hours observed not computing today (UTC).
+    pub gpu_hours_idle_today: f64,
+    /// The same in money, when `gpu_hour_price` is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostSummary>,
     /// Sessions waiting for a GPU now, and the longest wait so far.
     pub waiting: usize,
     pub longest_wait_seconds: i64,
+    /// The latest completed stops, newest first (at most `RECENT_STOPS`).
+    pub recent_stops: Vec<RecentStop>,
+}
+
+/// Money: GPU-hours times the price of their GPU model (`gpu_hour_price`), rounded to cents.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CostSummary {
+    pub currency: String,
+    pub given_back_today: f64,
+    pub given_back_7d: f64,
+    pub idle_today: f64,
+    pub idle_7d: f64,
+}
+
+/// One completed stop and what it gave back so far.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RecentStop {
+    pub workspace_id: String,
+    pub workspace: String,
+    pub owner: String,
+    pub template: String,
+    pub gpus: u64,
+    pub stopped_at: DateTime<Utc>,
+    /// When it ran again (giving back ended then).
+    pub resumed_at: Option<DateTime<Utc>>,
+    pub gpu_hours_given_back: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_given_back: Option<f64>,
 }
 
 /// One pass's increments, for the metrics.
@@ -31,25 +68,45 @@ pub struct Increments {
     pub gpus_reclaimed: Vec<(String, u64)>,
     /// template -> GPU-seconds given back this pass.
     pub given_back_gpu_seconds: Vec<(String, f64)>,
+    /// template -> money of the idle and given-back GPU time this pass (priced GPUs only).
+    pub idle_cost: Vec<(String, f64)>,
+    pub given_back_cost: Vec<(String, f64)>,
     /// Waits that ended this pass (a session got its GPU), seconds.
     pub waits_ended: Vec<f64>,
 }
 
+/// A running GPU workspace as last seen.
 #[derive(Debug, Clone)]
-struct GivenBack {
+struct Seen {
     template: String,
+    workspace: String,
+    owner: String,
     gpus: u64,
+    /// Price of one of its GPU-hours.
+    price: Option<f64>,
+}
+
+/// Totals of one UTC day.
+#[derive(Debug, Clone, Copy, Default)]
+struct Day {
+    given_back_seconds: f64,
+    given_back_cost: f64,
+    idle_seconds: f64,
+    idle_cost: f64,
 }
 
 #[derive(Debug, Default)]
 pub struct Accounting {
+    /// Set when GPU time has a price: the currency it is in.
+    currency: Option<String>,
     last_pass: Option<DateTime<Utc>>,
-    /// The template and GPU count of each running GPU workspace, as last seen.
-    seen: HashMap<String, (String, u64)>,
-    given_back: HashMap<String, GivenBack>,
+    seen: HashMap<String, Seen>,
+    /// Stopped workspaces, until they run again.
+    given_back: HashMap<String, Seen>,
     waiting_since: HashMap<String, DateTime<Utc>>,
-    /// GPU-seconds given back per UTC day (the last 8 days).
-    days: BTreeMap<NaiveDate, f64>,
+    /// Per UTC day (the last 8 days).
+    days: BTreeMap<NaiveDate, Day>,
+    recent: VecDeque<RecentStop>,
 }
 
 /// Passes further apart than this count for this long at most (the service was down or hung:
@@ -57,14 +114,21 @@ pub struct Accounting {
 const MAX_PASS_GAP: Duration = Duration::minutes(5);
 
 impl Accounting {
-    /// Accounts one pass. `gpus[i]` is how many GPUs `workspaces[i]` holds (series seen);
-    /// `stops_done` are the workspaces whose stop build completed this pass.
+    /// Counts money too, in `currency` (GPU-hours priced by `gpu_hour_price`).
+    pub fn priced(currency: &str) -> Self {
+        Accounting { currency: Some(currency.to_string()), ..Accounting::default() }
+    }
+
+    /// Accounts one pass. `gpus[i]` is how many GPUs `workspaces[i]` holds (series seen) and
+    /// `prices[i]` what one of its GPU-hours costs; `stops_done` are the workspaces whose stop
+    /// build completed this pass.
     pub fn pass(
         &mut self,
         now: DateTime<Utc>,
         workspaces: &[Workspace],
         decisions: &[Decision],
         gpus: &[u64],
+        prices: &[Option<f64>],
         stops_done: &[String],
     ) -> Increments {
         let dt = self.last_pass.map_or(Duration::zero(), |t| (now - t).clamp(Duration::zero(), MAX_PASS_GAP));
@@ -72,6 +136,7 @@ impl Accounting {
         self.last_pass = Some(now);
         let mut inc = Increments::default();
         let listed: HashMap<&str, usize> = workspaces.iter().enumerate().map(|(i, w)| (w.id.as_str(), i)).collect();
+        let day = self.days.entry(now.date_naive()).or_default();
 
         // Given back until the workspace runs again.
         let mut back_again = Vec::new();
@@ -81,28 +146,60 @@ impl Accounting {
             } else if secs > 0.0 {
                 let s = secs * g.gpus as f64;
                 inc.given_back_gpu_seconds.push((g.template.clone(), s));
-                *self.days.entry(now.date_naive()).or_default() += s;
+                day.given_back_seconds += s;
+                let cost = g.price.map(|p| p * s / 3600.0);
+                if let Some(c) = cost {
+                    inc.given_back_cost.push((g.template.clone(), c));
+                    day.given_back_cost += c;
+                }
+                if let Some(r) = self.recent.iter_mut().find(|r| r.workspace_id == *id && r.resumed_at.is_none()) {
+                    r.gpu_hours_given_back += s / 3600.0;
+                    r.cost_given_back = r.cost_given_back.map(|a| a + cost.unwrap_or(0.0));
+                }
             }
         }
         for id in back_again {
             self.given_back.remove(&id);
+            if let Some(r) = self.recent.iter_mut().find(|r| r.workspace_id == id && r.resumed_at.is_none()) {
+                r.resumed_at = Some(now);
+            }
         }
         for id in stops_done {
-            if let Some((template, n)) = self.seen.get(id).cloned().filter(|(_, n)| *n > 0) {
-                inc.gpus_reclaimed.push((template.clone(), n));
-                self.given_back.insert(id.clone(), GivenBack { template, gpus: n });
+            if let Some(seen) = self.seen.get(id).cloned().filter(|s| s.gpus > 0) {
+                inc.gpus_reclaimed.push((seen.template.clone(), seen.gpus));
+                self.recent.push_front(RecentStop {
+                    workspace_id: id.clone(),
+                    workspace: seen.workspace.clone(),
+                    owner: seen.owner.clone(),
+                    template: seen.template.clone(),
+                    gpus: seen.gpus,
+                    stopped_at: now,
+                    resumed_at: None,
+                    gpu_hours_given_back: 0.0,
+                    cost_given_back: seen.price.map(|_| 0.0),
+                });
+                self.recent.truncate(RECENT_STOPS);
+                self.given_back.insert(id.clone(), seen);
             }
         }
 
         // Idle GPU time, and who waits.
-        for ((w, d), &n) in workspaces.iter().zip(decisions).zip(gpus) {
+        for (((w, d), &n), &price) in workspaces.iter().zip(decisions).zip(gpus).zip(prices) {
             if n > 0 {
-                self.seen.insert(w.id.clone(), (w.template_name.clone(), n));
+                let seen =
+                    Seen { template: w.template_name.clone(), workspace: w.name.clone(), owner: w.owner_name.clone(), gpus: n, price };
+                self.seen.insert(w.id.clone(), seen);
             }
             if let Some(idle) = d.gpu_idle.filter(|g| *g > Duration::zero()).filter(|_| n > 0) {
                 let idle_secs = idle.num_milliseconds() as f64 / 1000.0;
                 if secs > 0.0 {
-                    inc.idle_gpu_seconds.push((w.template_name.clone(), secs.min(idle_secs) * n as f64));
+                    let s = secs.min(idle_secs) * n as f64;
+                    inc.idle_gpu_seconds.push((w.template_name.clone(), s));
+                    day.idle_seconds += s;
+                    if let Some(p) = price {
+                        inc.idle_cost.push((w.template_name.clone(), p * s / 3600.0));
+                        day.idle_cost += p * s / 3600.0;
+                    }
                 }
             }
             if d.verdict == Verdict::Waiting {
@@ -123,7 +220,7 @@ impl Accounting {
         for id in ended {
             self.waiting_since.remove(&id);
         }
-        self.seen.retain(|id, _| listed.contains_key(id.as_str()) || self.given_back.contains_key(id) || stops_done.contains(id));
+        self.seen.retain(|id, _| listed.contains_key(id.as_str()) || stops_done.contains(id));
         let oldest = now.date_naive() - Duration::days(8);
         self.days.retain(|d, _| *d > oldest);
         inc
@@ -133,12 +230,29 @@ impl Accounting {
         let today = now.date_naive();
         let week_start = today - Duration::days(6);
         // A float sum of nothing is -0.0: start from +0.0.
-        let hours = |from: NaiveDate| self.days.range(from..).map(|(_, s)| s).fold(0.0, |a, b| a + b) / 3600.0;
+        let sum = |from: NaiveDate, f: fn(&Day) -> f64| self.days.range(from..).map(|(_, d)| f(d)).fold(0.0, |a, b| a + b);
         AccountingSummary {
-            gpu_hours_given_back_today: round2(hours(today)),
-            gpu_hours_given_back_7d: round2(hours(week_start)),
+            gpu_hours_given_back_today: round2(sum(today, |d| d.given_back_seconds) / 3600.0),
+            gpu_hours_given_back_7d: round2(sum(week_start, |d| d.given_back_seconds) / 3600.0),
+            gpu_hours_idle_today: round2(sum(today, |d| d.idle_seconds) / 3600.0),
+            cost: self.currency.as_ref().map(|currency| CostSummary {
+                currency: currency.clone(),
+                given_back_today: round2(sum(today, |d| d.given_back_cost)),
+                given_back_7d: round2(sum(week_start, |d| d.given_back_cost)),
+                idle_today: round2(sum(today, |d| d.idle_cost)),
+                idle_7d: round2(sum(week_start, |d| d.idle_cost)),
+            }),
             waiting: self.waiting_since.len(),
             longest_wait_seconds: self.waiting_since.values().map(|t| (now - *t).num_seconds()).max().unwrap_or(0),
+            recent_stops: self
+                .recent
+                .iter()
+                .map(|r| RecentStop {
+                    gpu_hours_given_back: round2(r.gpu_hours_given_back),
+                    cost_given_back: r.cost_given_back.map(round2),
+                    ..r.clone()
+                })
+                .collect(),
         }
     }
 }

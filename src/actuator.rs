@@ -279,14 +279,11 @@ impl Actuator {
         let current: HashSet<&str> = chosen.iter().map(|&i| eval.decisions[i].workspace_id.as_str()).collect();
         self.reported.retain(|id| current.contains(id.as_str()));
         for i in chosen {
-            let (ws, d) = (&eval.workspaces[i], &eval.decisions[i]);
+            let ws = &eval.workspaces[i];
             if !self.reported.insert(ws.id.clone()) {
                 continue;
             }
-            let event = AuditEvent {
-                gpus: eval.gpus.get(i).copied(),
-                ..AuditEvent::new(AuditKind::WouldStop, eval.now, self.mode.as_str(), ws, d)
-            };
+            let event = stop_event(AuditKind::WouldStop, eval, i, self.mode);
             tracing::info!(event = "would_stop", workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, "{}", event.message);
             self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "observe" }).inc();
             self.announce(&event, true);
@@ -348,17 +345,14 @@ impl Actuator {
     fn candidates(&self, eval: &Evaluation) -> Vec<Candidate> {
         let mut out = Vec::new();
         for &i in &eval.fleet.stop_order {
-            let (ws, d) = (&eval.workspaces[i], &eval.decisions[i]);
+            let ws = &eval.workspaces[i];
             let due = match self.tracked.get(&ws.id).map(|t| &t.state) {
                 None => true,
                 Some(StopState::Failed { retry_at, .. }) => *retry_at <= eval.now,
                 Some(_) => false,
             };
             if due {
-                let event = AuditEvent {
-                    gpus: eval.gpus.get(i).copied(),
-                    ..AuditEvent::new(AuditKind::StopSent, eval.now, self.mode.as_str(), ws, d)
-                };
+                let event = stop_event(AuditKind::StopSent, eval, i, self.mode);
                 out.push(Candidate {
                     event,
                     session: ws.latest_build.id.clone(),
@@ -651,5 +645,17 @@ impl Actuator {
         }
         let listed: HashSet<&str> = eval.workspaces.iter().map(|w| w.id.as_str()).collect();
         self.ttl_refused.retain(|id, _| listed.contains(id.as_str()));
+    }
+}
+
+/// The audit event of a stop (or would-stop) of `eval.workspaces[i]`: its decision, how many
+/// GPUs it holds and what one of its GPU-hours costs.
+fn stop_event(kind: AuditKind, eval: &Evaluation, i: usize, mode: Mode) -> AuditEvent {
+    let price = eval.prices.get(i).copied().flatten();
+    AuditEvent {
+        gpus: eval.gpus.get(i).copied(),
+        gpu_hour_price: price,
+        currency: price.and(eval.currency.clone()),
+        ..AuditEvent::new(kind, eval.now, mode.as_str(), &eval.workspaces[i], &eval.decisions[i])
     }
 }

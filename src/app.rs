@@ -144,7 +144,11 @@ impl Application {
             mode,
             token_checked: Instant::now(),
             sample_interval,
-            accounting: Accounting::default(),
+            accounting: if settings.policy.prices_gpu_time() {
+                Accounting::priced(&settings.policy.currency)
+            } else {
+                Accounting::default()
+            },
         })
     }
 

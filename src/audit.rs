@@ -126,6 +126,12 @@ pub struct AuditEvent {
     /// GPU-seconds given back, from the stop until it ran again (`resumed`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_seconds_given_back: Option<i64>,
+    /// The price of one of its GPU-hours when it was stopped (`gpu_hour_price`), and its currency:
+    /// `report` prices what was given back with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_hour_price: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
 }
 
 impl AuditEvent {
@@ -147,6 +153,8 @@ impl AuditEvent {
             attempts: None,
             gpus: None,
             gpu_seconds_given_back: None,
+            gpu_hour_price: None,
+            currency: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! `report`: reads the audit log and sums it up for the weekly message to management: stops per
 //! template and owner, GPU-hours given back (from each `resumed` line, and stops not yet resumed
-//! counted until the end of the period), and would-stops in observe mode. Reads a file only.
+//! counted until the end of the period), and would-stops in observe mode; with prices in the
+//! log (`gpu_hour_price`), the money given back too. Reads a file only.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -27,6 +28,10 @@ struct Line {
     gpus: Option<u64>,
     #[serde(default)]
     gpu_seconds_given_back: Option<i64>,
+    #[serde(default)]
+    gpu_hour_price: Option<f64>,
+    #[serde(default)]
+    currency: Option<String>,
 }
 
 /// One row: a template and an owner.
@@ -39,6 +44,9 @@ pub struct Row {
     /// Stops that would have been sent (observe mode).
     pub would_stops: u64,
     pub gpu_hours_given_back: f64,
+    /// The given-back GPU-hours priced at what they cost when stopped (priced stops only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost_given_back: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -47,6 +55,9 @@ pub struct AuditReport {
     pub until: DateTime<Utc>,
     pub rows: Vec<Row>,
     pub total: Row,
+    /// The currency of `cost_given_back` (the newest priced line's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
     /// Lines that were not audit events (skipped).
     pub unreadable_lines: usize,
 }
@@ -58,8 +69,16 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     })?;
     let mut rows: BTreeMap<(String, String), Row> = BTreeMap::new();
     let mut unreadable = 0;
+    let mut currency = None;
     // A stop not yet resumed gives back until the end of the period.
-    let mut open: BTreeMap<String, (String, String, DateTime<Utc>, u64)> = BTreeMap::new();
+    let mut open: BTreeMap<String, ((String, String), Stopped)> = BTreeMap::new();
+    let give_back = |rows: &mut BTreeMap<(String, String), Row>, key: (String, String), gpu_hours: f64, price: Option<f64>| {
+        let row = rows.entry(key).or_default();
+        row.gpu_hours_given_back += gpu_hours;
+        if let Some(p) = price {
+            row.cost_given_back = Some(row.cost_given_back.unwrap_or(0.0) + gpu_hours * p);
+        }
+    };
     for line in std::io::BufReader::new(file).lines() {
         let line = line.map_err(|e| Error::runtime(format!("--audit-log {}: reading failed ({e})", path.display())))?;
         if line.trim().is_empty() {
@@ -75,26 +94,30 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
             "stop_sent" if in_period => rows.entry(key).or_default().stops += 1,
             "would_stop" if in_period => rows.entry(key).or_default().would_stops += 1,
             "stop_done" => {
-                open.insert(l.workspace_id.clone(), (l.template, l.owner, l.time, l.gpus.unwrap_or(0)));
+                if l.gpu_hour_price.is_some() && l.currency.is_some() {
+                    currency.clone_from(&l.currency);
+                }
+                let stopped = Stopped { at: l.time, gpus: l.gpus.unwrap_or(0), price: l.gpu_hour_price };
+                open.insert(l.workspace_id.clone(), (key, stopped));
             }
             "resumed" => {
-                if let Some((_, _, stopped, _)) = open.remove(&l.workspace_id) {
+                if let Some((_, stopped)) = open.remove(&l.workspace_id) {
                     // Only the part inside the period counts.
-                    let (from, to) = (stopped.max(since), l.time.min(until));
-                    let whole = (l.time - stopped).num_seconds().max(1) as f64;
+                    let (from, to) = (stopped.at.max(since), l.time.min(until));
+                    let whole = (l.time - stopped.at).num_seconds().max(1) as f64;
                     let given = l.gpu_seconds_given_back.unwrap_or(0) as f64;
                     if to > from {
-                        rows.entry(key).or_default().gpu_hours_given_back += given * (to - from).num_seconds() as f64 / whole / 3600.0;
+                        give_back(&mut rows, key, given * (to - from).num_seconds() as f64 / whole / 3600.0, stopped.price);
                     }
                 }
             }
             _ => {}
         }
     }
-    for (_, (template, owner, stopped, gpus)) in open {
-        let from = stopped.max(since);
+    for (_, (key, stopped)) in open {
+        let from = stopped.at.max(since);
         if until > from {
-            rows.entry((template, owner)).or_default().gpu_hours_given_back += (until - from).num_seconds() as f64 * gpus as f64 / 3600.0;
+            give_back(&mut rows, key, (until - from).num_seconds() as f64 * stopped.gpus as f64 / 3600.0, stopped.price);
         }
     }
     let mut total = Row { template: "(all)".into(), owner: "(all)".into(), ..Row::default() };
@@ -105,11 +128,28 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
             total.stops += r.stops;
             total.would_stops += r.would_stops;
             total.gpu_hours_given_back += r.gpu_hours_given_back;
-            Row { template, owner, gpu_hours_given_back: round2(r.gpu_hours_given_back), ..r }
+            if let Some(c) = r.cost_given_back {
+                total.cost_given_back = Some(total.cost_given_back.unwrap_or(0.0) + c);
+            }
+            Row {
+                template,
+                owner,
+                gpu_hours_given_back: round2(r.gpu_hours_given_back),
+                cost_given_back: r.cost_given_back.map(round2),
+                ..r
+            }
         })
         .collect();
     total.gpu_hours_given_back = round2(total.gpu_hours_given_back);
-    Ok(AuditReport { since, until, rows, total, unreadable_lines: unreadable })
+    total.cost_given_back = total.cost_given_back.map(round2);
+    Ok(AuditReport { since, until, rows, total, currency, unreadable_lines: unreadable })
+}
+
+/// A completed stop, until its workspace runs again.
+struct Stopped {
+    at: DateTime<Utc>,
+    gpus: u64,
+    price: Option<f64>,
 }
 
 fn round2(x: f64) -> f64 {
@@ -121,10 +161,28 @@ impl AuditReport {
     pub fn table(&self) -> String {
         let mut out =
             format!("GPU reclaim report, {} to {}\n\n", self.since.format("%Y-%m-%d %H:%M UTC"), self.until.format("%Y-%m-%d %H:%M UTC"));
-        let _ = writeln!(out, "{:<24} {:<16} {:>6} {:>12} {:>12}", "TEMPLATE", "OWNER", "STOPS", "WOULD-STOPS", "GPU-HOURS");
+        let money = self.currency.as_ref().map(|c| format!("{c} GIVEN BACK"));
+        let _ = writeln!(
+            out,
+            "{:<24} {:<16} {:>6} {:>12} {:>12}{}",
+            "TEMPLATE",
+            "OWNER",
+            "STOPS",
+            "WOULD-STOPS",
+            "GPU-HOURS",
+            money.as_ref().map_or(String::new(), |m| format!(" {m:>16}"))
+        );
         for r in self.rows.iter().chain(std::iter::once(&self.total)) {
-            let _ =
-                writeln!(out, "{:<24} {:<16} {:>6} {:>12} {:>12.2}", r.template, r.owner, r.stops, r.would_stops, r.gpu_hours_given_back);
+            let cost = match (&money, r.cost_given_back) {
+                (Some(_), Some(c)) => format!(" {c:>16.2}"),
+                (Some(_), None) => format!(" {:>16}", "-"),
+                (None, _) => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "{:<24} {:<16} {:>6} {:>12} {:>12.2}{cost}",
+                r.template, r.owner, r.stops, r.would_stops, r.gpu_hours_given_back
+            );
         }
         if self.unreadable_lines > 0 {
             let _ = writeln!(out, "\n{} line(s) were not audit events and were skipped", self.unreadable_lines);
@@ -134,10 +192,18 @@ impl AuditReport {
 
     /// CSV with a header row (the total last).
     pub fn csv(&self) -> String {
-        let mut out = String::from("template,owner,stops,would_stops,gpu_hours_given_back\n");
+        let mut out = String::from("template,owner,stops,would_stops,gpu_hours_given_back");
+        if self.currency.is_some() {
+            out.push_str(",cost_given_back,currency");
+        }
+        out.push('\n');
         let field = |s: &str| if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() };
         for r in self.rows.iter().chain(std::iter::once(&self.total)) {
-            let _ = writeln!(out, "{},{},{},{},{:.2}", field(&r.template), field(&r.owner), r.stops, r.would_stops, r.gpu_hours_given_back);
+            let _ = write!(out, "{},{},{},{},{:.2}", field(&r.template), field(&r.owner), r.stops, r.would_stops, r.gpu_hours_given_back);
+            if let Some(c) = &self.currency {
+                let _ = write!(out, ",{},{}", r.cost_given_back.map_or(String::new(), |m| format!("{m:.2}")), field(c));
+            }
+            out.push('\n');
         }
         out
     }

@@ -206,9 +206,18 @@ pub struct CheckArgs {
 clock (1 real second = 1 Coder minute): one GPU; session A holds it and walks away; session B starts \
 and waits (Pending, `Insufficient nvidia.com/gpu`). The real reclaim loop runs in enforce mode, \
 stops A with a Coder stop build once its GPU has been idle long enough, B gets the GPU, and A \
-starts again and waits while B works. Prints a timeline and exits 0. Needs no network.")]
+starts again and waits while B works. Prints a timeline and exits 0. Needs no network. While the \
+story plays it serves what `run` serves (the status page, /metrics, /healthz, /readyz, the status \
+API) on --listen; --hold keeps serving after the story ends, until Ctrl-C.")]
 pub struct DemoArgs {
     /// Print every pass's decisions, not only changes
     #[arg(long)]
     pub verbose: bool,
+    /// Where to serve the status page, /metrics, /healthz, /readyz and /api/v1/workspaces while
+    /// the story plays (port 0: any free port; the URL is printed)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    pub listen: std::net::SocketAddr,
+    /// Keep serving, and passing, after the story ends, until Ctrl-C
+    #[arg(long)]
+    pub hold: bool,
 }

@@ -96,6 +96,10 @@ pub struct FileConfig {
     /// GPU model glob -> watts: a GPU drawing at least this is kept (a power veto).
     #[serde(default)]
     pub active_power_watts: Option<std::collections::BTreeMap<String, f64>>,
+    /// GPU model glob -> price of one GPU-hour, in `currency`.
+    #[serde(default)]
+    pub gpu_hour_price: Option<std::collections::BTreeMap<String, f64>>,
+    pub currency: Option<String>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<Rule>,
 }
@@ -462,16 +466,21 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
         return err("frozen_after must be at least twice the interval: readings are compared pass to pass, e.g. frozen_after = \"3m\"");
     }
     if let Some(table) = &file.active_power_watts {
-        // The most specific pattern first: a longer glob wins over a shorter one.
-        let mut rules: Vec<(String, f64)> = Vec::with_capacity(table.len());
-        for (glob, watts) in table {
-            if !watts.is_finite() || *watts <= 0.0 {
-                return err(format!("active_power_watts {glob:?} = {watts}: write the watts a busy GPU of that model draws, e.g. 150"));
-            }
-            rules.push((glob.clone(), *watts));
+        p.active_power_watts = per_model_table(table, |glob, watts| {
+            format!("active_power_watts {glob:?} = {watts}: write the watts a busy GPU of that model draws, e.g. 150")
+        })?;
+    }
+    if let Some(table) = &file.gpu_hour_price {
+        p.gpu_hour_price = per_model_table(table, |glob, price| {
+            format!("gpu_hour_price {glob:?} = {price}: write what one GPU-hour of that model costs, e.g. 2.5")
+        })?;
+    }
+    if let Some(currency) = &file.currency {
+        let ok = (1..=8).contains(&currency.len()) && currency.chars().all(|c| c.is_ascii_alphanumeric());
+        if !ok {
+            return err(format!("currency {currency:?}: a short code of letters, e.g. currency = \"USD\""));
         }
-        rules.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
-        p.active_power_watts = rules;
+        p.currency = currency.clone();
     }
     p.stop_timeout = file.stop_timeout.unwrap_or(p.stop_timeout);
     if p.stop_timeout < interval {
@@ -489,6 +498,23 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     }
     p.rules = file.rules.clone();
     Ok(p)
+}
+
+/// A per-model table (glob -> positive number), the most specific glob first: a longer glob
+/// wins over a shorter one.
+fn per_model_table(
+    table: &std::collections::BTreeMap<String, f64>,
+    explain: impl Fn(&str, f64) -> String,
+) -> Result<Vec<(String, f64)>, Error> {
+    let mut rules: Vec<(String, f64)> = Vec::with_capacity(table.len());
+    for (glob, value) in table {
+        if !value.is_finite() || *value <= 0.0 {
+            return Err(Error::config(explain(glob, *value)));
+        }
+        rules.push((glob.clone(), *value));
+    }
+    rules.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+    Ok(rules)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! waits. The real pass runs in enforce mode, stops A with a Coder stop build, B gets the GPU,
 //! and A, started again, waits while B works. The fakes run Coder's clocks 60x faster, and the
 //! policy is scaled to match (idle_after 10 s = 10 Coder minutes), so it ends in about 30 s.
+//! Meanwhile it serves what `run` serves on `--listen`, and `--hold` keeps serving afterwards.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -56,6 +57,13 @@ enum Stage {
 }
 
 pub async fn run(args: DemoArgs) -> Result<(), Error> {
+    let listener = tokio::net::TcpListener::bind(args.listen).await.map_err(|e| {
+        Error::config(format!(
+            "--listen {}: cannot bind ({e}); choose a free address, e.g. --listen 127.0.0.1:0 (any free port)",
+            args.listen
+        ))
+    })?;
+    let bound = listener.local_addr().map_err(runtime)?;
     let world = WorldConfig {
         gpus: 1,
         scale: SCALE,
@@ -85,7 +93,9 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     settings.policy = Policy::defaults(INTERVAL);
     settings.policy.thresholds.idle_after = IDLE_AFTER;
     let mut app = Application::build(&settings, Role::Run).await.map_err(runtime)?;
-    let (_stop_tx, stop_rx) = watch::channel(false);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let server = tokio::spawn(crate::serve::serve(listener, app.state.clone(), None, stop_rx.clone()));
+    println!("Status page: http://{bound}/   (also /metrics, /healthz, /readyz, /api/v1/workspaces)\n");
 
     let mut tl = Timeline { started: Instant::now(), out: String::new() };
     let a = coder.with(|w| w.create_workspace("alice", "a-train", None)).map_err(|e| runtime(e.message))?;
@@ -202,5 +212,19 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     println!(
         "\nDone: {stops_by_admin} stop build sent for a-train; its GPU went to b-notebook; a-train, started again, now waits while bob works."
     );
+    if args.hold {
+        println!("Serving http://{bound}/ until Ctrl-C.");
+        crate::commands::spawn_signal_handler(stop_tx.clone());
+        let mut stopping = stop_rx.clone();
+        while !*stopping.borrow() {
+            app.pass(&stop_rx).await.map_err(runtime)?;
+            tokio::select! {
+                _ = tokio::time::sleep(INTERVAL) => {}
+                _ = stopping.changed() => {}
+            }
+        }
+    }
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     Ok(())
 }

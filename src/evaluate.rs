@@ -36,6 +36,10 @@ pub struct Evaluation {
     pub coder_clock_offset: Option<chrono::Duration>,
     /// How many GPUs report for each workspace (`gpus[i]` for `workspaces[i]`).
     pub gpus: Vec<u64>,
+    /// The price of one of its GPU-hours (`gpu_hour_price` for its GPUs' model), when set.
+    pub prices: Vec<Option<f64>>,
+    /// The currency of `prices`, when GPU time is priced.
+    pub currency: Option<String>,
 }
 
 /// A clock difference larger than this is logged (`clock_skew`): decisions correct for it, but
@@ -205,6 +209,8 @@ impl Evaluator {
         self.warnings =
             decisions.iter().filter(|d| d.is_stop_eligible()).filter_map(|d| d.stop_at.map(|t| (d.workspace_id.clone(), t))).collect();
         let gpus = workspaces.iter().map(|w| self.windows.get(&w.id).map_or(0, |g| g.len() as u64)).collect();
+        let model = |id: &str| self.windows.get(id).and_then(|g| g.iter().find_map(|w| w.model.as_deref()));
+        let prices = workspaces.iter().map(|w| self.policy.gpu_hour_price_for(model(&w.id))).collect();
         Ok(Evaluation {
             now,
             started,
@@ -217,6 +223,8 @@ impl Evaluator {
             duplicates,
             coder_clock_offset: listing.clock_offset,
             gpus,
+            prices,
+            currency: self.policy.prices_gpu_time().then(|| self.policy.currency.clone()),
         })
     }
 }

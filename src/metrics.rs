@@ -48,6 +48,13 @@ pub struct TemplateLabels {
     pub template: String,
 }
 
+/// Money, by template, in the configured currency (one value).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CostLabels {
+    pub template: String,
+    pub currency: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
     pub source: String,
@@ -72,6 +79,8 @@ pub struct Metrics {
     pub gpu_idle_seconds: Family<TemplateLabels, Counter<f64, AtomicU64>>,
     pub gpus_reclaimed: Family<TemplateLabels, Counter>,
     pub gpu_seconds_given_back: Family<TemplateLabels, Counter<f64, AtomicU64>>,
+    pub gpu_cost_idle: Family<CostLabels, Counter<f64, AtomicU64>>,
+    pub gpu_cost_given_back: Family<CostLabels, Counter<f64, AtomicU64>>,
     pub gpu_wait: Histogram,
 }
 
@@ -102,6 +111,8 @@ impl Metrics {
             gpu_idle_seconds: Family::default(),
             gpus_reclaimed: Family::default(),
             gpu_seconds_given_back: Family::default(),
+            gpu_cost_idle: Family::default(),
+            gpu_cost_given_back: Family::default(),
             gpu_wait: Histogram::new([60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0]),
             registry: Registry::default(),
         };
@@ -135,6 +146,16 @@ impl Metrics {
             m.gpu_seconds_given_back.clone(),
         );
         registry.register(
+            "gpu_cost_idle",
+            "Money spent on GPUs observed not computing (gpu_hour_price), by template and currency",
+            m.gpu_cost_idle.clone(),
+        );
+        registry.register(
+            "gpu_cost_given_back",
+            "Money given back: priced GPU time from a completed stop until the workspace runs again, by template and currency",
+            m.gpu_cost_given_back.clone(),
+        );
+        registry.register(
             "gpu_wait_seconds",
             "How long GPU sessions waited for a GPU (from waiting to running with one)",
             m.gpu_wait.clone(),
@@ -159,9 +180,16 @@ impl Metrics {
         Arc::new(move |endpoint, code| m.observe_request(endpoint, code))
     }
 
-    /// Adds one pass's accounting.
-    pub fn account(&self, inc: &crate::accounting::Increments) {
+    /// Adds one pass's accounting; money is in `currency`.
+    pub fn account(&self, inc: &crate::accounting::Increments, currency: &str) {
         let t = |template: &str| TemplateLabels { template: template.to_string() };
+        let c = |template: &str| CostLabels { template: template.to_string(), currency: currency.to_string() };
+        for (template, money) in &inc.idle_cost {
+            self.gpu_cost_idle.get_or_create(&c(template)).inc_by(*money);
+        }
+        for (template, money) in &inc.given_back_cost {
+            self.gpu_cost_given_back.get_or_create(&c(template)).inc_by(*money);
+        }
         for (template, s) in &inc.idle_gpu_seconds {
             self.gpu_idle_seconds.get_or_create(&t(template)).inc_by(*s);
         }

@@ -124,7 +124,7 @@ th{font-size:12px;color:#57606a;font-weight:600;background:#fafbfc}
 .v{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600}
 .v-reclaim{background:#fde2dd;color:#8f2a16}.v-warn{background:#fff0c2;color:#7a5300}.v-waiting{background:#e1ecff;color:#1a4fa0}
 .v-unknown{background:#ececec;color:#444}.v-keep{background:#dff3e4;color:#1d6b32}.v-skip{background:#f2f2f2;color:#777}
-.why{color:#57606a;font-size:12px}.num{font-variant-numeric:tabular-nums;white-space:nowrap}.empty{padding:24px;color:#57606a}
+h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-variant-numeric:tabular-nums;white-space:nowrap}.empty{padding:24px;color:#57606a}
 </style></head><body>"#,
     );
     let _ = write!(
@@ -142,6 +142,14 @@ th{font-size:12px;color:#57606a;font-weight:600;background:#fafbfc}
         a.gpu_hours_given_back_today,
         a.gpu_hours_given_back_7d
     );
+    if let Some(c) = &a.cost {
+        let cur = escape(&c.currency);
+        let _ = write!(
+            out,
+            r#"<section class="cards" id="cost"><div class="card"><b id="cost-given-back-today">{:.2} {cur}</b><span>given back today</span></div><div class="card"><b>{:.2} {cur}</b><span>given back, 7 days</span></div><div class="card"><b id="cost-idle-today">{:.2} {cur}</b><span>spent on idle GPUs today ({:.1} GPU-hours)</span></div><div class="card"><b>{:.2} {cur}</b><span>spent on idle GPUs, 7 days</span></div></section>"#,
+            c.given_back_today, c.given_back_7d, c.idle_today, a.gpu_hours_idle_today, c.idle_7d
+        );
+    }
     if let Some(b) = &doc.breaker {
         let _ = write!(out, r#"<div class="breaker" id="breaker"><b>Circuit breaker open:</b> {}</div>"#, escape(b));
     }
@@ -167,6 +175,34 @@ th{font-size:12px;color:#57606a;font-weight:600;background:#fafbfc}
                 idle = ago(w.gpu_idle_seconds),
                 conn = ago(Some(w.connection_idle_seconds)),
                 spark = sparkline(&w.activity),
+            );
+        }
+        out.push_str("</tbody></table>");
+    }
+    if !a.recent_stops.is_empty() {
+        let priced = a.cost.is_some();
+        let _ = write!(
+            out,
+            r#"<h2>Recently stopped</h2><table id="recent-stops"><thead><tr><th>Owner</th><th>Workspace</th><th>Template</th><th>GPUs</th><th>Stopped</th><th>Runs again</th><th>GPU-hours given back</th>{}</tr></thead><tbody>"#,
+            if priced { "<th>Given back</th>" } else { "" }
+        );
+        for r in &a.recent_stops {
+            let cost = match (&a.cost, r.cost_given_back) {
+                (Some(c), Some(m)) => format!(r#"<td class="num">{m:.2} {}</td>"#, escape(&c.currency)),
+                (Some(_), None) => r#"<td class="num">-</td>"#.into(),
+                _ => String::new(),
+            };
+            let _ = write!(
+                out,
+                r#"<tr data-id="{id}"><td>{owner}</td><td>{name}</td><td>{template}</td><td class="num">{gpus}</td><td class="num">{stopped} ago</td><td class="num">{resumed}</td><td class="num">{hours:.2}</td>{cost}</tr>"#,
+                id = escape(&r.workspace_id),
+                owner = escape(&r.owner),
+                name = escape(&r.workspace),
+                template = escape(&r.template),
+                gpus = r.gpus,
+                stopped = human(now - r.stopped_at),
+                resumed = r.resumed_at.map_or("not yet".into(), |t| format!("after {}", human(t - r.stopped_at))),
+                hours = r.gpu_hours_given_back,
             );
         }
         out.push_str("</tbody></table>");

@@ -55,6 +55,10 @@ pub struct Policy {
     /// Optional power veto: a GPU of a model matching the glob that draws at least this many
     /// watts is kept (first match wins; off when empty).
     pub active_power_watts: Vec<(String, f64)>,
+    /// Optional price of one GPU-hour per GPU model glob (the longest matching glob wins), in
+    /// `currency`: when set, GPU-hours given back and spent idle are also shown as money.
+    pub gpu_hour_price: Vec<(String, f64)>,
+    pub currency: String,
     pub min_samples: usize,
     pub max_sample_gap: Duration,
     pub stale_after: Duration,
@@ -125,6 +129,8 @@ impl Policy {
             about_zero: 0.002,
             frozen_after: Duration::from_secs(3 * 60).max(interval * 3),
             active_power_watts: Vec::new(),
+            gpu_hour_price: Vec::new(),
+            currency: "USD".into(),
             min_samples: 3,
             max_sample_gap: interval * 3,
             stale_after: interval * 2,
@@ -159,8 +165,17 @@ impl Policy {
 
     /// The power-veto threshold for a GPU model, if one is set for it.
     pub fn active_power_for(&self, model: Option<&str>) -> Option<f64> {
-        let model = model?;
-        self.active_power_watts.iter().find(|(glob, _)| glob_match(glob, model)).map(|(_, w)| *w)
+        per_model(&self.active_power_watts, model)
+    }
+
+    /// The price of one GPU-hour of this model, if one is set for it.
+    pub fn gpu_hour_price_for(&self, model: Option<&str>) -> Option<f64> {
+        per_model(&self.gpu_hour_price, model)
+    }
+
+    /// Whether GPU time is also counted in money.
+    pub fn prices_gpu_time(&self) -> bool {
+        !self.gpu_hour_price.is_empty()
     }
 
     pub fn is_gpu_template(&self, template: &str) -> bool {
@@ -198,6 +213,12 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
         }
     }
     p[pi..].iter().all(|c| *c == '*')
+}
+
+/// The value of the first glob of a per-model table (sorted most specific first) that matches.
+fn per_model(table: &[(String, f64)], model: Option<&str>) -> Option<f64> {
+    let model = model?;
+    table.iter().find(|(glob, _)| glob_match(glob, model)).map(|(_, v)| *v)
 }
 
 #[cfg(test)]

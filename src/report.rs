@@ -191,7 +191,8 @@ pub fn publish(
         metrics.breaker_trips.inc();
     }
     metrics.set_verdicts(decisions.iter().map(|d| (d.verdict, d.reason)));
-    metrics.account(&accounting.pass(eval.now, &eval.workspaces, decisions, &eval.gpus, &acted.stops_done));
+    let inc = accounting.pass(eval.now, &eval.workspaces, decisions, &eval.gpus, &eval.prices, &acted.stops_done);
+    metrics.account(&inc, &policy.currency);
     if let Some(offset) = eval.coder_clock_offset {
         metrics.coder_clock_offset.set(offset.num_milliseconds() as f64 / 1000.0);
     }

@@ -10,6 +10,8 @@ use crate::common::running_workspace;
 
 const A: &str = "0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70";
 const B: &str = "5d3e1f0a-2b4c-4d6e-8f10-3a5b7c9d1e2f";
+/// Both workspaces' GPUs cost 1.20 per GPU-hour (`gpu_hour_price`).
+const PRICES: &[Option<f64>] = &[Some(1.2), Some(1.2)];
 
 fn t(secs: i64) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339("2026-11-29T10:00:00Z").unwrap().with_timezone(&Utc) + Duration::seconds(secs)
@@ -36,7 +38,7 @@ fn decision(id: &str, verdict: Verdict, reason: Reason, gpu_idle: Option<i64>) -
 
 #[test]
 fn a_scripted_story_gives_exact_figures() {
-    let mut acc = Accounting::default();
+    let mut acc = Accounting::priced("EUR");
     let idle_a = decision(A, Verdict::Keep, Reason::NotIdleLongEnough, Some(600));
     let waiting_b = decision(B, Verdict::Waiting, Reason::WaitingForGpu, None);
     let mut total = Increments::default();
@@ -45,24 +47,27 @@ fn a_scripted_story_gives_exact_figures() {
         total.gpus_reclaimed.extend(inc.gpus_reclaimed);
         total.given_back_gpu_seconds.extend(inc.given_back_gpu_seconds);
         total.waits_ended.extend(inc.waits_ended);
+        total.idle_cost.extend(inc.idle_cost);
+        total.given_back_cost.extend(inc.given_back_cost);
     };
     // 10:00 A idle on 1 GPU, B waits; 10:01 the same.
-    add(acc.pass(t(0), &[ws(A), ws(B)], &[idle_a.clone(), waiting_b.clone()], &[1, 0], &[]));
-    add(acc.pass(t(60), &[ws(A), ws(B)], &[idle_a, waiting_b.clone()], &[1, 0], &[]));
+    add(acc.pass(t(0), &[ws(A), ws(B)], &[idle_a.clone(), waiting_b.clone()], &[1, 0], PRICES, &[]));
+    add(acc.pass(t(60), &[ws(A), ws(B)], &[idle_a, waiting_b.clone()], &[1, 0], PRICES, &[]));
     assert_eq!(acc.summary(t(60)).waiting, 1);
     assert_eq!(acc.summary(t(60)).longest_wait_seconds, 60);
     // 10:02 A's stop build completed (A is no longer listed as running).
-    add(acc.pass(t(120), &[ws(B)], &[waiting_b], &[0], &[A.to_string()]));
+    add(acc.pass(t(120), &[ws(B)], &[waiting_b], &[0], PRICES, &[A.to_string()]));
     // 10:03 B has its GPU and computes; A's GPU has been given back for a minute.
-    add(acc.pass(t(180), &[ws(B)], &[decision(B, Verdict::Keep, Reason::GpuActive, Some(0))], &[1], &[]));
+    add(acc.pass(t(180), &[ws(B)], &[decision(B, Verdict::Keep, Reason::GpuActive, Some(0))], &[1], PRICES, &[]));
     // 10:05 still: two more minutes given back.
-    add(acc.pass(t(300), &[ws(B)], &[decision(B, Verdict::Keep, Reason::GpuActive, Some(0))], &[1], &[]));
+    add(acc.pass(t(300), &[ws(B)], &[decision(B, Verdict::Keep, Reason::GpuActive, Some(0))], &[1], PRICES, &[]));
     // 10:06 A runs again: giving back ends (this minute is not counted: A was listed running).
     add(acc.pass(
         t(360),
         &[ws(A), ws(B)],
         &[decision(A, Verdict::Keep, Reason::WarmingUp, None), decision(B, Verdict::Keep, Reason::GpuActive, Some(0))],
         &[1, 1],
+        PRICES,
         &[],
     ));
     add(acc.pass(
@@ -70,6 +75,7 @@ fn a_scripted_story_gives_exact_figures() {
         &[ws(A), ws(B)],
         &[decision(A, Verdict::Keep, Reason::WarmingUp, None), decision(B, Verdict::Keep, Reason::GpuActive, Some(0))],
         &[1, 1],
+        PRICES,
         &[],
     ));
 
@@ -80,13 +86,33 @@ fn a_scripted_story_gives_exact_figures() {
     assert_eq!(total.waits_ended, vec![180.0], "B waited from 10:00 to 10:03");
     let s = acc.summary(t(420));
     assert_eq!((s.gpu_hours_given_back_today, s.gpu_hours_given_back_7d, s.waiting), (0.05, 0.05, 0));
+    assert_eq!(s.gpu_hours_idle_today, 0.02, "one idle GPU-minute");
+    // Money: GPU-hours times the price.
+    let money = |v: &[(String, f64)]| (v.iter().map(|(_, m)| m).sum::<f64>() * 1e6).round() / 1e6;
+    assert_eq!((money(&total.idle_cost), money(&total.given_back_cost)), (0.02, 0.06), "60 s and 180 s at 1.20 an hour");
+    let cost = s.cost.clone().unwrap();
+    assert_eq!((cost.currency.as_str(), cost.given_back_today, cost.given_back_7d, cost.idle_today), ("EUR", 0.06, 0.06, 0.02));
+    // The stop, as the page lists it: when, and what it gave back until A ran again.
+    assert_eq!(s.recent_stops.len(), 1);
+    let r = &s.recent_stops[0];
+    assert_eq!((r.workspace_id.as_str(), r.template.as_str(), r.gpus), (A, "gpu-a10g", 1));
+    assert_eq!((r.stopped_at, r.resumed_at, r.gpu_hours_given_back, r.cost_given_back), (t(120), Some(t(360)), 0.05, Some(0.06)));
+}
+
+#[test]
+fn without_prices_there_is_no_money() {
+    let mut acc = Accounting::default();
+    let idle = decision(A, Verdict::Keep, Reason::NotIdleLongEnough, Some(600));
+    acc.pass(t(0), &[ws(A)], std::slice::from_ref(&idle), &[1], &[None], &[]);
+    let inc = acc.pass(t(60), &[ws(A)], &[idle], &[1], &[None], &[]);
+    assert!(inc.idle_cost.is_empty() && acc.summary(t(60)).cost.is_none());
 }
 
 #[test]
 fn a_service_that_was_down_does_not_count_the_gap() {
     let mut acc = Accounting::default();
     let idle = decision(A, Verdict::Keep, Reason::NotIdleLongEnough, Some(86_400));
-    acc.pass(t(0), &[ws(A)], std::slice::from_ref(&idle), &[2], &[]);
-    let inc = acc.pass(t(3600), &[ws(A)], &[idle], &[2], &[]);
+    acc.pass(t(0), &[ws(A)], std::slice::from_ref(&idle), &[2], PRICES, &[]);
+    let inc = acc.pass(t(3600), &[ws(A)], &[idle], &[2], PRICES, &[]);
     assert_eq!(inc.idle_gpu_seconds, vec![("gpu-a10g".to_string(), 600.0)], "at most 5 minutes a pass, times 2 GPUs");
 }

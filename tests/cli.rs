@@ -205,4 +205,27 @@ fn report_sums_up_the_audit_log() {
     assert!(table.contains("GPU reclaim report, 2026-11-22 09:01 UTC to 2026-11-29 09:01 UTC") && table.contains("100.00"), "{table}");
     let (code, _, err) = run(&["report", "--audit-log", "/nonexistent/audit.jsonl"], &[]);
     assert_eq!(code, 2, "{err}");
+    assert!(!table.contains("GIVEN BACK") && r.get("currency").is_none(), "no prices, no money");
+}
+
+/// With `gpu_hour_price` set, the audit lines carry the price of each stop, and `report` shows
+/// the money given back beside the GPU-hours, in every format.
+#[test]
+fn report_prices_what_was_given_back() {
+    let log = crate::common::fixture_path("audit/priced-week.jsonl");
+    let log = log.to_str().unwrap();
+    let until = ["--until", "2026-11-29T09:01:00Z"];
+    let (code, out, err) = run(&[&["report", "--audit-log", log, "--output", "json"][..], &until].concat(), &[]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = r["rows"].as_array().unwrap();
+    let cost = |owner: &str| rows.iter().find(|x| x["owner"] == owner).and_then(|x| x["cost_given_back"].as_f64());
+    assert_eq!((cost("alice"), cost("bob"), cost("carol")), (Some(3.0), Some(240.0), None), "4 h x 0.75, 96 h x 2.50");
+    assert_eq!((r["total"]["cost_given_back"].as_f64(), r["currency"].as_str()), (Some(243.0), Some("USD")));
+    let (_, csv, _) = run(&[&["report", "--audit-log", log, "--output", "csv"][..], &until].concat(), &[]);
+    assert!(csv.starts_with("template,owner,stops,would_stops,gpu_hours_given_back,cost_given_back,currency\n"), "{csv}");
+    assert!(csv.contains("gpu-h100,bob,1,0,96.00,240.00,USD\n") && csv.contains("gpu-a10g,carol,0,1,0.00,,USD\n"), "{csv}");
+    assert!(csv.trim_end().ends_with("(all),(all),2,1,100.00,243.00,USD"), "{csv}");
+    let (_, table, _) = run(&[&["report", "--audit-log", log][..], &until].concat(), &[]);
+    assert!(table.contains("USD GIVEN BACK") && table.contains("243.00"), "{table}");
 }

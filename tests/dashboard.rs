@@ -56,7 +56,10 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     });
     let waiter = coder.with(|w| w.create_workspace("alice", "waits", None)).unwrap();
     let dead = format!("http://{}/metrics", TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap());
-    let svc = Service::start(&coder, &[ex.url(), dead], &coder.owner_token(), &[]);
+    // Priced GPU time, for the money panel.
+    let policy = std::env::temp_dir().join(format!("cgr-dashboard-{}.toml", uuid::Uuid::new_v4()));
+    std::fs::write(&policy, "gpu_hour_price = { \"NVIDIA A10G\" = 0.75 }\n").unwrap();
+    let svc = Service::start(&coder, &[ex.url(), dead], &coder.owner_token(), &["--config", policy.to_str().unwrap()]);
     let addr = svc.addr().await;
 
     let config = format!(
@@ -92,5 +95,6 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         }
     }
     drop(prom);
+    std::fs::remove_file(&policy).ok();
     assert!(empty.is_empty(), "queries without data: {empty:#?}");
 }

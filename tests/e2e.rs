@@ -444,7 +444,7 @@ async fn plan_json_matches_the_status_api_and_check_passes() {
 #[tokio::test]
 async fn the_demo_plays_the_seed_story() {
     let started = Instant::now();
-    let (code, out) = exit_of(&["demo"], "").await;
+    let (code, out) = exit_of(&["demo", "--listen", "127.0.0.1:0"], "").await;
     assert_eq!(code, 0, "{out}");
     assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
     for want in [
@@ -457,4 +457,49 @@ async fn the_demo_plays_the_seed_story() {
     ] {
         assert!(out.contains(want), "missing {want:?} in\n{out}");
     }
+}
+
+/// With `gpu_hour_price`, idle and given-back GPU time are counted in money too: the metrics,
+/// the page and the audit line of the stop (which `report` prices with).
+#[tokio::test]
+async fn priced_gpu_time_shows_as_money() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A holds its GPU", Duration::from_secs(5), |w| holds_gpu(w, a)).await;
+    let dir = std::env::temp_dir().join(format!("cgr-priced-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("policy.toml");
+    // The fake's GPUs are A10Gs (the seed's).
+    std::fs::write(&policy, "gpu_hour_price = { \"NVIDIA A10G\" = 0.75, \"NVIDIA H100*\" = 2.5 }\ncurrency = \"EUR\"\n").unwrap();
+    let audit = dir.join("audit.jsonl");
+    let svc = Service::start(
+        &coder,
+        &[ex.url()],
+        &coder.owner_token(),
+        &["--config", policy.to_str().unwrap(), "--audit-log", audit.to_str().unwrap()],
+    );
+    until_with(&coder, Some(&svc), "A is stopped", Duration::from_secs(25), |w| !holds_gpu(w, a)).await;
+    svc.wait_event("stop_done", Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let addr = svc.addr().await;
+    let metrics = reqwest::get(format!("http://{addr}/metrics")).await.unwrap().text().await.unwrap();
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{template=\"gpu-workspace\",currency=\"EUR\"}}")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let idle = value("coder_gpu_reclaimer_gpu_cost_idle_total").unwrap_or_else(|| panic!("{metrics}"));
+    let back = value("coder_gpu_reclaimer_gpu_cost_given_back_total").unwrap_or_else(|| panic!("{metrics}"));
+    // Seconds of one A10G at 0.75 an hour: small, but counted.
+    assert!(idle > 0.0 && idle < 0.75 && back > 0.0 && back < 0.75, "idle {idle}, given back {back}");
+    let doc: Value = reqwest::get(format!("http://{addr}/api/v1/workspaces")).await.unwrap().json().await.unwrap();
+    assert_eq!(doc["accounting"]["cost"]["currency"], "EUR", "{doc}");
+    assert_eq!(doc["accounting"]["recent_stops"][0]["workspace"], "a", "{doc}");
+    let page = reqwest::get(format!("http://{addr}/")).await.unwrap().text().await.unwrap();
+    assert!(page.contains(r#"id="cost-idle-today""#) && page.contains(" EUR</b>"), "{page}");
+    let done = crate::common::audit_lines(&audit).into_iter().find(|l| l["event"] == "stop_done").unwrap();
+    assert_eq!((done["gpu_hour_price"].as_f64(), done["currency"].as_str()), (Some(0.75), Some("EUR")), "{done}");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -123,3 +123,67 @@ async fn the_status_page_requires_the_status_token_when_one_is_set() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The README's first command serves the page while the story plays: a newcomer opens the
+/// printed URL and sees the reclaimed session, the waiting one that got its GPU, and what was
+/// given back. `--hold` keeps it up until Ctrl-C.
+#[tokio::test]
+async fn the_demo_serves_its_page_to_a_newcomer() {
+    use std::io::{BufRead, BufReader};
+    let Some(chromium) = installed_or_skip(chromium(), "chromium") else { return };
+    let mut demo = Command::new(crate::common::binary())
+        .args(["demo", "--listen", "127.0.0.1:0", "--hold"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = demo.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut url = None;
+    let mut done = false;
+    let mut seen = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !done && std::time::Instant::now() < deadline {
+        let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) else { continue };
+        if let Some(rest) = line.strip_prefix("Status page: ") {
+            url = rest.split_whitespace().next().map(str::to_string);
+            // Served from the start, while the story plays.
+            let healthz = reqwest::get(format!("{}healthz", url.clone().unwrap())).await.unwrap();
+            assert_eq!(healthz.status(), 200);
+        }
+        done = line.starts_with("Done:");
+        seen.push_str(&line);
+        seen.push('\n');
+    }
+    let url = url.unwrap_or_else(|| panic!("no URL printed:\n{seen}"));
+    assert!(done, "the story did not end:\n{seen}");
+    assert!(url.starts_with("http://127.0.0.1:") && url.ends_with('/'), "{url}");
+    let dom = tokio::task::spawn_blocking({
+        let (chromium, url) = (chromium.clone(), url.clone());
+        move || browse(&chromium, &["--dump-dom"], &url)
+    })
+    .await
+    .unwrap();
+    let row = |name: &str| dom.split("<tr ").find(|r| r.contains(&format!("<td>{name}</td>"))).unwrap_or("").to_string();
+    assert!(row("b-notebook").contains(r#"data-verdict="keep""#), "the session that waited has its GPU and computes:\n{dom}");
+    assert!(row("a-train").contains(r#"data-verdict="waiting""#), "a-train, started again, waits:\n{dom}");
+    let recent = dom.split(r#"<table id="recent-stops">"#).nth(1).unwrap_or_else(|| panic!("no recently stopped table:\n{dom}"));
+    let stopped = recent.split("<tr ").find(|r| r.contains("<td>a-train</td>")).unwrap_or_else(|| panic!("a-train not listed:\n{dom}"));
+    assert!(stopped.contains("<td>alice</td>") && stopped.contains("after "), "stopped, then started again: {stopped}");
+    assert!(dom.contains("GPU-hours given back today"), "{dom}");
+    let metrics = reqwest::get(format!("{url}metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("coder_gpu_reclaimer_gpus_reclaimed_total{template=\"gpu-workspace\"} 1"), "{metrics}");
+    // --hold: still serving after the story, until Ctrl-C.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(reqwest::get(format!("{url}readyz")).await.unwrap().status(), 200, "passes go on while it holds");
+    Command::new("kill").args(["-INT", &demo.id().to_string()]).status().unwrap();
+    let status = tokio::task::spawn_blocking(move || demo.wait().unwrap()).await.unwrap();
+    assert!(status.success(), "{status:?}");
+}
