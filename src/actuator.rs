@@ -539,6 +539,9 @@ impl Actuator {
                 continue;
             };
             let error = build.job.error.clone().unwrap_or_default();
+            if change == JobChange::Reaped {
+                self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "reaped" }).inc();
+            }
             match change {
                 JobChange::Running => t.state = StopState::Running { build_id: build_id.clone() },
                 JobChange::Stuck => {

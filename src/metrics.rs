@@ -33,7 +33,8 @@ pub struct StopLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StopFailureLabels {
-    /// `rejected` (the POST failed), `build_failed` (the stop build's job failed), `abandoned`.
+    /// `rejected` (the POST failed), `build_failed` (the stop build's job failed), `reaped`
+    /// (Coder's job reaper failed it), `stuck` (pending past stop_timeout), `abandoned`.
     pub kind: &'static str,
 }
 

@@ -330,3 +330,20 @@ resource "kubernetes_config_map_v1" "grafana_dashboard" {
   data       = { "coder-gpu-reclaimer.json" = file("${path.module}/../deploy/grafana/coder-gpu-reclaimer.json") }
   depends_on = [kubernetes_namespace_v1.this]
 }
+
+# The service's alerts, for the Prometheus Operator: the spec is the rules file that promtool
+# tests (deploy/prometheus/coder-gpu-reclaimer.rules.yaml).
+resource "kubernetes_manifest" "prometheus_rule" {
+  count = var.prometheus_rule ? 1 : 0
+  manifest = {
+    apiVersion = "monitoring.coreos.com/v1"
+    kind       = "PrometheusRule"
+    metadata = {
+      name      = local.name
+      namespace = var.namespace
+      labels    = merge(local.labels, var.prometheus_rule_labels)
+    }
+    spec = yamldecode(file("${path.module}/../deploy/prometheus/coder-gpu-reclaimer.rules.yaml"))
+  }
+  depends_on = [kubernetes_namespace_v1.this]
+}

@@ -194,3 +194,15 @@ variable "grafana_dashboard_labels" {
   description = "Labels the Grafana sidecar selects dashboards by."
   default     = { grafana_dashboard = "1" }
 }
+
+variable "prometheus_rule" {
+  type        = bool
+  description = "Create a PrometheusRule with the service's alerts (deploy/prometheus/coder-gpu-reclaimer.rules.yaml); needs the Prometheus Operator's CRDs in the cluster."
+  default     = false
+}
+
+variable "prometheus_rule_labels" {
+  type        = map(string)
+  description = "Labels of the PrometheusRule; they must match your Prometheus' ruleSelector (kube-prometheus-stack: release = <its Helm release name>)."
+  default     = { release = "kube-prometheus-stack" }
+}

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod accounting;
+mod alerts;
 mod architecture;
 mod cli;
 mod coder_client;
