@@ -84,6 +84,8 @@ struct Seen {
     gpus: u64,
     /// Price of one of its GPU-hours.
     price: Option<f64>,
+    /// The pass that last listed it running.
+    at: DateTime<Utc>,
 }
 
 /// Totals of one UTC day.
@@ -112,6 +114,10 @@ pub struct Accounting {
 /// Passes further apart than this count for this long at most (the service was down or hung:
 /// nobody knows what happened in between).
 const MAX_PASS_GAP: Duration = Duration::minutes(5);
+
+/// How long a workspace that is no longer listed running is remembered, so that a stop that
+/// completes later is still counted (Coder's job reaper ends a pending job after 30 minutes).
+const SEEN_FOR: Duration = Duration::hours(1);
 
 impl Accounting {
     /// Counts money too, in `currency` (GPU-hours priced by `gpu_hour_price`).
@@ -186,8 +192,14 @@ impl Accounting {
         // Idle GPU time, and who waits.
         for (((w, d), &n), &price) in workspaces.iter().zip(decisions).zip(gpus).zip(prices) {
             if n > 0 {
-                let seen =
-                    Seen { template: w.template_name.clone(), workspace: w.name.clone(), owner: w.owner_name.clone(), gpus: n, price };
+                let seen = Seen {
+                    template: w.template_name.clone(),
+                    workspace: w.name.clone(),
+                    owner: w.owner_name.clone(),
+                    gpus: n,
+                    price,
+                    at: now,
+                };
                 self.seen.insert(w.id.clone(), seen);
             }
             if let Some(idle) = d.gpu_idle.filter(|g| *g > Duration::zero()).filter(|_| n > 0) {
@@ -220,7 +232,9 @@ impl Accounting {
         for id in ended {
             self.waiting_since.remove(&id);
         }
-        self.seen.retain(|id, _| listed.contains_key(id.as_str()) || stops_done.contains(id));
+        // A stop takes a few passes to complete, and the workspace is not listed running meanwhile:
+        // what it held is kept for as long as a stop may take.
+        self.seen.retain(|_, s| now - s.at <= SEEN_FOR);
         let oldest = now.date_naive() - Duration::days(8);
         self.days.retain(|d, _| *d > oldest);
         inc

@@ -116,3 +116,18 @@ fn a_service_that_was_down_does_not_count_the_gap() {
     let inc = acc.pass(t(3600), &[ws(A)], &[idle], &[2], PRICES, &[]);
     assert_eq!(inc.idle_gpu_seconds, vec![("gpu-a10g".to_string(), 600.0)], "at most 5 minutes a pass, times 2 GPUs");
 }
+
+/// A stop takes several passes (queued, running) during which the workspace is not listed as
+/// running: its completion is still counted, with the GPUs it held.
+#[test]
+fn a_stop_that_completes_passes_later_is_counted() {
+    let mut acc = Accounting::default();
+    let idle = decision(A, Verdict::Reclaim, Reason::Idle, Some(3600));
+    acc.pass(t(0), &[ws(A)], std::slice::from_ref(&idle), &[2], &[None], &[]);
+    for m in 1..5 {
+        acc.pass(t(60 * m), &[], &[], &[], &[], &[]); // stopping: not listed
+    }
+    let inc = acc.pass(t(300), &[], &[], &[], &[], &[A.to_string()]);
+    assert_eq!(inc.gpus_reclaimed, vec![("gpu-a10g".to_string(), 2)]);
+    assert_eq!(acc.summary(t(300)).recent_stops.len(), 1);
+}
