@@ -22,3 +22,4 @@ mod page;
 mod pipeline;
 mod prometheus_world;
 mod sources;
+mod status_schema;

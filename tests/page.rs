@@ -178,6 +178,9 @@ async fn the_demo_serves_its_page_to_a_newcomer() {
     let stopped = recent.split("<tr ").find(|r| r.contains("<td>a-train</td>")).unwrap_or_else(|| panic!("a-train not listed:\n{dom}"));
     assert!(stopped.contains("<td>alice</td>") && stopped.contains("after "), "stopped, then started again: {stopped}");
     assert!(dom.contains("GPU-hours given back today"), "{dom}");
+    let doc: serde_json::Value = reqwest::get(format!("{url}api/v1/workspaces")).await.unwrap().json().await.unwrap();
+    let errors = crate::status_schema::errors(&doc, None);
+    assert!(errors.is_empty(), "the demo's status document fits docs/status.schema.json: {errors:#?}");
     let metrics = reqwest::get(format!("{url}metrics")).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("coder_gpu_reclaimer_gpus_reclaimed_total{template=\"gpu-workspace\"} 1"), "{metrics}");
     // --hold: still serving after the story, until Ctrl-C.
