@@ -79,8 +79,27 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
             row.cost_given_back = Some(row.cost_given_back.unwrap_or(0.0) + gpu_hours * p);
         }
     };
-    for line in std::io::BufReader::new(file).lines() {
-        let line = line.map_err(|e| Error::runtime(format!("--audit-log {}: reading failed ({e})", path.display())))?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut buf = Vec::new();
+    let mut number = 0usize;
+    loop {
+        number += 1;
+        let read = read_line_limited(&mut reader, &mut buf, MAX_LINE)
+            .map_err(|e| Error::runtime(format!("--audit-log {}: reading failed ({e})", path.display())))?;
+        match read {
+            LineRead::End => break,
+            LineRead::TooLong => {
+                tracing::warn!(
+                    event = "audit_line_too_long",
+                    line = number,
+                    "line {number} of the audit log is longer than {MAX_LINE} bytes: not an audit line, skipped"
+                );
+                unreadable += 1;
+                continue;
+            }
+            LineRead::Line => {}
+        }
+        let line = String::from_utf8_lossy(&buf);
         if line.trim().is_empty() {
             continue;
         }
@@ -105,7 +124,9 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
                     // Only the part inside the period counts.
                     let (from, to) = (stopped.at.max(since), l.time.min(until));
                     let whole = (l.time - stopped.at).num_seconds().max(1) as f64;
-                    let given = l.gpu_seconds_given_back.unwrap_or(0) as f64;
+                    // No more than its GPUs for the time it was stopped: a line that claims more
+                    // (a forged or corrupted one) counts for what was possible.
+                    let given = (l.gpu_seconds_given_back.unwrap_or(0).max(0) as f64).min(whole * stopped.gpus as f64);
                     if to > from {
                         give_back(&mut rows, key, given * (to - from).num_seconds() as f64 / whole / 3600.0, stopped.price);
                     }
@@ -143,6 +164,49 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     total.gpu_hours_given_back = round2(total.gpu_hours_given_back);
     total.cost_given_back = total.cost_given_back.map(round2);
     Ok(AuditReport { since, until, rows, total, currency, unreadable_lines: unreadable })
+}
+
+/// The longest audit line read; real ones are under 2 KB.
+pub const MAX_LINE: usize = 64 << 10;
+
+enum LineRead {
+    Line,
+    TooLong,
+    End,
+}
+
+/// Reads one line into `buf` (without its newline), holding at most `max` bytes of it: a longer
+/// line is skipped to its end without being kept.
+fn read_line_limited(reader: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> std::io::Result<LineRead> {
+    buf.clear();
+    let mut too_long = false;
+    let mut any = false;
+    loop {
+        let chunk = reader.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(match (any, too_long) {
+                (false, _) => LineRead::End,
+                (true, true) => LineRead::TooLong,
+                (true, false) => LineRead::Line,
+            });
+        }
+        any = true;
+        let (part, done) = match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => (&chunk[..i], Some(i + 1)),
+            None => (chunk, None),
+        };
+        if !too_long && buf.len() + part.len() <= max {
+            buf.extend_from_slice(part);
+        } else {
+            too_long = true;
+            buf.clear();
+        }
+        let used = done.unwrap_or(chunk.len());
+        reader.consume(used);
+        if done.is_some() {
+            return Ok(if too_long { LineRead::TooLong } else { LineRead::Line });
+        }
+    }
 }
 
 /// A completed stop, until its workspace runs again.
@@ -197,7 +261,11 @@ impl AuditReport {
             out.push_str(",cost_given_back,currency");
         }
         out.push('\n');
-        let field = |s: &str| if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() };
+        let field = |s: &str| {
+            // A cell a spreadsheet would run as a formula is written as text.
+            let s = if s.starts_with(['=', '+', '-', '@', '\t', '\r']) { format!("'{s}") } else { s.to_string() };
+            if s.contains([',', '"', '\n', '\r']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s }
+        };
         for r in self.rows.iter().chain(std::iter::once(&self.total)) {
             let _ = write!(out, "{},{},{},{},{:.2}", field(&r.template), field(&r.owner), r.stops, r.would_stops, r.gpu_hours_given_back);
             if let Some(c) = &self.currency {

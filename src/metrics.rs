@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -44,21 +44,48 @@ pub struct RequestLabels {
     pub code: String,
 }
 
+/// A label value that comes from outside (a template name, a source address), escaped as the
+/// text format requires (`\\`, `\"`, `\n`): prometheus-client writes label values as they are,
+/// so a template named with a quote and a newline could otherwise inject a whole line.
+#[derive(Debug, Clone, Hash, PartialEq, Eq)]
+pub struct LabelText(pub String);
+
+impl From<&str> for LabelText {
+    fn from(s: &str) -> Self {
+        LabelText(s.to_string())
+    }
+}
+
+impl EncodeLabelValue for LabelText {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TemplateLabels {
-    pub template: String,
+    pub template: LabelText,
 }
 
 /// Money, by template, in the configured currency (one value).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CostLabels {
-    pub template: String,
-    pub currency: String,
+    pub template: LabelText,
+    pub currency: LabelText,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
-    pub source: String,
+    pub source: LabelText,
 }
 
 pub struct Metrics {
@@ -183,8 +210,8 @@ impl Metrics {
 
     /// Adds one pass's accounting; money is in `currency`.
     pub fn account(&self, inc: &crate::accounting::Increments, currency: &str) {
-        let t = |template: &str| TemplateLabels { template: template.to_string() };
-        let c = |template: &str| CostLabels { template: template.to_string(), currency: currency.to_string() };
+        let t = |template: &str| TemplateLabels { template: template.into() };
+        let c = |template: &str| CostLabels { template: template.into(), currency: currency.into() };
         for (template, money) in &inc.idle_cost {
             self.gpu_cost_idle.get_or_create(&c(template)).inc_by(*money);
         }
@@ -210,5 +237,24 @@ impl Metrics {
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::Increments;
+
+    #[test]
+    fn label_values_from_outside_are_escaped() {
+        let m = Metrics::new();
+        let evil = "gpu\"} 1\ncoder_gpu_reclaimer_injected{a=\"b\\";
+        m.account(&Increments { gpus_reclaimed: vec![(evil.to_string(), 1)], ..Increments::default() }, "USD");
+        let text = m.encode();
+        assert!(!text.lines().any(|l| l.starts_with("coder_gpu_reclaimer_injected")), "{text}");
+        assert!(
+            text.contains(r#"coder_gpu_reclaimer_gpus_reclaimed_total{template="gpu\"} 1\ncoder_gpu_reclaimer_injected{a=\"b\\"} 1"#),
+            "{text}"
+        );
     }
 }

@@ -134,7 +134,7 @@ impl State {
 fn scrape_failures(metrics: &Metrics, failures: &[SourceFailure]) {
     for f in failures {
         tracing::warn!(event = "scrape_failed", source = %f.source, error = %f.error, "GPU source failed; its workspaces are unknown this pass");
-        metrics.scrape_errors.get_or_create(&SourceLabels { source: f.host.clone() }).inc();
+        metrics.scrape_errors.get_or_create(&SourceLabels { source: f.host.as_str().into() }).inc();
     }
 }
 

@@ -343,3 +343,62 @@ proptest! {
         );
     }
 }
+
+/// Peak RSS (KiB) of a command run to its end, polled from /proc while it runs; its output.
+fn run_measured(args: &[&str]) -> (std::process::ExitStatus, String, u64) {
+    let mut child =
+        Command::new(binary()).args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let mut peak = 0;
+    let mut out = String::new();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        stdout.read_to_string(&mut s).ok();
+        s
+    });
+    let status = loop {
+        peak = peak.max(peak_rss_kib(pid));
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    out.push_str(&reader.join().unwrap());
+    child.stderr.take().unwrap().read_to_string(&mut out).ok();
+    (status, out, peak)
+}
+
+/// `report` reads a file anyone who can write the audit log controls: a 128 MiB line is skipped
+/// without being held, a cell a spreadsheet would run as a formula is written as text, and a
+/// `resumed` line cannot claim more GPU-time than its GPUs had since the stop.
+#[test]
+fn report_is_bounded_and_formula_safe_on_a_forged_audit_log() {
+    let dir = std::env::temp_dir().join(format!("cgr-forged-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("audit.jsonl");
+    let mut f = std::fs::File::create(&log).unwrap();
+    let line = |event: &str, time: &str, extra: &str| {
+        format!(
+            r#"{{"time":"{time}","event":"{event}","mode":"enforce","workspace_id":"w1","workspace":"w","owner":"=HYPERLINK(\"http://evil\")","template":"+cmd|' /C calc'!A0","reason":"idle","message":"","connection_idle_seconds":0,"gpus":1{extra}}}"#
+        )
+    };
+    writeln!(f, "{}", line("stop_sent", "2026-11-28T09:00:00Z", "")).unwrap();
+    writeln!(f, "{}", line("stop_done", "2026-11-28T10:00:00Z", "")).unwrap();
+    let chunk = vec![b'x'; 1 << 20];
+    for _ in 0..128 {
+        f.write_all(&chunk).unwrap();
+    }
+    writeln!(f).unwrap();
+    // Forged: 10^15 GPU-seconds in one hour on one GPU.
+    writeln!(f, "{}", line("resumed", "2026-11-28T11:00:00Z", r#","gpu_seconds_given_back":1000000000000000"#)).unwrap();
+    drop(f);
+    let args = ["report", "--audit-log", log.to_str().unwrap(), "--until", "2026-11-29T09:00:00Z", "--output", "csv"];
+    let (status, out, peak) = run_measured(&args);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(status.success(), "{out}");
+    assert!(out.contains("\"'=HYPERLINK(\"\"http://evil\"\")\"") && out.contains("'+cmd|' /C calc'!A0"), "formulas are text:\n{out}");
+    assert!(out.contains(",1,0,1.00\n"), "one GPU for one hour, whatever the line claims:\n{out}");
+    assert!(out.contains("line 3 of the audit log is longer than 65536 bytes"), "the long line is named:\n{out}");
+    assert!(peak > 0 && peak < 48 * 1024, "peak RSS {peak} KiB reading a 128 MiB line");
+}
