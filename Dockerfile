@@ -15,6 +15,6 @@ USER nonroot:nonroot
 # glibc's malloc keeps a heap per thread, each holding on to what it freed: at 10,000 GPUs that
 # is 95-101 MiB of peak RSS against 61-90 MiB with two (benches/prometheus.rs).
 ENV MALLOC_ARENA_MAX=2
-EXPOSE 9464
+EXPOSE 9464 9465
 ENTRYPOINT ["/usr/local/bin/coder-gpu-reclaimer"]
 CMD ["run"]

@@ -259,14 +259,20 @@ impl Application {
         tracing::info!(event = "shutdown", "stopped");
     }
 
-    /// Serves the HTTP API on `listener` and runs passes until shutdown.
+    /// Serves the HTTP API on `listener` (and the probes on `health`) and runs passes until
+    /// shutdown.
     pub async fn serve_and_run(
         self,
         listener: TcpListener,
+        health: Option<TcpListener>,
         status_token: Option<Secret>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), Error> {
         let server = tokio::spawn(crate::serve::serve(listener, self.state.clone(), status_token, shutdown.clone()));
+        if let Some(health) = health {
+            let router = crate::serve::health_router(self.state.clone());
+            tokio::spawn(crate::serve::serve_router(health, router, crate::serve::HEALTH_LIMITS, shutdown.clone()));
+        }
         self.run(shutdown).await;
         match tokio::time::timeout(Duration::from_secs(5), server).await {
             Ok(Ok(Err(e))) => Err(Error::runtime(format!("the HTTP server failed: {e}"))),

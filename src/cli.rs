@@ -164,6 +164,12 @@ pub struct RunOptions {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
 
+    /// A second address serving only /healthz, /readyz and /metrics, for the kubelet's probes
+    /// and Prometheus: no client of the main port can crowd them out [default: off; the
+    /// manifest and the Terraform module use 0.0.0.0:9465]
+    #[arg(long, value_name = "ADDR")]
+    pub health_listen: Option<SocketAddr>,
+
     /// Append one JSON line per stop or would-stop to this file
     #[arg(long, value_name = "PATH")]
     pub audit_log: Option<PathBuf>,

@@ -50,12 +50,19 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
         .await
         .map_err(|e| Error::config(format!("--listen {listen}: cannot bind ({e}); choose a free address, e.g. --listen 127.0.0.1:9464")))?;
     let bound = listener.local_addr().map_err(|e| Error::runtime(e.to_string()))?;
+    let health = match settings.health_listen {
+        Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
+            Error::config(format!("--health-listen {addr}: cannot bind ({e}); choose a free address, e.g. --health-listen 0.0.0.0:9465"))
+        })?),
+        None => None,
+    };
+    let health_bound = health.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default();
     let mode = settings.mode;
-    tracing::info!(event = "starting", mode = mode.as_str(), listen = %bound, settings = %settings.summary(), "coder-gpu-reclaimer starting");
+    tracing::info!(event = "starting", mode = mode.as_str(), listen = %bound, health_listen = %health_bound, settings = %settings.summary(), "coder-gpu-reclaimer starting");
     let app = Application::build(&settings, Role::Run).await?;
     let (tx, rx) = watch::channel(false);
     spawn_signal_handler(tx);
-    app.serve_and_run(listener, settings.status_token.clone(), rx).await
+    app.serve_and_run(listener, health, settings.status_token.clone(), rx).await
 }
 
 pub async fn plan(settings: Settings, output: OutputFormat, sample_for: Option<Duration>) -> Result<String, Error> {
@@ -77,7 +84,7 @@ pub async fn plan(settings: Settings, output: OutputFormat, sample_for: Option<D
     }
     let (_tx, rx) = watch::channel(false);
     app.pass(&rx).await.map_err(|e| Error::runtime(e.to_string()))?;
-    let mut doc = app.state.status().as_ref().clone();
+    let mut doc = app.state.status().doc.clone();
     doc.mode = "plan";
     let idle_after = settings.policy.thresholds.idle_after;
     if sampling && sample_for < idle_after {

@@ -50,6 +50,7 @@ pub struct FileConfig {
     pub request_timeout: Option<Duration>,
     pub log_format: Option<LogFormat>,
     pub listen: Option<String>,
+    pub health_listen: Option<String>,
     pub audit_log: Option<PathBuf>,
     pub notify_webhook: Option<String>,
     pub notify_webhook_file: Option<PathBuf>,
@@ -151,6 +152,8 @@ pub struct Settings {
     pub request_timeout: Duration,
     pub log_format: LogFormat,
     pub listen: SocketAddr,
+    /// A second listener for /healthz, /readyz and /metrics only.
+    pub health_listen: Option<SocketAddr>,
     pub audit_log: Option<PathBuf>,
     pub notify_webhook: Option<Url>,
     /// Required as a bearer token on the fleet-wide HTTP routes, when set.
@@ -214,6 +217,7 @@ impl Settings {
             request_timeout: Duration::from_secs(10),
             log_format: LogFormat::Text,
             listen: DEFAULT_LISTEN,
+            health_listen: None,
             audit_log: None,
             notify_webhook: None,
             status_token: None,
@@ -315,6 +319,20 @@ impl Settings {
                 .map_err(|e| Error::config(format!("listen = {s:?} in the config file: {e}; write e.g. \"0.0.0.0:9464\"")))?,
             (None, None) => DEFAULT_LISTEN,
         };
+        let health_listen = match (run.health_listen, &file.health_listen) {
+            (Some(a), _) => Some(a),
+            (None, Some(s)) => Some(
+                s.trim()
+                    .parse()
+                    .map_err(|e| Error::config(format!("health_listen = {s:?} in the config file: {e}; write e.g. \"0.0.0.0:9465\"")))?,
+            ),
+            (None, None) => None,
+        };
+        if health_listen.is_some_and(|h| h == listen && h.port() != 0) {
+            return err(format!(
+                "--health-listen {listen} is the same address as --listen: give the probes a port of their own, e.g. 0.0.0.0:9465"
+            ));
+        }
         const HOOK_EXAMPLE: &str = "https://hooks.slack.com/services/...";
         let notify_webhook = match (run.notify_webhook.filter(|s| !s.trim().is_empty()), run.notify_webhook_file) {
             (Some(u), _) => Some(http_url("--notify-webhook", &u, HOOK_EXAMPLE)?),
@@ -352,6 +370,7 @@ impl Settings {
             request_timeout,
             log_format: args.log_format.or(file.log_format).unwrap_or(default_log_format),
             listen,
+            health_listen,
             audit_log: run.audit_log.or_else(|| file.audit_log.clone()),
             notify_webhook,
             status_token,

@@ -2,7 +2,7 @@
 //! document the HTTP server serves, and readiness), the metrics, and one `pass` log line.
 //! `State` is shared by the loop and the HTTP server, as in kube-rs' controller-rs.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -35,10 +35,47 @@ impl TokenProblem {
     }
 }
 
+/// One pass's status document, as every reader gets it: the JSON and the page are made once, on
+/// the first request after the pass, and shared by every reader (a slow reader holds a reference
+/// to them, never a copy of its own).
+pub struct Published {
+    pub doc: StatusDocument,
+    json: OnceLock<bytes::Bytes>,
+    page: OnceLock<bytes::Bytes>,
+}
+
+impl Published {
+    fn new(doc: StatusDocument) -> Self {
+        Published { doc, json: OnceLock::new(), page: OnceLock::new() }
+    }
+
+    /// The document as JSON (`/api/v1/workspaces`).
+    pub fn json(&self) -> bytes::Bytes {
+        self.json
+            .get_or_init(|| match serde_json::to_vec(&self.doc) {
+                Ok(v) => v.into(),
+                Err(e) => format!("{{\"message\":\"cannot encode the status document: {e}\"}}").into(),
+            })
+            .clone()
+    }
+
+    /// The status page, as of the pass (its countdowns are from the pass's time).
+    pub fn page(&self) -> bytes::Bytes {
+        self.page.get_or_init(|| crate::page::render(&self.doc, self.doc.generated_at).into()).clone()
+    }
+}
+
+impl std::ops::Deref for Published {
+    type Target = StatusDocument;
+    fn deref(&self) -> &StatusDocument {
+        &self.doc
+    }
+}
+
 /// What the loop and the HTTP server share.
 pub struct State {
     pub metrics: Arc<Metrics>,
-    status: RwLock<Arc<StatusDocument>>,
+    status: RwLock<Arc<Published>>,
     last_good_pass: Mutex<Option<Instant>>,
     /// The end of the latest pass, good or failed (or the start): the loop is alive.
     last_pass_end: Mutex<Instant>,
@@ -51,7 +88,7 @@ impl State {
     pub fn new(metrics: Arc<Metrics>, mode: Mode, interval: Duration) -> Self {
         State {
             metrics,
-            status: RwLock::new(Arc::new(StatusDocument::empty(mode.as_str()))),
+            status: RwLock::new(Arc::new(Published::new(StatusDocument::empty(mode.as_str())))),
             last_good_pass: Mutex::new(None),
             last_pass_end: Mutex::new(Instant::now()),
             token_problem: Mutex::new(None),
@@ -59,7 +96,7 @@ impl State {
         }
     }
 
-    pub fn status(&self) -> Arc<StatusDocument> {
+    pub fn status(&self) -> Arc<Published> {
         match self.status.read() {
             Ok(s) => s.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
@@ -68,8 +105,8 @@ impl State {
 
     fn publish(&self, doc: StatusDocument) {
         match self.status.write() {
-            Ok(mut s) => *s = Arc::new(doc),
-            Err(poisoned) => *poisoned.into_inner() = Arc::new(doc),
+            Ok(mut s) => *s = Arc::new(Published::new(doc)),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(Published::new(doc)),
         }
     }
 
@@ -255,5 +292,18 @@ mod tests {
         assert!(why.contains("the loop is stuck"), "{why}");
         state.mark_pass_end();
         assert!(state.alive().is_ok(), "a pass that ended, even a failed one, shows the loop runs");
+    }
+
+    #[test]
+    fn a_pass_is_serialised_once_for_every_reader() {
+        let state = State::new(Arc::new(Metrics::new()), Mode::Observe, Duration::from_secs(60));
+        state.publish(StatusDocument::empty("observe"));
+        let (a, b) = (state.status(), state.status());
+        assert_eq!(a.json().as_ptr(), b.json().as_ptr(), "one JSON for all readers");
+        assert_eq!(a.page().as_ptr(), b.page().as_ptr(), "one page for all readers");
+        let doc: serde_json::Value = serde_json::from_slice(&a.json()).unwrap();
+        assert_eq!(doc["mode"], "observe");
+        state.publish(StatusDocument::empty("observe"));
+        assert_ne!(state.status().json().as_ptr(), a.json().as_ptr(), "a new pass, a new document");
     }
 }

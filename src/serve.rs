@@ -1,14 +1,22 @@
 //! The HTTP server of `run`: the status page `/`, `/metrics`, `/healthz`, `/readyz`,
-//! `/api/v1/workspaces` and `/api/v1/workspaces/{id}` (add `?format=text` for one line, as the workspace template's agent
-//! metadata shows it). It reads `State`; it never acts and never shows the token.
+//! `/api/v1/workspaces` and `/api/v1/workspaces/{id}` (add `?format=text` for one line, as the
+//! workspace template's agent metadata shows it); and, with `--health-listen`, a second listener
+//! for `/healthz`, `/readyz` and `/metrics` only. It reads `State`; it never acts and never shows
+//! the token.
 //!
-//! Every workspace can reach this port, so it defends itself: a request's headers must arrive
-//! within `HEADER_TIMEOUT`, a connection lives at most `CONNECTION_TIMEOUT`, at most
-//! `MAX_CONNECTIONS` are open (more are closed at once), and with a status token the fleet-wide
-//! routes (`/`, `/api/v1/workspaces`) want `Authorization: Bearer <token>`. The per-workspace route stays open: the template's
-//! agent calls it, and the workspace id it needs is unguessable.
+//! Every workspace can reach the main port, so it defends itself: a request's headers must
+//! arrive within `HEADER_TIMEOUT`, a connection lives at most `CONNECTION_TIMEOUT`, at most
+//! `MAX_CONNECTIONS` are open and at most `MAX_PER_PEER` from one address (more are closed at
+//! once), and with a status token the fleet-wide routes (`/`, `/api/v1/workspaces`) want
+//! `Authorization: Bearer <token>`. The per-workspace route stays open: the template's agent calls
+//! it, and the workspace id it needs is unguessable. Many clients together can still fill the
+//! main port; the kubelet's probes and Prometheus then use the health listener, whose slots no
+//! client of the main port can take (NetworkPolicy lets pods reach only the main port; the
+//! kubelet's probes come from the node, which a NetworkPolicy always lets in).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -22,7 +30,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use serde::Deserialize;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use crate::http::Secret;
 use crate::report::State;
@@ -33,8 +41,14 @@ pub const WORKSPACE_ROUTE: &str = "/api/v1/workspaces/{id}";
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// A connection, keep-alive included, lives at most this long.
 pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
-/// Connections open at once; more are closed as they arrive.
+/// Connections open at once on the main port; more are closed as they arrive.
 pub const MAX_CONNECTIONS: usize = 128;
+/// Connections open at once from one address on the main port: one workspace cannot take
+/// every slot.
+pub const MAX_PER_PEER: usize = 16;
+/// The health listener's connections, in all and from one address.
+pub const HEALTH_CONNECTIONS: usize = 32;
+pub const HEALTH_PER_PEER: usize = 8;
 
 #[derive(Clone)]
 struct ServerState {
@@ -57,15 +71,76 @@ pub fn router(state: Arc<State>, status_token: Option<Secret>) -> Router {
         .with_state(s)
 }
 
-/// Serves until `shutdown` turns true.
+/// The health listener's routes: probes and metrics, nothing about workspaces.
+pub fn health_router(state: Arc<State>) -> Router {
+    let s = ServerState { state, status_token: None };
+    Router::new().route("/metrics", get(metrics)).route("/healthz", get(healthz)).route("/readyz", get(readyz)).with_state(s)
+}
+
+/// How many connections a listener keeps open, in all and from one address.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    pub total: usize,
+    pub per_peer: usize,
+}
+
+pub const MAIN_LIMITS: ConnectionLimits = ConnectionLimits { total: MAX_CONNECTIONS, per_peer: MAX_PER_PEER };
+pub const HEALTH_LIMITS: ConnectionLimits = ConnectionLimits { total: HEALTH_CONNECTIONS, per_peer: HEALTH_PER_PEER };
+
+/// Open connections, per peer address; a slot is given back when its guard drops.
+#[derive(Default)]
+struct Slots {
+    total: usize,
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+struct SlotGuard {
+    slots: Arc<Mutex<Slots>>,
+    peer: IpAddr,
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        s.total = s.total.saturating_sub(1);
+        if let Some(n) = s.per_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                s.per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+fn take_slot(slots: &Arc<Mutex<Slots>>, peer: IpAddr, limits: ConnectionLimits) -> Option<SlotGuard> {
+    let mut s = slots.lock().unwrap_or_else(|p| p.into_inner());
+    let mine = s.per_peer.get(&peer).copied().unwrap_or(0);
+    if s.total >= limits.total || mine >= limits.per_peer {
+        return None;
+    }
+    s.total += 1;
+    s.per_peer.insert(peer, mine + 1);
+    Some(SlotGuard { slots: slots.clone(), peer })
+}
+
+/// Serves the main routes until `shutdown` turns true.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<State>,
     status_token: Option<Secret>,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    serve_router(listener, router(state, status_token), MAIN_LIMITS, shutdown).await
+}
+
+/// Serves `router` on `listener` within `limits` until `shutdown` turns true.
+pub async fn serve_router(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let router = router(state, status_token);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(Mutex::new(Slots::default()));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -74,8 +149,8 @@ pub async fn serve(
         if *shutdown.borrow() {
             return Ok(());
         }
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
             Err(e) => {
                 // Out of file descriptors and the like: wait a little rather than spin.
                 tracing::warn!(event = "accept_failed", error = %e, "cannot accept a connection");
@@ -83,8 +158,8 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            drop(stream); // too many open: close at once instead of queueing memory
+        let Some(slot) = take_slot(&slots, peer.ip(), limits) else {
+            drop(stream); // too many open (in all, or from this address): close at once instead of queueing memory
             continue;
         };
         let service = TowerToHyperService::new(router.clone());
@@ -133,13 +208,14 @@ async fn readyz(AxumState(s): AxumState<ServerState>) -> Response {
 }
 
 async fn page(AxumState(s): AxumState<ServerState>) -> Response {
-    let html = crate::page::render(&s.state.status(), chrono::Utc::now());
+    // Rendered once per pass and shared by every reader.
+    let html = s.state.status().page();
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-store")], html).into_response()
 }
 
 async fn workspaces(AxumState(s): AxumState<ServerState>) -> Response {
-    // Serialized from the shared document: no copy of 10,000 entries per request.
-    axum::Json(s.state.status().as_ref()).into_response()
+    // Serialised once per pass and shared by every reader: a slow reader holds no copy of its own.
+    ([(header::CONTENT_TYPE, "application/json")], s.state.status().json()).into_response()
 }
 
 #[derive(Deserialize)]

@@ -10,13 +10,14 @@ locals {
   # Secrets are files, never arguments or env vars: a mounted Secret is updated in place when it
   # is rotated (the service re-reads the token file), and the pod spec shows no value.
   has_webhook      = var.notify_webhook != null
-  has_status_token = var.status_token != null
+  # The fleet routes always want a status token: the one given, or a generated one.
+  status_token = coalesce(var.status_token, one(random_password.status_token[*].result))
   has_ca           = var.ca_pem != null
   # The optional files, by volume name: where each is mounted and the Secret or ConfigMap behind it.
   optional_files = {
     for name, f in {
       notify         = { enabled = local.has_webhook, path = "${local.secrets_dir}/notify", secret = "${local.name}-notify", config_map = null }
-      "status-token" = { enabled = local.has_status_token, path = "${local.secrets_dir}/status", secret = "${local.name}-status-token", config_map = null }
+      "status-token" = { enabled = true, path = "${local.secrets_dir}/status", secret = "${local.name}-status-token", config_map = null }
       ca             = { enabled = local.has_ca, path = "/etc/${local.name}-ca", secret = null, config_map = "${local.name}-ca" }
     } : name => f if f.enabled
   }
@@ -30,6 +31,7 @@ locals {
       "--grace", var.grace,
       "--reclaim-when", var.reclaim_when,
       "--listen", "0.0.0.0:${var.listen_port}",
+      "--health-listen", "0.0.0.0:${var.health_port}",
       "--log-format", var.log_format,
     "--config", "/etc/${local.name}/policy.toml"],
     var.prometheus_url != null ? ["--prometheus-url", var.prometheus_url] : flatten([for u in var.dcgm_exporter_urls : ["--dcgm-exporter", u]]),
@@ -37,7 +39,7 @@ locals {
     ["--token-file", "${local.secrets_dir}/token/token"],
     var.audit_log ? ["--audit-log", local.audit_path] : [],
     local.has_webhook ? ["--notify-webhook-file", "${local.secrets_dir}/notify/webhook"] : [],
-    local.has_status_token ? ["--status-token-file", "${local.secrets_dir}/status/token"] : [],
+    ["--status-token-file", "${local.secrets_dir}/status/token"],
     local.has_ca ? ["--ca-file", "/etc/${local.name}-ca/ca.pem"] : [],
   )
 }
@@ -72,14 +74,20 @@ resource "kubernetes_secret_v1" "notify" {
   depends_on = [kubernetes_namespace_v1.this]
 }
 
+# The status token when none is given: the fleet routes are never open by default.
+resource "random_password" "status_token" {
+  count   = var.status_token == null ? 1 : 0
+  length  = 40
+  special = false
+}
+
 resource "kubernetes_secret_v1" "status_token" {
-  count = local.has_status_token ? 1 : 0
   metadata {
     name      = "${local.name}-status-token"
     namespace = var.namespace
     labels    = local.labels
   }
-  data       = { token = var.status_token }
+  data       = { token = local.status_token }
   depends_on = [kubernetes_namespace_v1.this]
 }
 
@@ -144,17 +152,21 @@ resource "kubernetes_deployment_v1" "this" {
             name           = "http"
             container_port = var.listen_port
           }
+          port {
+            name           = "health"
+            container_port = var.health_port
+          }
           liveness_probe {
             http_get {
               path = "/healthz"
-              port = "http"
+              port = "health"
             }
             period_seconds = 20
           }
           readiness_probe {
             http_get {
               path = "/readyz"
-              port = "http"
+              port = "health"
             }
             period_seconds = 15
           }
@@ -232,8 +244,9 @@ resource "kubernetes_deployment_v1" "this" {
   depends_on = [kubernetes_secret_v1.token, kubernetes_secret_v1.notify, kubernetes_secret_v1.status_token, kubernetes_config_map_v1.ca]
 }
 
-# Every workspace can reach this service's port (the template's agent reads its own status line),
-# so it takes no other traffic, and it talks only to DNS and the ports it needs.
+# Workspaces reach the main port (the template's agent reads its own status line), Prometheus
+# the health port; nothing else gets in (the kubelet's probes come from the node, which a
+# NetworkPolicy always admits), and the service talks only to DNS and the ports it needs.
 resource "kubernetes_network_policy_v1" "this" {
   count = var.network_policy ? 1 : 0
   metadata {
@@ -250,6 +263,28 @@ resource "kubernetes_network_policy_v1" "this" {
       ports {
         port     = var.listen_port
         protocol = "TCP"
+      }
+      dynamic "from" {
+        for_each = var.workspace_namespaces == null ? [] : var.workspace_namespaces
+        content {
+          namespace_selector {
+            match_labels = { "kubernetes.io/metadata.name" = from.value }
+          }
+        }
+      }
+    }
+    ingress {
+      ports {
+        port     = var.health_port
+        protocol = "TCP"
+      }
+      dynamic "from" {
+        for_each = var.metrics_namespaces
+        content {
+          namespace_selector {
+            match_labels = { "kubernetes.io/metadata.name" = from.value }
+          }
+        }
       }
     }
     egress {
@@ -288,6 +323,11 @@ resource "kubernetes_service_v1" "this" {
       port        = var.listen_port
       target_port = "http"
     }
+    port {
+      name        = "health"
+      port        = var.health_port
+      target_port = "health"
+    }
   }
   depends_on = [kubernetes_namespace_v1.this]
 }
@@ -304,7 +344,7 @@ resource "kubernetes_manifest" "service_monitor" {
     }
     spec = {
       selector  = { matchLabels = { "app.kubernetes.io/name" = local.name } }
-      endpoints = [{ port = "http", path = "/metrics", interval = "30s" }]
+      endpoints = [{ port = "health", path = "/metrics", interval = "30s" }]
     }
   }
 }

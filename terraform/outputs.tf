@@ -17,3 +17,9 @@ output "dcgm_counters_configmap" {
   description = "ConfigMap to mount as dcgm-exporter's counters file (null when not created)."
   value       = var.dcgm_counters_configmap ? kubernetes_config_map_v1.dcgm_counters[0].metadata[0].name : null
 }
+
+output "status_token" {
+  description = "The bearer token of / and /api/v1/workspaces (the one given, or the generated one)."
+  value       = local.status_token
+  sensitive   = true
+}

@@ -94,7 +94,7 @@ variable "notify_webhook" {
 
 variable "status_token" {
   type        = string
-  description = "When set, / and /api/v1/workspaces (everyone's workspaces) require `Authorization: Bearer <this>`; the per-workspace route the template calls stays open."
+  description = "/ and /api/v1/workspaces (everyone's workspaces) require `Authorization: Bearer <this>`; the per-workspace route the template calls stays open. Null: a random one is generated (output status_token)."
   default     = null
   sensitive   = true
 }
@@ -133,6 +133,24 @@ variable "listen_port" {
   type        = number
   description = "Port of /metrics, /healthz, /readyz and the status API."
   default     = 9464
+}
+
+variable "health_port" {
+  type        = number
+  description = "A port of its own for /healthz, /readyz and /metrics (--health-listen): the kubelet's probes and Prometheus use it, so no crowd of clients on listen_port can starve them."
+  default     = 9465
+}
+
+variable "workspace_namespaces" {
+  type        = list(string)
+  description = "Namespaces whose pods may reach listen_port (the NetworkPolicy's ingress): where Coder runs workspaces (their agents read their own status line). Null: any namespace."
+  default     = ["coder"]
+}
+
+variable "metrics_namespaces" {
+  type        = list(string)
+  description = "Namespaces whose pods may reach health_port (/metrics): where Prometheus runs. The kubelet's probes come from the node, which a NetworkPolicy always lets in."
+  default     = ["monitoring"]
 }
 
 variable "resources" {

@@ -5,5 +5,9 @@ terraform {
       source  = "hashicorp/kubernetes"
       version = ">= 2.23"
     }
+    random = {
+      source  = "hashicorp/random"
+      version = ">= 3.5"
+    }
   }
 }

@@ -333,3 +333,35 @@ fn the_dockerfile_pins_every_base_image_by_digest() {
         assert!(digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()), "{from}: pin it by digest");
     }
 }
+
+/// The module and the manifest point the probes (and the ServiceMonitor) at a port of their own,
+/// require the status token on the fleet routes, and name who may reach each port.
+#[test]
+fn probes_have_a_port_of_their_own_and_the_fleet_routes_a_token() {
+    let bodies = tf_files("terraform");
+    let mut f = Found::default();
+    bodies.iter().for_each(|(_, b)| visit_body(b, &mut f));
+    let flags: Vec<&str> = f.strings.iter().map(|(s, _)| s.as_str()).collect();
+    assert!(flags.contains(&"--health-listen") && flags.contains(&"--status-token-file"), "{flags:?}");
+    let status_flag = f.strings.iter().find(|(s, _)| s == "--status-token-file").unwrap();
+    assert!(!status_flag.1, "the status token is not conditional: {status_flag:?}");
+    let main = std::fs::read_to_string(repo("terraform/main.tf")).unwrap();
+    for probe in ["liveness_probe", "readiness_probe"] {
+        let block = &main[main.find(probe).unwrap()..];
+        let port = block.split("port = \"").nth(1).unwrap().split('"').next().unwrap();
+        assert_eq!(port, "health", "{probe} uses the health port");
+    }
+    assert!(main.contains(r#"endpoints = [{ port = "health", path = "/metrics""#), "Prometheus scrapes the health port");
+    assert!(main.matches("namespace_selector").count() >= 2, "the NetworkPolicy names who may reach each port");
+    assert!(main.contains("resource \"random_password\" \"status_token\""), "a status token is generated when none is given");
+    let manifest = std::fs::read_to_string(repo("deploy/coder-gpu-reclaimer.yaml")).unwrap();
+    for want in [
+        "- --health-listen",
+        "- --status-token-file",
+        "livenessProbe: {httpGet: {path: /healthz, port: health}",
+        "readinessProbe: {httpGet: {path: /readyz, port: health}",
+        "namespaceSelector",
+    ] {
+        assert!(manifest.contains(want), "the manifest lacks {want:?}");
+    }
+}

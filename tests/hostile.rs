@@ -402,3 +402,61 @@ fn report_is_bounded_and_formula_safe_on_a_forged_audit_log() {
     assert!(out.contains("line 3 of the audit log is longer than 65536 bytes"), "the long line is named:\n{out}");
     assert!(peak > 0 && peak < 48 * 1024, "peak RSS {peak} KiB reading a 128 MiB line");
 }
+
+/// Opens `n` connections to `target` from the loopback address `peer`, each sending the start of
+/// a request and never finishing it (the server closes them after its header timeout).
+async fn hold_open(peer: &str, n: usize, target: &str) -> Vec<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let Ok(socket) = tokio::net::TcpSocket::new_v4() else { break };
+        if socket.bind(format!("{peer}:0").parse().unwrap()).is_err() {
+            break;
+        }
+        let Ok(mut s) = socket.connect(target.parse().unwrap()).await else { continue };
+        if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.is_ok() {
+            held.push(s);
+        }
+    }
+    held
+}
+
+/// The finding: one client holding 128 slow connections made most kubelet probes fail. Now one
+/// address gets at most 16 of the main port's slots, and the probes (and Prometheus) have a
+/// listener of their own that a crowd on the main port cannot fill.
+#[tokio::test]
+async fn no_crowd_of_slow_clients_starves_the_probes() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap();
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--health-listen", "127.0.0.1:0"]);
+    let main = svc.addr().await;
+    let health = svc.wait_event("starting", Duration::from_secs(5)).await["health_listen"].as_str().unwrap().to_string();
+    // A new connection per probe, as the kubelet makes them.
+    let probe = reqwest::Client::builder().pool_max_idle_per_host(0).timeout(Duration::from_secs(2)).build().unwrap();
+    let answered = |url: String| {
+        let probe = probe.clone();
+        async move { probe.get(url).send().await.is_ok_and(|r| r.status() == 200) }
+    };
+    // One workspace holds 200 slow connections: others are still served on the main port.
+    let one = hold_open("127.0.0.2", 200, &main).await;
+    assert!(one.len() >= 100, "the connections were made ({})", one.len());
+    for _ in 0..8 {
+        assert!(answered(format!("http://{main}/healthz")).await, "a probe failed while one peer held {} connections", one.len());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(one);
+    // Twenty workspaces together fill the main port; the health listener answers every probe.
+    let mut crowd = Vec::new();
+    for i in 10..30 {
+        crowd.extend(hold_open(&format!("127.0.0.{i}"), 16, &main).await);
+    }
+    for _ in 0..8 {
+        assert!(answered(format!("http://{health}/healthz")).await, "the health listener must answer while the main port is crowded");
+        assert!(answered(format!("http://{health}/readyz")).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(answered(format!("http://{health}/metrics")).await, "Prometheus too");
+    let fleet = probe.get(format!("http://{health}/api/v1/workspaces")).send().await.unwrap();
+    assert_eq!(fleet.status(), 404, "the health listener serves nothing about workspaces");
+    drop(crowd);
+}
