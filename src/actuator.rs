@@ -29,6 +29,8 @@ use crate::stop_lifecycle::{JobChange, StopState, provisioners_answer};
 
 /// How many times a stop is tried before it is abandoned (until the workspace's next build).
 pub const MAX_STOP_ATTEMPTS: u32 = 5;
+/// How long shutdown waits for webhook deliveries in flight.
+pub const NOTIFY_DRAIN: std::time::Duration = std::time::Duration::from_secs(3);
 /// The longest wait between two attempts to stop one workspace.
 pub const MAX_STOP_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
@@ -217,6 +219,13 @@ impl Actuator {
     /// The token's user changed (a rotated token of another account): its stops are ours.
     pub fn set_self_id(&mut self, id: String) {
         self.self_id = Some(id);
+    }
+
+    /// At shutdown: gives webhook deliveries in flight a few seconds to finish.
+    pub async fn finish(&self) {
+        if let Some(n) = &self.outputs.notifier {
+            n.drain(NOTIFY_DRAIN).await;
+        }
     }
 
     /// Stops being followed, retried later, or abandoned.

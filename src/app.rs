@@ -256,6 +256,9 @@ impl Application {
                 break;
             }
         }
+        if let Some(a) = &self.actuator {
+            a.finish().await;
+        }
         tracing::info!(event = "shutdown", "stopped");
     }
 

@@ -195,6 +195,8 @@ impl AuditLog {
 pub struct Notifier {
     http: reqwest::Client,
     url: Url,
+    /// Deliveries not finished yet (shutdown waits for them, a little).
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[derive(Serialize)]
@@ -207,14 +209,37 @@ struct WebhookBody<'a> {
 impl Notifier {
     pub fn new(url: Url, tls: &Tls) -> Result<Self, Error> {
         let http = crate::http::client(Duration::from_secs(5), Duration::from_secs(3), tls)?;
-        Ok(Notifier { http, url })
+        Ok(Notifier { http, url, in_flight: Default::default() })
+    }
+
+    /// At shutdown: waits up to `within` for deliveries still in flight, and says how many were
+    /// dropped when some did not finish.
+    pub async fn drain(&self, within: Duration) {
+        use std::sync::atomic::Ordering;
+        let deadline = tokio::time::Instant::now() + within;
+        while self.in_flight.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = self.in_flight.load(Ordering::SeqCst);
+        if left > 0 {
+            tracing::warn!(event = "notify_dropped", count = left, webhook = %redact_webhook(&self.url), "shutting down with webhook deliveries still in flight: they are dropped (the audit log has every event)");
+        }
     }
 
     /// Fire and forget: runs in its own task so a slow webhook never delays a stop.
     pub fn send(&self, event: &AuditEvent) {
         let Ok(body) = serde_json::to_vec(&WebhookBody { text: event.text(), event }) else { return };
-        let (http, url) = (self.http.clone(), self.url.clone());
+        let (http, url, in_flight) = (self.http.clone(), self.url.clone(), self.in_flight.clone());
+        in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         tokio::spawn(async move {
+            // Counted down however the delivery ends.
+            struct Done(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+            impl Drop for Done {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+            let _done = Done(in_flight);
             let result = http.post(url.clone()).header("Content-Type", "application/json").body(body).send().await;
             match result {
                 Ok(r) if r.status().is_success() => {}

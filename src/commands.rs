@@ -116,6 +116,13 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
         }
     };
     line(true, "settings", &settings.summary());
+    if let Some(mode) = settings.token_file.as_deref().and_then(crate::http::readable_by_others) {
+        // A warning, not a failure: the token still works.
+        println!(
+            "warn token file: {} is readable by every user of this machine (mode {mode:o}); chmod 600 it (a Kubernetes Secret volume: defaultMode 0440 with the pod's fsGroup)",
+            settings.token_file.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
+        );
+    }
     let policy = &settings.policy;
     line(
         true,

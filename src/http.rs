@@ -1,7 +1,7 @@
 //! What every outgoing HTTP client shares: parsing the URLs people configure, building clients
 //! that never follow a redirect and trust the configured extra CAs, reading bodies with a byte
-//! limit (whole, or split as they stream in), and writing URLs into logs and labels without
-//! their secrets. A leaf module: `coder/`, `gpu/` and `audit` use it; it uses nothing of this
+//! limit (whole, or split as they stream in), reading small secret files with a size limit, and
+//! writing URLs into logs and labels without their secrets. A leaf module: `coder/`, `gpu/` and `audit` use it; it uses nothing of this
 //! crate but `error` and `json_split`.
 
 use std::path::Path;
@@ -70,7 +70,7 @@ pub struct Secret(String);
 impl Secret {
     /// Reads and trims the file; an empty one is an error naming `setting`.
     pub fn from_file(setting: &str, path: &Path) -> Result<Self, Error> {
-        let text = std::fs::read_to_string(path)
+        let text = read_secret_file(path)
             .map_err(|e| Error::config(format!("{setting} {}: cannot read it ({e}); fix the path", path.display())))?;
         let value = text.trim();
         if value.is_empty() || value.chars().any(char::is_whitespace) {
@@ -210,6 +210,38 @@ pub async fn read_split(
     let mut splitter = Splitter::new(path, MAX_PIECE);
     for_each_chunk(resp, limit, StreamError::Body, |chunk| splitter.feed(chunk, on_element).map_err(StreamError::Parse)).await?;
     splitter.finish().map_err(StreamError::Parse)
+}
+
+/// The largest secret file read (a token, a webhook URL): real ones are under 200 bytes.
+pub const MAX_SECRET_FILE: u64 = 64 << 10;
+
+/// Reads a small file (a token, a URL) whole, refusing one larger than `MAX_SECRET_FILE`
+/// without reading it: a wrong path to a large file must not fill memory.
+pub fn read_secret_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)?;
+    let mut text = String::new();
+    file.take(MAX_SECRET_FILE + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_SECRET_FILE {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "larger than 64 KiB: not a token; check the path"));
+    }
+    Ok(text)
+}
+
+/// The file's permission bits when users other than its owner and group may read it (a secret
+/// should be mode 0600 or 0640; a Kubernetes Secret volume's `defaultMode` sets it).
+pub fn readable_by_others(path: &Path) -> Option<u32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+        (mode & 0o004 != 0).then_some(mode)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
 }
 
 /// An error and its sources, joined: reqwest's own text stops at the outermost layer.

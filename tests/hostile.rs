@@ -460,3 +460,56 @@ async fn no_crowd_of_slow_clients_starves_the_probes() {
     assert_eq!(fleet.status(), 404, "the health listener serves nothing about workspaces");
     drop(crowd);
 }
+
+/// A token file at a wrong path to something huge is refused without being read (the finding:
+/// a 512 MiB file took the process to 2.1 GB), and `check` warns when the token file is
+/// readable by every user.
+#[test]
+fn a_huge_token_file_is_refused_unread_and_a_readable_one_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("cgr-tokenfile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let huge = dir.join("huge");
+    std::fs::File::create(&huge).unwrap().set_len(512 << 20).unwrap(); // sparse: no disk used
+    let args = ["run", "--coder-url", "http://127.0.0.1:9", "--dcgm-exporter", "http://127.0.0.1:9/metrics", "--token-file"];
+    let (status, out, peak) = run_measured(&[&args[..], &[huge.to_str().unwrap()]].concat());
+    assert_eq!(status.code(), Some(2), "{out}");
+    assert!(out.contains("larger than 64 KiB"), "{out}");
+    assert!(peak > 0 && peak < 48 * 1024, "peak RSS {peak} KiB for a 512 MiB token file");
+    let readable = dir.join("token");
+    std::fs::write(&readable, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&readable, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let check = ["check", "--coder-url", "http://127.0.0.1:9", "--dcgm-exporter", "http://127.0.0.1:9/metrics", "--token-file"];
+    let (_, out, _) = run_measured(&[&check[..], &[readable.to_str().unwrap()]].concat());
+    assert!(out.contains("warn token file:") && out.contains("mode 644") && out.contains("chmod 600"), "{out}");
+    std::fs::set_permissions(&readable, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (_, out, _) = run_measured(&[&check[..], &[readable.to_str().unwrap()]].concat());
+    assert!(!out.contains("warn token file"), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Webhook deliveries still in flight at SIGTERM get a few seconds, and the ones that do not
+/// finish are named in the log, not dropped silently.
+#[tokio::test]
+async fn webhook_deliveries_in_flight_at_shutdown_are_not_dropped_silently() {
+    let hook = MockServer::start().await;
+    Mock::given(any_request()).respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30))).mount(&hook).await;
+    let dir = std::env::temp_dir().join(format!("cgr-hook-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hook_file = dir.join("webhook");
+    std::fs::write(&hook_file, format!("{}/services/T000/B000/XXXX\n", hook.uri())).unwrap();
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap();
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| w.ws_index(a).is_some_and(|i| w.is_running(&w.workspaces[i]))).await;
+    let mut svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--notify-webhook-file", hook_file.to_str().unwrap()]);
+    svc.wait_event("stop_sent", Duration::from_secs(20)).await;
+    let started = Instant::now();
+    let status = svc.terminate().await;
+    assert!(status.success(), "{status:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "a slow webhook delays shutdown by seconds, not its 30 s");
+    let dropped = svc.wait_event("notify_dropped", Duration::from_secs(1)).await;
+    assert!(dropped["count"].as_u64().unwrap() >= 1, "{dropped}");
+    assert!(!svc.raw().contains("B000/XXXX"), "the webhook's secret path is never logged");
+    std::fs::remove_dir_all(&dir).ok();
+}

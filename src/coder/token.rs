@@ -24,7 +24,7 @@ impl SessionToken {
     }
 
     pub fn from_file(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
+        let text = crate::http::read_secret_file(path).map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
         Self::new(&text).map_err(|e| format!("{e} (in {})", path.display()))
     }
 
