@@ -423,9 +423,21 @@ async fn plan_json_matches_the_status_api_and_check_passes() {
         "ok   token expiry: expires",
         "ok   clock: Coder's clock is 0s off this machine's",
         "ok   coverage: 1 of 2 running workspaces",
+        "ok   frozen detection: every one of 1 GPU series carries an energy counter",
     ] {
         assert!(out.contains(want), "want {want:?} in\n{out}");
     }
+    // No running GPU workspace maps to a series: nothing could ever be judged, so check fails
+    // and names the likely cause (here a namespace filter that matches no workspace pod).
+    let config = std::env::temp_dir().join(format!("cgr-check-{}.toml", uuid::Uuid::new_v4()));
+    std::fs::write(&config, "namespace = \"ml\"\n").unwrap();
+    let (code, out) =
+        exit_of(&["check", "--config", &config.display().to_string(), "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()], &token)
+            .await;
+    std::fs::remove_file(&config).ok();
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("FAIL coverage: 0 of 2 running workspaces") && out.contains("not the namespace filter \"ml\""), "{out}");
+
     assert!(out.contains(&format!("ok   gpu source: {}: 1 GPU series", ex.url())), "per source, not a total: {out}");
     let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", "http://127.0.0.1:9/metrics"], &token).await;
     assert_eq!(code, 1, "{out}");
