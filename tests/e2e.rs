@@ -437,6 +437,11 @@ async fn plan_json_matches_the_status_api_and_check_passes() {
     std::fs::remove_file(&config).ok();
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("FAIL coverage: 0 of 2 running workspaces") && out.contains("not the namespace filter \"ml\""), "{out}");
+    // A trimmed counters file (no energy counter): frozen detection is off, and check says so.
+    ex.set(|c| c.counters = mocks::Counters::Trimmed);
+    let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()], &token).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ok   frozen detection: off for 1 of 1 GPU series"), "{out}");
 
     assert!(out.contains(&format!("ok   gpu source: {}: 1 GPU series", ex.url())), "per source, not a total: {out}");
     let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", "http://127.0.0.1:9/metrics"], &token).await;

@@ -68,7 +68,7 @@ async fn busy_gpus_that_read_idle_are_never_stopped() {
     let exporters = [
         exporter_for(&coder, s0, |_| {}).await,
         // Time-slicing in virtual-GPU mode without hostPID: the pod's own utilization and memory read 0.
-        exporter_for(&coder, s1, |c| c.virtual_gpus = true).await,
+        exporter_for(&coder, s1, |c| c.virtual_gpus = mocks::VirtualGpus::TimeSliced).await,
         // The default counters file: no SM_ACTIVE, and GR_ENGINE_ACTIVE stuck at 0 under load.
         exporter_for(&coder, s2, |c| {
             c.sm_active = false;
