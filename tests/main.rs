@@ -20,4 +20,5 @@ mod hostile;
 mod page;
 mod pipeline;
 mod prometheus_world;
+mod readings;
 mod sources;

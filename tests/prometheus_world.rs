@@ -84,7 +84,7 @@ impl Prometheus {
 }
 
 /// Writes `openmetrics` into a fresh TSDB and serves it on a loopback port.
-async fn prometheus_with(openmetrics: &str) -> Prometheus {
+pub async fn prometheus_with(openmetrics: &str) -> Prometheus {
     let (prometheus, promtool) = installed().expect("prometheus and promtool");
     let dir = Prometheus::folder();
     let input = dir.join("history.om");
