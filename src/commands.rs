@@ -242,5 +242,10 @@ fn coverage(series: &[GpuSeries], workspaces: &[Workspace], settings: &Settings)
         let filter = ownership.namespace.as_deref().map_or(String::new(), |ns| format!(" in namespace {ns:?} (the namespace filter)"));
         format!("no GPU series{filter} names a workspace by {by}: check dcgm-exporter's --kubernetes and the label names Prometheus keeps")
     };
-    (false, format!("{summary}, none of {gpu_workspaces} of a GPU template: {cause}"))
+    let templates = if settings.policy.gpu_templates.is_empty() {
+        " (every template counts as a GPU template: set gpu_templates if some have no GPU)"
+    } else {
+        ""
+    };
+    (false, format!("{summary}, none of {gpu_workspaces} of a GPU template{templates}: {cause}"))
 }

@@ -455,6 +455,14 @@ fn readings_that_make_a_busy_gpu_look_idle() {
         g
     };
     let set = |pairs: &'static [(Signal, f64)]| move |v: &mut SignalValues| pairs.iter().for_each(|(s, x)| v.set(*s, *x));
+    let light = |d: f64, sms: f64| -> Box<dyn Fn(&mut SignalValues)> {
+        Box::new(move |v: &mut SignalValues| {
+            for (signal, x) in [(Signal::SmActive, d / sms), (Signal::GrEngineActive, d), (Signal::GpuUtil, d), (Signal::FbUsedMib, 302.0)]
+            {
+                v.set(signal, x);
+            }
+        })
+    };
     type Case = (&'static str, Box<dyn Fn(&mut SignalValues)>, bool, Verdict, Reason);
     let cases: Vec<Case> = vec![
         // Virtual-GPU mode: the pod's own utilization and memory are 0 (no hostPID), the
@@ -534,33 +542,13 @@ fn readings_that_make_a_busy_gpu_look_idle() {
             Verdict::Keep,
             Reason::GpuActive,
         ),
-        // NOTES §10: a one-block kernel busy a fraction d of the time reads GR ≈ d, SM ≈ d / SMs;
-        // on a 132-SM H100 d = 0.1 gives SM 0.00076. The one-thread kernel's shape at a lower
-        // duty cycle, not a stuck counter: reclaimed like it (it was kept as metrics-disagree).
-        (
-            "light periodic kernel on an H100: GR 0.10, SM 0.00076",
-            Box::new(set(&[
-                (Signal::SmActive, 0.00076),
-                (Signal::GrEngineActive, 0.1),
-                (Signal::GpuUtil, 0.1),
-                (Signal::FbUsedMib, 302.0),
-            ])),
-            false,
-            Verdict::Reclaim,
-            Reason::PhantomUtilization,
-        ),
-        (
-            "light periodic kernel on an H100 at a quarter duty: GR 0.26, SM 0.00197",
-            Box::new(set(&[
-                (Signal::SmActive, 0.00197),
-                (Signal::GrEngineActive, 0.26),
-                (Signal::GpuUtil, 0.26),
-                (Signal::FbUsedMib, 302.0),
-            ])),
-            false,
-            Verdict::Reclaim,
-            Reason::PhantomUtilization,
-        ),
+        // NOTES §10: a one-block kernel busy a fraction d of the time reads GR ≈ d, SM ≈ d / SMs
+        // (SM ≤ 0.002 for d up to 0.26 on a 132-SM H100, 0.16 on an 80-SM A10G). The one-thread
+        // kernel's shape at a lower duty cycle, not a stuck counter: reclaimed like it (it was
+        // kept as metrics-disagree).
+        ("light periodic kernel on an H100, d = 0.1", light(0.1, 132.0), false, Verdict::Reclaim, Reason::PhantomUtilization),
+        ("light periodic kernel on an H100, d = 0.26", light(0.26, 132.0), false, Verdict::Reclaim, Reason::PhantomUtilization),
+        ("light periodic kernel on an A10G, d = 0.16", light(0.16, 80.0), false, Verdict::Reclaim, Reason::PhantomUtilization),
         // No kernel keeps GR busy 90% of the time on less than one SM: SM is stuck (DCGM #244).
         (
             "SM stuck at 0 while GR reads 0.9",

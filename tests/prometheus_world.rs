@@ -23,6 +23,7 @@ use coder_gpu_reclaimer::duration;
 use coder_gpu_reclaimer::evaluate::merge_collection;
 use coder_gpu_reclaimer::gpu::window::Windows;
 use coder_gpu_reclaimer::gpu::{Collection, Ownership, series_from_exposition};
+use coder_gpu_reclaimer::policy::Policy;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 use mocks::{FakeCoder, WorldConfig};
 use serde_json::Value;
@@ -177,24 +178,33 @@ fn exposition(at: i64, gpus: &[History], scrapes: &[Scrape]) -> String {
     out
 }
 
-/// What the exporter source decides on the same history: every 15 s scrape parsed as
-/// dcgm-exporter's text and merged as a pass does (`merge_collection`), one sample per 60 s pass
-/// (`run --sample-interval 15s`), then each workspace decided at `now` by the default policy.
-fn exporter_decisions(now: DateTime<Utc>, end: i64, gpus: &[History], scrapes: &[Scrape], workspaces: &[Workspace]) -> Vec<Decision> {
-    let settings =
-        Settings::new(crate::common::url("http://coder.invalid"), SessionToken::new("x-y").unwrap(), GpuSourceSettings::Exporters(vec![]));
-    let policy = &settings.policy;
-    let step = settings.interval.as_secs() as i64;
-    let mut windows = Windows::new(duration::chrono(policy.longest_lookback()), settings.interval);
+/// What the exporter source decides on the same history: every scrape (its time, and the texts
+/// of the exporters scraped then) parsed as dcgm-exporter's text and merged as a pass does
+/// (`merge_collection`), one sample per pass of `interval` (`run --sample-interval 15s`), then each
+/// workspace decided at `now` by `policy`.
+pub fn exporter_decisions(
+    now: DateTime<Utc>,
+    scrapes: &[(i64, Vec<String>)],
+    workspaces: &[Workspace],
+    policy: &Policy,
+    interval: Duration,
+    ownership: &Ownership,
+) -> Vec<Decision> {
+    let step = interval.as_secs() as i64;
+    let mut windows = Windows::new(duration::chrono(policy.longest_lookback()), interval);
     let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
     let source: Arc<str> = Arc::from("http://10.0.3.1:9400/metrics");
-    for at in (end - HISTORY..=end).step_by(15) {
-        let when = DateTime::from_timestamp(at, 0).unwrap();
-        let (series, errors) = series_from_exposition(&exposition(at, gpus, scrapes), when, &source, &Ownership::default());
-        assert!(errors.is_empty(), "{errors:?}");
+    for (at, texts) in scrapes {
+        let when = DateTime::from_timestamp(*at, 0).unwrap();
+        let mut series = Vec::new();
+        for text in texts {
+            let (parsed, errors) = series_from_exposition(text, when, &source, ownership);
+            assert!(errors.is_empty(), "{errors:?}");
+            series.extend(parsed);
+        }
         merge_collection(
             &mut windows,
-            &mut Collection { series, failures: Vec::new(), requests: 1, step: None },
+            &mut Collection { series, failures: Vec::new(), requests: texts.len(), step: None },
             workspaces,
             chrono::Duration::zero(),
         );
@@ -319,7 +329,10 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
     )
     .unwrap();
     let workspaces = client.running_workspaces().await.unwrap();
-    for d in exporter_decisions(now, end, &gpus, &scrapes, &workspaces) {
+    let settings =
+        Settings::new(crate::common::url("http://coder.invalid"), SessionToken::new("x-y").unwrap(), GpuSourceSettings::Exporters(vec![]));
+    let texts: Vec<(i64, Vec<String>)> = (end - HISTORY..=end).step_by(15).map(|at| (at, vec![exposition(at, &gpus, &scrapes)])).collect();
+    for d in exporter_decisions(now, &texts, &workspaces, &settings.policy, settings.interval, &Ownership::default()) {
         let Some(i) = ids.iter().position(|id| id.to_string() == d.workspace_id) else { continue };
         let p = planned(&d.workspace_id);
         let exporter = (serde_json::to_value(d.verdict).unwrap(), serde_json::to_value(d.reason).unwrap());

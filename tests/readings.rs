@@ -8,7 +8,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -19,13 +18,13 @@ use coder_gpu_reclaimer::evaluate::merge_collection;
 use coder_gpu_reclaimer::gpu::expo::parse;
 use coder_gpu_reclaimer::gpu::prometheus::PrometheusSource;
 use coder_gpu_reclaimer::gpu::window::Windows;
-use coder_gpu_reclaimer::gpu::{Collection, GpuSeries, GpuSource, Ownership, series_from_exposition};
+use coder_gpu_reclaimer::gpu::{Collection, GpuSeries, GpuSource, Ownership};
 use coder_gpu_reclaimer::policy::Policy;
 use mocks::exporter::render_devices;
 use mocks::{Counters, Device, ExporterConfig, Holder, Load, Names, Stuck, VirtualGpus};
 
 use crate::common::{installed_or_skip, running_workspace};
-use crate::prometheus_world::{installed, prometheus_with};
+use crate::prometheus_world::{exporter_decisions, installed, prometheus_with};
 
 /// How long each cell's history is, and how often Prometheus (and the exporter source) scrape.
 const HISTORY_SECS: i64 = 40 * 60;
@@ -266,43 +265,6 @@ fn windows_for(p: &Policy) -> Windows {
     Windows::new(duration::chrono(p.longest_lookback()), Duration::from_secs(PASS_SECS as u64))
 }
 
-/// The exporter source over one set-up's scrapes: each parsed as dcgm-exporter's text and merged
-/// as a pass does, one sample per 60 s pass.
-fn exporter_decisions(
-    now: DateTime<Utc>,
-    cells: &[Vec<(i64, String)>],
-    workspaces: &[Workspace],
-    p: &Policy,
-    ownership: &Ownership,
-) -> Vec<Decision> {
-    let mut windows = windows_for(p);
-    let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
-    let source: Arc<str> = Arc::from("http://10.0.3.7:9400/metrics");
-    for i in 0..cells[0].len() {
-        let at = cells[0][i].0;
-        let when = DateTime::from_timestamp(at, 0).unwrap();
-        let mut series: Vec<GpuSeries> = Vec::new();
-        for cell in cells {
-            let (s, errors) = series_from_exposition(&cell[i].1, when, &source, ownership);
-            assert!(errors.is_empty(), "{errors:?}");
-            series.extend(s);
-        }
-        merge_collection(
-            &mut windows,
-            &mut Collection { series, failures: Vec::new(), requests: 1, step: None },
-            workspaces,
-            chrono::Duration::zero(),
-        );
-        if at % PASS_SECS == 0 {
-            windows.flush();
-            windows.prune(when, &live);
-        }
-    }
-    windows.flush();
-    windows.prune(now, &live);
-    decide_all(now, &windows, workspaces, p)
-}
-
 /// One cell's outcome, per source.
 struct Cell {
     load: usize,
@@ -335,8 +297,12 @@ async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources(
         let histories: Vec<Vec<(i64, String)>> = loads.iter().enumerate().map(|(li, l)| scrapes(end, l.kind, s, index(li), 0)).collect();
         let workspaces: Vec<Workspace> = (0..loads.len()).map(|li| running_workspace(&ws_id(index(li), 0), last_used)).collect();
         let mut by_source: Vec<(String, Vec<Decision>)> = Vec::new();
+        // The exporter source scrapes every cell's exporter each time.
+        let texts: Vec<(i64, Vec<String>)> =
+            (0..histories[0].len()).map(|i| (histories[0][i].0, histories.iter().map(|h| h[i].1.clone()).collect())).collect();
         for (label, own) in &ownerships {
-            by_source.push((format!("exporter{label}"), exporter_decisions(now, &histories, &workspaces, &p, own)));
+            let pass = Duration::from_secs(PASS_SECS as u64);
+            by_source.push((format!("exporter{label}"), exporter_decisions(now, &texts, &workspaces, &p, pass, own)));
         }
         for (li, l) in loads.iter().enumerate() {
             let got = by_source.iter().map(|(source, ds)| (source.clone(), outcome(&ds[li]))).collect();
