@@ -6,7 +6,7 @@
 //! namespace filter. Every cell must give the verdict and reason `expected` promises, in every
 //! source; `docs/readings.md` is rendered from the cells (`UPDATE_READINGS=1` rewrites it).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -15,7 +15,6 @@ use coder_gpu_reclaimer::coder::types::Workspace;
 use coder_gpu_reclaimer::decide::{Decision, decide};
 use coder_gpu_reclaimer::duration;
 use coder_gpu_reclaimer::evaluate::merge_collection;
-use coder_gpu_reclaimer::gpu::expo::parse;
 use coder_gpu_reclaimer::gpu::prometheus::PrometheusSource;
 use coder_gpu_reclaimer::gpu::window::Windows;
 use coder_gpu_reclaimer::gpu::{Collection, GpuSeries, GpuSource, Ownership};
@@ -24,7 +23,7 @@ use mocks::exporter::render_devices;
 use mocks::{Counters, Device, ExporterConfig, Holder, Load, Names, Stuck, VirtualGpus};
 
 use crate::common::{installed_or_skip, running_workspace};
-use crate::prometheus_world::{exporter_decisions, installed, prometheus_with};
+use crate::prometheus_world::{Stored, exporter_decisions, installed, openmetrics, prometheus_with, store};
 
 /// How long each cell's history is, and how often Prometheus (and the exporter source) scrape.
 const HISTORY_SECS: i64 = 40 * 60;
@@ -194,60 +193,6 @@ fn scrapes(end: i64, load: Kind, s: &SetUp, cell: usize, variant: usize) -> Vec<
     out
 }
 
-/// The target labels a ServiceMonitor adds (LAYOUTS §6): with `honorLabels: false` a workload
-/// label they collide with is renamed `exported_*`; with `true` the workload's stays and the
-/// target's is dropped; a series without it gets the target's (Prometheus' target-label rules).
-fn as_stored(text: &str, honor_labels: bool) -> Vec<(String, String, f64)> {
-    const TARGET: [(&str, &str); 7] = [
-        ("container", "nvidia-dcgm-exporter"),
-        ("namespace", "gpu-operator"),
-        ("pod", "nvidia-dcgm-exporter-7xk2p"),
-        ("endpoint", "gpu-metrics"),
-        ("service", "nvidia-dcgm-exporter"),
-        ("job", "nvidia-dcgm-exporter"),
-        ("instance", "10.0.3.7:9400"),
-    ];
-    let (samples, errors) = parse(text);
-    assert!(errors.is_empty(), "{errors:?}");
-    samples
-        .into_iter()
-        .map(|s| {
-            let mut labels: Vec<(String, String)> = s.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-            for (k, v) in TARGET {
-                match labels.iter().position(|(n, _)| n == k) {
-                    Some(i) if !honor_labels => {
-                        labels[i].0 = format!("exported_{k}");
-                        labels.push((k.to_string(), v.to_string()));
-                    }
-                    Some(_) => {}
-                    None => labels.push((k.to_string(), v.to_string())),
-                }
-            }
-            let rendered = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect::<Vec<_>>().join(",");
-            (s.name.to_string(), rendered, s.value)
-        })
-        .collect()
-}
-
-/// Every stored sample: family -> labels -> (time, value) in time order.
-type Stored = BTreeMap<String, BTreeMap<String, Vec<(i64, f64)>>>;
-
-/// The cells' scrapes as OpenMetrics for `promtool tsdb create-blocks-from openmetrics`: one
-/// family at a time, each series' samples in time order.
-fn openmetrics(stored: &Stored) -> String {
-    let mut out = String::new();
-    for (family, series) in stored {
-        let _ = writeln!(out, "# TYPE {family} gauge");
-        for (labels, points) in series {
-            for (at, v) in points {
-                let _ = writeln!(out, "{family}{{{labels}}} {v} {at}");
-            }
-        }
-    }
-    out.push_str("# EOF\n");
-    out
-}
-
 /// The policy a set-up is judged by: the defaults for 60 s passes, told the exporter's `-c`.
 fn policy(s: &SetUp) -> Policy {
     Policy {
@@ -311,9 +256,7 @@ async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources(
             // `honorLabels: false` stores the exporter source's GPU; `true` a twin of its own.
             for (history, honor) in [(histories[li].clone(), false), (scrapes(end, l.kind, s, index(li), 1), true)] {
                 for (at, text) in history {
-                    for (family, labels, v) in as_stored(&text, honor) {
-                        stored.entry(family).or_default().entry(labels).or_default().push((at, v));
-                    }
+                    store(&mut stored, at, &text, honor);
                 }
             }
         }
