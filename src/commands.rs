@@ -230,8 +230,13 @@ fn coverage(series: &[GpuSeries], workspaces: &[Workspace], settings: &Settings)
     }
     let ownership = &settings.ownership;
     let with_pod: Vec<&GpuSeries> = series.iter().filter(|s| s.key.pod.is_some()).collect();
-    let cause = if let (Some(want), Some(other)) = (&ownership.namespace, with_pod.iter().find_map(|s| s.namespace.as_deref())) {
+    let other_namespace = |want: &str| with_pod.iter().find_map(|s| s.namespace.as_deref().filter(|ns| *ns != want));
+    let cause = if let Some((want, other)) = ownership.namespace.as_deref().and_then(|want| Some((want, other_namespace(want)?))) {
         format!("GPU series name workspace pods, but in namespace {other:?}, not the namespace filter {want:?}: fix `namespace`")
+    } else if let Some(l) = ownership.workspace_id_label.as_deref().filter(|_| !with_pod.is_empty()) {
+        format!(
+            "GPU series name workspace pods, but none carries a running workspace's id in the label `{l}` (workspace_id_label): remove the setting, or export the pod label (dcgm-exporter --kubernetes-enable-pod-labels)"
+        )
     } else if !with_pod.is_empty() {
         "GPU series name workspace pods, but of no running workspace (stale pod labels, or another Coder)".to_string()
     } else {
