@@ -369,15 +369,15 @@ fn render_doc(set_ups: &[SetUp], loads: &[LoadCase], cells: &[Cell]) -> String {
     }
     out.push_str(
         "\n## What the set-up decides\n\n\
-         - Without `DCGM_FI_PROF_SM_ACTIVE` a one-thread or light kernel reads busy through GR_ENGINE_ACTIVE\n\
-           and is kept; with it, it is `phantom-utilization`.\n\
-         - Without an energy counter (`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`, or\n\
-           `DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL` under DCGM 4.7 names) frozen data cannot be told from an\n\
-           idle GPU: frozen detection is off, the GPU is judged on its readings, and `check` says so.\n\
-         - On MIG there is no `GPU_UTIL`: a stuck GR_ENGINE_ACTIVE is told by the busy tensor pipes, and busy\n\
-           device memory alone (copy-only work) keeps an instance.\n\
-         - Set `exporter_collect_interval` to the exporter's `-c`: frozen data needs two collections\n\
-           without the counter rising.\n",
+         - Without `DCGM_FI_PROF_SM_ACTIVE` a one-thread or light kernel reads busy through GR_ENGINE_ACTIVE \
+         and is kept; with it, it is `phantom-utilization`.\n\
+         - Without an energy counter (`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`, or `DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL` \
+         under DCGM 4.7 names) frozen data cannot be told from an idle GPU: frozen detection is off, the GPU is \
+         judged on its readings, and `check` says so.\n\
+         - On MIG there is no `GPU_UTIL`: a stuck GR_ENGINE_ACTIVE is told by the busy tensor pipes, and busy \
+         device memory alone (copy-only work) keeps an instance.\n\
+         - Set `exporter_collect_interval` to the exporter's `-c`: frozen data needs two collections without the \
+         counter rising.\n",
     );
     out
 }
