@@ -15,7 +15,7 @@ use crate::coder::CoderClient;
 use crate::coder::types::Workspace;
 use crate::config::Settings;
 use crate::error::Error;
-use crate::gpu::{GpuKey, GpuSource, Sources};
+use crate::gpu::{GpuKey, GpuSeries, GpuSource, Sources};
 use crate::metrics::Metrics;
 use crate::retry::RetryPolicy;
 use crate::startup::connect;
@@ -186,6 +186,9 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
     if series.is_empty() && collection.failures.is_empty() {
         line(false, "gpu source", "no GPU series at all: check the exporter URLs and that dcgm-exporter runs with --kubernetes");
     }
+    if !collection.series.is_empty() {
+        line(true, "frozen detection", &frozen_detection(&collection.series));
+    }
     if identity.is_some() {
         match coder.listing().await {
             Ok(listing) => {
@@ -203,9 +206,8 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
                 }
                 let ws = listing.workspaces;
                 organization_permissions(&coder, &ws, &mut line).await;
-                let mapped: HashSet<&str> = collection.series.iter().filter_map(|s| s.workspace_id.as_deref()).collect();
-                let covered = ws.iter().filter(|w| mapped.contains(w.id.as_str())).count();
-                line(true, "coverage", &format!("{covered} of {} running workspaces have GPU series mapped to them", ws.len()));
+                let (ok, detail) = coverage(&collection.series, &ws, &settings);
+                line(ok, "coverage", &detail);
             }
             Err(e) => line(false, "coverage", &format!("cannot list workspaces: {e}")),
         }
@@ -250,4 +252,61 @@ async fn organization_permissions(coder: &CoderClient, workspaces: &[Workspace],
         }
         Err(e) => line(false, "organizations", &format!("cannot ask Coder what the token may do per organization: {e}")),
     }
+}
+
+/// Whether frozen data can be told for the GPUs read: only from an energy counter, which a
+/// trimmed counters file or a relabeling may drop (reference dcgm NOTES §10).
+fn frozen_detection(series: &[GpuSeries]) -> String {
+    let gpus: HashSet<&GpuKey> = series.iter().map(|s| &s.key).collect();
+    let without: HashSet<&GpuKey> = series.iter().filter(|s| s.points.iter().all(|p| p.energy_joules.is_none())).map(|s| &s.key).collect();
+    if without.is_empty() {
+        return format!("every one of {} GPU series carries an energy counter", gpus.len());
+    }
+    let names = crate::gpu::signals::ENERGY_NAMES.map(|(n, _)| n).join(" or ");
+    format!(
+        "off for {} of {} GPU series: they carry no energy counter ({names}), so a hung exporter cannot be told from an idle GPU; they are judged on their other readings (add the counter to dcgm-exporter's counters file to detect it)",
+        without.len(),
+        gpus.len()
+    )
+}
+
+/// How many running workspaces have GPU series, and a failure when no workspace of a GPU
+/// template has any: then nothing can ever be judged, and the likely cause is named.
+fn coverage(series: &[GpuSeries], workspaces: &[Workspace], settings: &Settings) -> (bool, String) {
+    let mapped: HashSet<&str> = series.iter().filter_map(|s| s.workspace_id.as_deref()).collect();
+    let covered = workspaces.iter().filter(|w| mapped.contains(w.id.as_str())).count();
+    let summary = format!("{covered} of {} running workspaces have GPU series mapped to them", workspaces.len());
+    let gpu_workspaces = workspaces.iter().filter(|w| settings.policy.is_gpu_template(&w.template_name)).count();
+    if gpu_workspaces == 0 || workspaces.iter().any(|w| settings.policy.is_gpu_template(&w.template_name) && mapped.contains(w.id.as_str()))
+    {
+        return (true, summary);
+    }
+    if series.is_empty() {
+        return (false, format!("{summary}: no GPU series were read"));
+    }
+    let ownership = &settings.ownership;
+    let with_pod: Vec<&GpuSeries> = series.iter().filter(|s| s.key.pod.is_some()).collect();
+    let other_namespace = |want: &str| with_pod.iter().find_map(|s| s.namespace.as_deref().filter(|ns| *ns != want));
+    let cause = if let Some((want, other)) = ownership.namespace.as_deref().and_then(|want| Some((want, other_namespace(want)?))) {
+        format!("GPU series name workspace pods, but in namespace {other:?}, not the namespace filter {want:?}: fix `namespace`")
+    } else if let Some(l) = ownership.workspace_id_label.as_deref().filter(|_| !with_pod.is_empty()) {
+        format!(
+            "GPU series name workspace pods, but none carries a running workspace's id in the label `{l}` (workspace_id_label): remove the setting, or export the pod label (dcgm-exporter --kubernetes-enable-pod-labels)"
+        )
+    } else if !with_pod.is_empty() {
+        "GPU series name workspace pods, but of no running workspace (stale pod labels, or another Coder)".to_string()
+    } else {
+        let by = ownership.workspace_id_label.as_deref().map_or_else(
+            || "a pod label (`exported_pod`, `pod_name` with -o, or `pod`) holding `coder-<workspace id>-...`".to_string(),
+            |l| format!("the label `{l}` (workspace_id_label)"),
+        );
+        let filter = ownership.namespace.as_deref().map_or(String::new(), |ns| format!(" in namespace {ns:?} (the namespace filter)"));
+        format!("no GPU series{filter} names a workspace by {by}: check dcgm-exporter's --kubernetes and the label names Prometheus keeps")
+    };
+    let templates = if settings.policy.gpu_templates.is_empty() {
+        " (every template counts as a GPU template: set gpu_templates if some have no GPU)"
+    } else {
+        ""
+    };
+    (false, format!("{summary}, none of {gpu_workspaces} of a GPU template{templates}: {cause}"))
 }

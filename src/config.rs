@@ -94,6 +94,8 @@ pub struct FileConfig {
     pub start_allowance: Option<Duration>,
     #[serde(default, with = "crate::duration::opt")]
     pub agent_lost_after: Option<Duration>,
+    #[serde(default, with = "crate::duration::opt")]
+    pub exporter_collect_interval: Option<Duration>,
     /// GPU model glob -> watts: a GPU drawing at least this is kept (a power veto).
     #[serde(default)]
     pub active_power_watts: Option<std::collections::BTreeMap<String, f64>>,
@@ -483,6 +485,10 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     p.frozen_after = file.frozen_after.unwrap_or(p.frozen_after);
     if file.frozen_after.is_some() && p.frozen_after < interval * 2 {
         return err("frozen_after must be at least twice the interval: readings are compared pass to pass, e.g. frozen_after = \"3m\"");
+    }
+    p.exporter_collect_interval = file.exporter_collect_interval.unwrap_or(p.exporter_collect_interval);
+    if p.exporter_collect_interval.is_zero() {
+        return err("exporter_collect_interval is dcgm-exporter's -c (DCGM_EXPORTER_INTERVAL), e.g. exporter_collect_interval = \"30s\"");
     }
     if let Some(table) = &file.active_power_watts {
         p.active_power_watts = per_model_table(table, |glob, watts| {

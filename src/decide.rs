@@ -143,8 +143,11 @@ pub struct SampleContext {
 }
 
 impl SampleContext {
+    /// A MIG instance gets no power veto: every instance reports the whole GPU's power
+    /// (reference dcgm NOTES §10 "MIG"), so a threshold says nothing about one instance.
     pub fn of(w: &GpuWindow, p: &Policy) -> Self {
-        SampleContext { shared: w.shared, active_power_watts: p.active_power_for(w.model.as_deref()) }
+        let active_power_watts = if w.key.gpu_instance.is_some() { None } else { p.active_power_for(w.model.as_deref()) };
+        SampleContext { shared: w.shared, active_power_watts }
     }
 }
 
@@ -154,15 +157,19 @@ pub fn classify(v: &SignalValues, p: &Policy) -> SampleState {
 }
 
 /// Classifies one sample by the best compute signal it has: SM_ACTIVE, else GR_ENGINE_ACTIVE,
-/// else utilization. Video encode or decode at the utilization minimum is work, and so is
-/// drawing the model's `active_power_watts`. Utilization above zero on an (almost) empty
-/// framebuffer is never work; a shared GPU is judged by the device's values alone.
+/// else utilization. Video encode or decode at the utilization minimum is work, and so is device
+/// memory busy (copy-only work: memcpy or peer-to-peer traffic without kernels, reference dcgm
+/// NOTES §10) and drawing the model's `active_power_watts`. Utilization or GR_ENGINE_ACTIVE
+/// claiming work that SM_ACTIVE does not show is phantom (a one-thread kernel, or a light one:
+/// GR ≈ d, SM ≈ d / SMs), and so is utilization above zero on an (almost) empty framebuffer;
+/// a shared GPU's memory reading is never taken as empty (a sharing pod's own memory reads 0).
 pub fn classify_in(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleState {
     let util = v.get(Signal::GpuUtil);
     let gr = v.get(Signal::GrEngineActive);
     let video = [Signal::EncUtil, Signal::DecUtil].into_iter().any(|s| v.get(s).is_some_and(|x| x >= p.gpu_util_min));
+    let copying = v.get(Signal::DramActive).is_some_and(|x| x >= p.sm_active_min);
     let power = ctx.active_power_watts.is_some_and(|min| v.get(Signal::PowerWatts).is_some_and(|w| w >= min));
-    if video || power {
+    if video || copying || power {
         return SampleState::Active;
     }
     let compute_active = if let Some(sm) = v.get(Signal::SmActive) {
@@ -174,10 +181,7 @@ pub fn classify_in(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleSt
     } else {
         return SampleState::NoCompute;
     };
-    if ctx.shared {
-        return if compute_active { SampleState::Active } else { SampleState::Idle };
-    }
-    let empty_memory = v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib);
+    let empty_memory = !ctx.shared && v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib);
     let claims_work = util.is_some_and(|u| u >= p.gpu_util_min) || gr.is_some_and(|g| g >= p.gr_engine_active_min);
     if compute_active && !empty_memory {
         SampleState::Active
@@ -188,18 +192,25 @@ pub fn classify_in(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleSt
     }
 }
 
-/// A counter that contradicts another in one sample: SM_ACTIVE at zero while GR_ENGINE_ACTIVE
-/// says busy, or the chosen compute signal at zero while the tensor pipes or device memory are
-/// busy (on MIG, with no utilization at all, nothing else would contradict a stuck GR). An
-/// empty framebuffer settles it: no process, so the busy readings are phantom, not stuck.
+/// More SMs than any GPU has (H100 SXM 132, B200 148): a kernel keeping the GR engine busy a
+/// fraction d of the time keeps at least one SM busy as long, so SM_ACTIVE ≥ d / this.
+const MORE_SMS_THAN_ANY_GPU: f64 = 160.0;
+
+/// A counter that contradicts another in one sample: SM_ACTIVE below what even one SM would
+/// show for the time GR_ENGINE_ACTIVE is busy, or the chosen compute signal at zero while the
+/// tensor pipes are busy. SM_ACTIVE near zero with GR_ENGINE_ACTIVE a little busy is no
+/// contradiction: a one-block kernel busy a fraction d of the time reads GR ≈ d and SM ≈ d / SMs,
+/// an honest light kernel (reference dcgm NOTES §10). An empty framebuffer settles it: no
+/// process, so the busy readings are phantom, not stuck.
 fn contradiction(v: &SignalValues, p: &Policy) -> Option<&'static str> {
     if v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib) {
         return None;
     }
     let zero = |s: Signal| v.get(s).is_some_and(|x| x <= p.about_zero);
-    let busy = |s: Signal, min: f64| v.get(s).is_some_and(|x| x >= min);
-    if zero(Signal::SmActive) && busy(Signal::GrEngineActive, p.gr_engine_active_min) {
-        return Some("SM_ACTIVE reads zero while GR_ENGINE_ACTIVE says busy (a stuck profiling counter?)");
+    if let (Some(sm), Some(gr)) = (v.get(Signal::SmActive), v.get(Signal::GrEngineActive)) {
+        if gr >= p.gr_engine_active_min && sm * MORE_SMS_THAN_ANY_GPU < gr {
+            return Some("SM_ACTIVE reads less than one SM's share while GR_ENGINE_ACTIVE says busy (a stuck profiling counter?)");
+        }
     }
     let compute_zero = if v.get(Signal::SmActive).is_some() {
         zero(Signal::SmActive)
@@ -208,8 +219,8 @@ fn contradiction(v: &SignalValues, p: &Policy) -> Option<&'static str> {
     } else {
         zero(Signal::GpuUtil)
     };
-    if compute_zero && (busy(Signal::TensorActive, p.sm_active_min) || busy(Signal::DramActive, p.sm_active_min)) {
-        return Some("the compute counter reads zero while the tensor pipes or device memory are busy (a stuck counter?)");
+    if compute_zero && v.get(Signal::TensorActive).is_some_and(|x| x >= p.sm_active_min) {
+        return Some("the compute counter reads zero while the tensor pipes are busy (a stuck counter?)");
     }
     None
 }
@@ -445,13 +456,13 @@ fn judge_gpus(
     if now - oldest_latest > dur(policy.stale_after) {
         return b.out(Verdict::Unknown, Reason::StaleData, format!("newest GPU sample is {} old", human(now - oldest_latest)), None);
     }
-    let frozen_after = dur(policy.frozen_after);
+    let frozen_after = dur(policy.frozen_limit());
     if let Some((w, since)) = windows.iter().filter_map(|w| w.unchanged_since().map(|t| (w, t))).find(|(_, t)| now - *t > frozen_after) {
         return b.out(
             Verdict::Unknown,
             Reason::FrozenData,
             format!(
-                "GPU {}: readings unchanged for {} (energy counter not rising): the exporter or hostengine serves cached values",
+                "GPU {}: energy counter not rising for {}: the exporter or hostengine serves cached values",
                 w.key.uuid,
                 human(now - since)
             ),
@@ -460,9 +471,7 @@ fn judge_gpus(
     }
     for w in windows {
         let values: Vec<&SignalValues> = w.since(span_start).map(|s| &s.values).collect();
-        let disagreement = if w.shared {
-            None
-        } else if gr_stuck(&values, policy) {
+        let disagreement = if gr_stuck(&values, policy) {
             Some("GR_ENGINE_ACTIVE reads zero while utilization says busy (a stuck profiling counter?)")
         } else {
             values.iter().find_map(|v| contradiction(v, policy))

@@ -49,9 +49,14 @@ pub struct Policy {
     /// A ratio at or below this reads as zero for the cross-checks (a stuck counter reads 0.000000;
     /// one busy SM of 132 on an H100 is 0.0076, so this is well below one SM).
     pub about_zero: f64,
-    /// A GPU whose readings have not changed this long (energy counter not rising, or no field
-    /// changing) is `unknown`: the exporter or hostengine serves cached values.
+    /// A GPU whose energy counter has not risen this long (and for at least two
+    /// `exporter_collect_interval`s) is `unknown`: the exporter or hostengine serves cached
+    /// values. A GPU without the counter is never judged frozen: an idle GPU's other readings do
+    /// not change either.
     pub frozen_after: Duration,
+    /// dcgm-exporter's `-c` (`DCGM_EXPORTER_INTERVAL`, default 30 s): readings, the energy
+    /// counter included, change only once per collection (reference dcgm NOTES §3, §10).
+    pub exporter_collect_interval: Duration,
     /// Optional power veto: a GPU of a model matching the glob that draws at least this many
     /// watts is kept (first match wins; off when empty).
     pub active_power_watts: Vec<(String, f64)>,
@@ -128,6 +133,7 @@ impl Policy {
             memory_held_mib: 1024.0,
             about_zero: 0.002,
             frozen_after: Duration::from_secs(3 * 60).max(interval * 3),
+            exporter_collect_interval: Duration::from_secs(30),
             active_power_watts: Vec::new(),
             gpu_hour_price: Vec::new(),
             currency: "USD".into(),
@@ -161,6 +167,13 @@ impl Policy {
             t.max_lifetime = rule.max_lifetime;
         }
         (t, rule.exempt)
+    }
+
+    /// How long an energy counter may stand still before the readings count as frozen:
+    /// `frozen_after`, and never less than two exporter collections (the counter moves once
+    /// per collection, so a 5-minute `-c` leaves it still for up to 5 minutes).
+    pub fn frozen_limit(&self) -> Duration {
+        self.frozen_after.max(self.exporter_collect_interval * 2)
     }
 
     /// The power-veto threshold for a GPU model, if one is set for it.

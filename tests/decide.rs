@@ -564,6 +564,14 @@ fn readings_that_make_a_busy_gpu_look_idle() {
         g
     };
     let set = |pairs: &'static [(Signal, f64)]| move |v: &mut SignalValues| pairs.iter().for_each(|(s, x)| v.set(*s, *x));
+    let light = |d: f64, sms: f64| -> Box<dyn Fn(&mut SignalValues)> {
+        Box::new(move |v: &mut SignalValues| {
+            for (signal, x) in [(Signal::SmActive, d / sms), (Signal::GrEngineActive, d), (Signal::GpuUtil, d), (Signal::FbUsedMib, 302.0)]
+            {
+                v.set(signal, x);
+            }
+        })
+    };
     type Case = (&'static str, Box<dyn Fn(&mut SignalValues)>, bool, Verdict, Reason);
     let cases: Vec<Case> = vec![
         // Virtual-GPU mode: the pod's own utilization and memory are 0 (no hostPID), the
@@ -607,13 +615,6 @@ fn readings_that_make_a_busy_gpu_look_idle() {
             Reason::NoGpuData,
         ),
         (
-            "SM stuck at 0 while GR reads 0.9",
-            Box::new(set(&[(Signal::SmActive, 0.0), (Signal::GrEngineActive, 0.9), (Signal::GpuUtil, 0.9)])),
-            false,
-            Verdict::Unknown,
-            Reason::MetricsDisagree,
-        ),
-        (
             "GR stuck at 0 while utilization reads 30% (no SM_ACTIVE)",
             Box::new(|v: &mut SignalValues| {
                 v.clear(Signal::SmActive);
@@ -624,6 +625,22 @@ fn readings_that_make_a_busy_gpu_look_idle() {
             Reason::MetricsDisagree,
         ),
         (
+            "matmul with SM stuck at 0: the tensor pipes are busy",
+            Box::new(set(&[(Signal::SmActive, 0.0), (Signal::GrEngineActive, 1.0), (Signal::GpuUtil, 1.0), (Signal::TensorActive, 0.412)])),
+            false,
+            Verdict::Unknown,
+            Reason::MetricsDisagree,
+        ),
+        // NOTES §10: DRAM busy with SM at 0 is copy-only work (memcpy, peer-to-peer), not a stuck
+        // counter; on MIG (no utilization) a GR stuck at 0 reads the same and is kept the same.
+        (
+            "copy-only: device memory busy, no kernel",
+            Box::new(set(&[(Signal::DramActive, 0.62), (Signal::FbUsedMib, 8_192.0)])),
+            false,
+            Verdict::Keep,
+            Reason::GpuActive,
+        ),
+        (
             "MIG: no utilization, GR stuck at 0, device memory busy",
             Box::new(|v: &mut SignalValues| {
                 v.clear(Signal::SmActive);
@@ -631,8 +648,30 @@ fn readings_that_make_a_busy_gpu_look_idle() {
                 v.set(Signal::DramActive, 0.4);
             }),
             false,
+            Verdict::Keep,
+            Reason::GpuActive,
+        ),
+        // NOTES §10: a one-block kernel busy a fraction d of the time reads GR ≈ d, SM ≈ d / SMs
+        // (SM ≤ 0.002 for d up to 0.26 on a 132-SM H100, 0.16 on an 80-SM A10G). The one-thread
+        // kernel's shape at a lower duty cycle, not a stuck counter: reclaimed like it (it was
+        // kept as metrics-disagree).
+        ("light periodic kernel on an H100, d = 0.1", light(0.1, 132.0), false, Verdict::Reclaim, Reason::PhantomUtilization),
+        ("light periodic kernel on an H100, d = 0.26", light(0.26, 132.0), false, Verdict::Reclaim, Reason::PhantomUtilization),
+        ("light periodic kernel on an A10G, d = 0.16", light(0.16, 80.0), false, Verdict::Reclaim, Reason::PhantomUtilization),
+        // No kernel keeps GR busy 90% of the time on less than one SM: SM is stuck (DCGM #244).
+        (
+            "SM stuck at 0 while GR reads 0.9",
+            Box::new(set(&[(Signal::SmActive, 0.0), (Signal::GrEngineActive, 0.9), (Signal::GpuUtil, 0.9)])),
+            false,
             Verdict::Unknown,
             Reason::MetricsDisagree,
+        ),
+        (
+            "light kernel on a shared GPU: the same phantom shape",
+            Box::new(set(&[(Signal::SmActive, 0.00076), (Signal::GrEngineActive, 0.1), (Signal::GpuUtil, 0.1), (Signal::FbUsedMib, 0.0)])),
+            true,
+            Verdict::Reclaim,
+            Reason::PhantomUtilization,
         ),
         ("video encode only: ENC 61%", Box::new(set(&[(Signal::EncUtil, 0.61)])), false, Verdict::Keep, Reason::GpuActive),
         ("video decode only: DEC 20%", Box::new(set(&[(Signal::DecUtil, 0.2)])), false, Verdict::Keep, Reason::GpuActive),
@@ -689,4 +728,69 @@ fn frozen_readings_are_unknown_per_gpu() {
     let d = judge(&away, &[alive, frozen], &p);
     assert_eq!((d.verdict, d.reason), (Verdict::Unknown, Reason::FrozenData), "{}", d.message);
     assert!(d.message.contains("GPU-frozen") && d.message.contains("5m"), "{}", d.message);
+}
+
+#[test]
+fn no_power_veto_for_a_mig_instance() {
+    // NOTES §10, exporter #317: every instance reports the whole GPU's power (265.3 W on
+    // instances 3 and 4 while only 4 works), so an idle instance would be kept by its sibling.
+    let away = ws(mins(40));
+    let on = Policy { active_power_watts: vec![("NVIDIA A100*".into(), 150.0)], ..policy() };
+    let mut g = steady((0.0, 0.0, 265.3, 0.0, 0.0), Fields::NoSm, 40);
+    g[0].model = Some("NVIDIA A100-SXM4-80GB".into());
+    assert_eq!(judge(&away, &g, &on).reason, Reason::GpuActive, "a whole GPU drawing 265 W is kept by the veto");
+    g[0].key.gpu_instance = Some("3".into());
+    let d = judge(&away, &g, &on);
+    assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "an idle MIG instance: {}", d.message);
+}
+
+/// One GPU observed every `every` seconds for 40 minutes, as the exporter source feeds a window:
+/// `energy(seconds since the start)` is the counter in joules, or `None` without one.
+fn observed(load: (f64, f64, f64, f64, f64), every: i64, energy: impl Fn(i64) -> Option<f64>) -> Vec<GpuWindow> {
+    let mut w = gpu([]).remove(0);
+    for t in (0..=40 * 60).step_by(every as usize) {
+        w.observe(now() - Duration::seconds(40 * 60 - t), values(load, Fields::All), energy(t));
+        w.flush();
+    }
+    vec![w]
+}
+
+#[test]
+fn frozen_data_needs_an_energy_counter_that_stopped_for_two_collections() {
+    let away = ws(mins(40));
+    // The measurement: without an energy counter 26% of idle workspaces were never
+    // reclaimed, all `frozen-data`. An idle GPU's readings stand still: judged on them.
+    let d = judge(&away, &observed(NOTHING, 60, |_| None), &policy());
+    assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "no counter: {}", d.message);
+    // A 5-minute `-c`: the counter (24.3 W idle) moves once per collection; the last one was
+    // 4 minutes ago, longer than frozen_after (3m) but under two collections.
+    let steps = |t: i64| Some(1.0e6 + ((t + 240) / 300) as f64 * 24.3 * 300.0);
+    let five = Policy { exporter_collect_interval: StdDuration::from_secs(300), ..policy() };
+    let d = judge(&away, &observed(NOTHING, 60, steps), &policy());
+    assert_eq!(d.reason, Reason::FrozenData, "read as a 30 s exporter, 4 minutes without a rise is frozen: {}", d.message);
+    let d = judge(&away, &observed(NOTHING, 60, steps), &five);
+    assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "-c 5m: {}", d.message);
+    // ...and a counter that stopped for 11 minutes is frozen even so.
+    let stopped = |t: i64| steps(t.min(29 * 60));
+    let d = judge(&away, &observed(NOTHING, 60, stopped), &five);
+    assert_eq!((d.verdict, d.reason), (Verdict::Unknown, Reason::FrozenData), "{}", d.message);
+}
+
+#[test]
+fn the_energy_counter_counts_under_its_dcgm_4_7_name_in_joules() {
+    use coder_gpu_reclaimer::gpu::Point;
+    let away = ws(mins(40));
+    for (name, per_joule) in [("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1000.0), ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 1.0)] {
+        let counter = |stop_at: i64| {
+            move |t: i64| {
+                let mut p = Point::new(now());
+                p.add(name, (1.0e6 + t.min(stop_at) as f64 * 24.3) * per_joule);
+                p.energy_joules
+            }
+        };
+        let d = judge(&away, &observed(NOTHING, 60, counter(i64::MAX)), &policy());
+        assert_eq!(d.reason, Reason::Idle, "{name} rising: {}", d.message);
+        let d = judge(&away, &observed(NOTHING, 60, counter(30 * 60)), &policy());
+        assert_eq!(d.reason, Reason::FrozenData, "{name} stopped 10 minutes ago: {}", d.message);
+    }
 }

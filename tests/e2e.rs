@@ -423,9 +423,32 @@ async fn plan_json_matches_the_status_api_and_check_passes() {
         "ok   token expiry: expires",
         "ok   clock: Coder's clock is 0s off this machine's",
         "ok   coverage: 1 of 2 running workspaces",
+        "ok   frozen detection: every one of 1 GPU series carries an energy counter",
     ] {
         assert!(out.contains(want), "want {want:?} in\n{out}");
     }
+    // No running GPU workspace maps to a series: nothing could ever be judged, so check fails
+    // and names the likely cause (here a namespace filter that matches no workspace pod).
+    // The likely cause is named: a namespace filter that matches no workspace pod, a workspace
+    // id label the series do not carry.
+    for (file, cause) in [
+        ("namespace = \"ml\"\n", "not the namespace filter \"ml\""),
+        ("workspace_id_label = \"com_coder_workspace_id\"\n", "in the label `com_coder_workspace_id` (workspace_id_label)"),
+    ] {
+        let config = std::env::temp_dir().join(format!("cgr-check-{}.toml", uuid::Uuid::new_v4()));
+        std::fs::write(&config, file).unwrap();
+        let args = ["check", "--config", &config.display().to_string(), "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()];
+        let (code, out) = exit_of(&args, &token).await;
+        std::fs::remove_file(&config).ok();
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("FAIL coverage: 0 of 2 running workspaces") && out.contains(cause), "{file}: {out}");
+    }
+    // A trimmed counters file (no energy counter): frozen detection is off, and check says so.
+    ex.set(|c| c.counters = mocks::Counters::Trimmed);
+    let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()], &token).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ok   frozen detection: off for 1 of 1 GPU series"), "{out}");
+
     assert!(out.contains(&format!("ok   gpu source: {}: 1 GPU series", ex.url())), "per source, not a total: {out}");
     let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", "http://127.0.0.1:9/metrics"], &token).await;
     assert_eq!(code, 1, "{out}");

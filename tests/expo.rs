@@ -285,3 +285,76 @@ fn negative_and_nan_values_are_no_reading() {
     );
     assert!(r.points[0].values.get(Signal::SmActive).is_some(), "the other fields stay");
 }
+
+/// The device labels and the workspace pod of `reference/dcgm/LAYOUTS.md`.
+const GPU0: &str = r#"gpu="0",UUID="GPU-5b3e1a2c-7d4f-4e8a-9c1b-2f6d8e0a4b71",pci_bus_id="00000000:00:1E.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-3",DCGM_FI_DRIVER_VERSION="550.54.15""#;
+const W: &str = r#"container="dev",namespace="coder",pod="coder-0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70-6d9f8b7c5-x2x9k""#;
+const W2: &str = r#"container="dev",namespace="coder",pod="coder-5d3e1f0a-2b4c-4d6e-8f10-3a5b7c9d1e2f-6c8e7a5b4d-q7w2e""#;
+
+/// Each workspace's one reading of `text` (LAYOUTS.md's lines with `<gpu0>`, `<w>`, `<w2>` filled in).
+fn readings_of(text: &str, ownership: &Ownership) -> Vec<(String, coder_gpu_reclaimer::gpu::signals::SignalValues)> {
+    let text = text.replace("<gpu0>", GPU0).replace("<w>", W).replace("<w2>", W2);
+    let (series, errors) = series_from_exposition(&text, Utc::now(), &Arc::from("x"), ownership);
+    assert!(errors.is_empty(), "{errors:?}");
+    let mut owned: Vec<_> = series.into_iter().filter_map(|s| Some((s.workspace_id?, s.points[0].values))).collect();
+    owned.sort_by(|a, b| a.0.cmp(&b.0));
+    owned
+}
+
+#[test]
+fn virtual_gpu_mode_gives_each_pod_the_devices_readings_and_keeps_its_copies() {
+    use crate::common::assert_close;
+    // LAYOUTS §3: an exclusive GPU in virtual-GPU mode under the chart's defaults. The pod's
+    // GPU_UTIL/FB_USED read 0 with an empty pod_uid and no vgpu label: not the pod's reading.
+    let exclusive = "DCGM_FI_DEV_GPU_UTIL{<gpu0>} 98\nDCGM_FI_DEV_GPU_UTIL{<gpu0>,<w>,pod_uid=\"\"} 0\n\
+        DCGM_FI_DEV_FB_USED{<gpu0>} 61234\nDCGM_FI_DEV_FB_USED{<gpu0>,<w>,pod_uid=\"\"} 0\n\
+        DCGM_FI_DEV_POWER_USAGE{<gpu0>,<w>} 612.400000\nDCGM_FI_PROF_GR_ENGINE_ACTIVE{<gpu0>,<w>} 0.970000\n";
+    let got = readings_of(exclusive, &Ownership::default());
+    assert_eq!(got.len(), 1);
+    let v = got[0].1;
+    assert_close(v.get(Signal::GpuUtil), Some(0.98), "the device's utilization");
+    assert_close(v.get(Signal::FbUsedMib), Some(61_234.0), "the device's memory, not the placeholder 0 (read as phantom before)");
+    assert_close(v.get(Signal::PowerWatts), Some(612.4), "the pod's copy of the device's power");
+    // LAYOUTS §4: time-sliced, two pods encoding video. ENC_UTIL and power exist only as per-pod
+    // copies; both pods keep them (they were cleared, and the transcoder reclaimed as idle).
+    let sliced = "DCGM_FI_DEV_GPU_UTIL{<gpu0>} 0\nDCGM_FI_DEV_GPU_UTIL{<gpu0>,<w>,pod_uid=\"\",vgpu=\"0\"} 0\n\
+        DCGM_FI_DEV_FB_USED{<gpu0>} 1200\nDCGM_FI_DEV_ENC_UTIL{<gpu0>,<w>,vgpu=\"0\"} 85\nDCGM_FI_DEV_ENC_UTIL{<gpu0>,<w2>,vgpu=\"1\"} 85\n\
+        DCGM_FI_DEV_POWER_USAGE{<gpu0>,<w>,vgpu=\"0\"} 118.200000\n";
+    let got = readings_of(sliced, &Ownership::default());
+    assert_eq!(got.len(), 2, "{got:?}");
+    for (ws, v) in &got {
+        assert_close(v.get(Signal::EncUtil), Some(0.85), ws);
+        assert_close(v.get(Signal::FbUsedMib), Some(1_200.0), ws);
+    }
+    assert_close(got[0].1.get(Signal::PowerWatts), Some(118.2), "W's copy of the device's power");
+}
+
+#[test]
+fn the_first_pod_label_that_names_a_workspace_is_the_workload() {
+    use crate::common::assert_close;
+    // LAYOUTS §6 with -o: `pod_name` is the workload, `pod` the exporter (nothing collides, so
+    // nothing is renamed). `pod` was taken before, and no GPU mapped to any workspace.
+    let target = r#"container="nvidia-dcgm-exporter",namespace="gpu-operator",pod="nvidia-dcgm-exporter-7xk2p",instance="10.0.3.7:9400",job="nvidia-dcgm-exporter""#;
+    let old_names = format!(
+        "DCGM_FI_DEV_GPU_UTIL{{<gpu0>,container_name=\"dev\",pod_name=\"coder-{WS_ID}-6d9f8b7c5-x2x9k\",pod_namespace=\"coder\",{target}}} 97\n"
+    );
+    for ns in [None, Some("coder")] {
+        let own = Ownership { namespace: ns.map(str::to_string), workspace_id_label: None };
+        let got = readings_of(&old_names, &own);
+        assert_eq!(
+            got.iter().map(|(w, _)| w.as_str()).collect::<Vec<_>>(),
+            [WS_ID],
+            "namespace filter {ns:?}: pod_namespace goes with pod_name"
+        );
+    }
+    // LAYOUTS §6 with virtual-GPU mode: the device-level series carries the exporter's own `pod`;
+    // it is still the device's reading (the pod's copies read 0).
+    let behind = format!(
+        "DCGM_FI_DEV_FB_USED{{<gpu0>,{target}}} 61234\n\
+         DCGM_FI_DEV_FB_USED{{<gpu0>,exported_container=\"dev\",exported_namespace=\"coder\",exported_pod=\"coder-{WS_ID}-6d9f8b7c5-x2x9k\",{target}}} 0\n\
+         DCGM_FI_PROF_GR_ENGINE_ACTIVE{{<gpu0>,exported_container=\"dev\",exported_namespace=\"coder\",exported_pod=\"coder-{WS_ID}-6d9f8b7c5-x2x9k\",{target}}} 0.970000\n"
+    );
+    let got = readings_of(&behind, &Ownership { namespace: Some("coder".into()), workspace_id_label: None });
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_close(got[0].1.get(Signal::FbUsedMib), Some(61_234.0), "the device-level series found beside the exporter's pod label");
+}

@@ -68,7 +68,7 @@ async fn busy_gpus_that_read_idle_are_never_stopped() {
     let exporters = [
         exporter_for(&coder, s0, |_| {}).await,
         // Time-slicing in virtual-GPU mode without hostPID: the pod's own utilization and memory read 0.
-        exporter_for(&coder, s1, |c| c.virtual_gpus = true).await,
+        exporter_for(&coder, s1, |c| c.virtual_gpus = mocks::VirtualGpus::TimeSliced).await,
         // The default counters file: no SM_ACTIVE, and GR_ENGINE_ACTIVE stuck at 0 under load.
         exporter_for(&coder, s2, |c| {
             c.sm_active = false;
@@ -84,7 +84,8 @@ async fn busy_gpus_that_read_idle_are_never_stopped() {
     let dir = std::env::temp_dir().join(format!("cgr-gpu-world-{}", Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("policy.toml");
-    std::fs::write(&config, "frozen_after = \"4s\"\n").unwrap();
+    // The fakes collect at every scrape: as an exporter run with `-c 1000`.
+    std::fs::write(&config, "frozen_after = \"4s\"\nexporter_collect_interval = \"1s\"\n").unwrap();
     let svc = Service::start(&coder, &urls, &coder.owner_token(), &["--config", config.to_str().unwrap()]);
     until_with(&coder, Some(&svc), "the idle GPU is given back", Duration::from_secs(25), |w| !holds_gpu(w, idle)).await;
     tokio::time::sleep(Duration::from_secs(4)).await;

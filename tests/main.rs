@@ -21,5 +21,6 @@ mod hostile;
 mod page;
 mod pipeline;
 mod prometheus_world;
+mod readings;
 mod sources;
 mod status_schema;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -21,8 +21,10 @@ use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
 use coder_gpu_reclaimer::decide::{Decision, decide_with_coder_clock};
 use coder_gpu_reclaimer::duration;
 use coder_gpu_reclaimer::evaluate::merge_collection;
+use coder_gpu_reclaimer::gpu::expo::parse;
 use coder_gpu_reclaimer::gpu::window::Windows;
 use coder_gpu_reclaimer::gpu::{Collection, Ownership, series_from_exposition};
+use coder_gpu_reclaimer::policy::Policy;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 use mocks::{FakeCoder, WorldConfig};
 use serde_json::Value;
@@ -84,7 +86,7 @@ impl Prometheus {
 }
 
 /// Writes `openmetrics` into a fresh TSDB and serves it on a loopback port.
-async fn prometheus_with(openmetrics: &str) -> Prometheus {
+pub async fn prometheus_with(openmetrics: &str) -> Prometheus {
     let (prometheus, promtool) = installed().expect("prometheus and promtool");
     let dir = Prometheus::folder();
     let input = dir.join("history.om");
@@ -139,19 +141,61 @@ fn scrapes(end: i64, gpus: &[History]) -> Vec<Scrape> {
     out
 }
 
-/// The scrapes in OpenMetrics text, as Prometheus stores them: the workload's labels renamed
-/// `exported_*`, the exporter's own `pod`, `namespace`, `instance` and `job` beside them.
-fn openmetrics(gpus: &[History], scrapes: &[Scrape]) -> String {
+/// The target labels a ServiceMonitor adds (LAYOUTS §6): with `honorLabels: false` a workload
+/// label they collide with is renamed `exported_*`; with `true` the workload's stays and the
+/// target's is dropped; a series without it gets the target's (Prometheus' target-label rules).
+fn as_stored(text: &str, honor_labels: bool) -> Vec<(String, String, f64)> {
+    const TARGET: [(&str, &str); 7] = [
+        ("container", "nvidia-dcgm-exporter"),
+        ("namespace", "gpu-operator"),
+        ("pod", "nvidia-dcgm-exporter-7xk2p"),
+        ("endpoint", "gpu-metrics"),
+        ("service", "nvidia-dcgm-exporter"),
+        ("job", "nvidia-dcgm-exporter"),
+        ("instance", "10.0.3.7:9400"),
+    ];
+    let (samples, errors) = parse(text);
+    assert!(errors.is_empty(), "{errors:?}");
+    samples
+        .into_iter()
+        .map(|s| {
+            let mut labels: Vec<(String, String)> = s.labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            for (k, v) in TARGET {
+                match labels.iter().position(|(n, _)| n == k) {
+                    Some(i) if !honor_labels => {
+                        labels[i].0 = format!("exported_{k}");
+                        labels.push((k.to_string(), v.to_string()));
+                    }
+                    Some(_) => {}
+                    None => labels.push((k.to_string(), v.to_string())),
+                }
+            }
+            let rendered = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect::<Vec<_>>().join(",");
+            (s.name.to_string(), rendered, s.value)
+        })
+        .collect()
+}
+
+/// Every stored sample: family -> labels -> (time, value) in time order.
+pub type Stored = BTreeMap<String, BTreeMap<String, Vec<(i64, f64)>>>;
+
+/// Adds one scrape (`text`, dcgm-exporter's exposition at `at`) as Prometheus stores it.
+pub fn store(stored: &mut Stored, at: i64, text: &str, honor_labels: bool) {
+    for (family, labels, v) in as_stored(text, honor_labels) {
+        stored.entry(family).or_default().entry(labels).or_default().push((at, v));
+    }
+}
+
+/// The scrapes as OpenMetrics for `promtool tsdb create-blocks-from openmetrics`: one
+/// family at a time, each series' samples in time order.
+pub fn openmetrics(stored: &Stored) -> String {
     let mut out = String::new();
-    for (k, (family, _)) in scrapes[0].fields.iter().enumerate() {
-        let _ = writeln!(out, "# TYPE {family} {}", if family.contains("ENERGY") { "counter" } else { "gauge" });
-        for s in scrapes {
-            let (i, g) = (s.gpu, &gpus[s.gpu]);
-            let _ = writeln!(
-                out,
-                "{family}{{gpu=\"{i}\",UUID=\"{}\",device=\"nvidia{i}\",modelName=\"NVIDIA A10G\",Hostname=\"gpu-node-{i}\",exported_pod=\"{}\",exported_namespace=\"coder\",exported_container=\"dev\",pod=\"nvidia-dcgm-exporter-x7k2p\",namespace=\"gpu-operator\",instance=\"10.0.3.{i}:9400\",job=\"nvidia-dcgm-exporter\"}} {} {}",
-                g.uuid, g.pod, s.fields[k].1, s.at
-            );
+    for (family, series) in stored {
+        let _ = writeln!(out, "# TYPE {family} gauge");
+        for (labels, points) in series {
+            for (at, v) in points {
+                let _ = writeln!(out, "{family}{{{labels}}} {v} {at}");
+            }
         }
     }
     out.push_str("# EOF\n");
@@ -177,24 +221,33 @@ fn exposition(at: i64, gpus: &[History], scrapes: &[Scrape]) -> String {
     out
 }
 
-/// What the exporter source decides on the same history: every 15 s scrape parsed as
-/// dcgm-exporter's text and merged as a pass does (`merge_collection`), one sample per 60 s pass
-/// (`run --sample-interval 15s`), then each workspace decided at `now` by the default policy.
-fn exporter_decisions(now: DateTime<Utc>, end: i64, gpus: &[History], scrapes: &[Scrape], workspaces: &[Workspace]) -> Vec<Decision> {
-    let settings =
-        Settings::new(crate::common::url("http://coder.invalid"), SessionToken::new("x-y").unwrap(), GpuSourceSettings::Exporters(vec![]));
-    let policy = &settings.policy;
-    let step = settings.interval.as_secs() as i64;
-    let mut windows = Windows::new(duration::chrono(policy.longest_lookback()), settings.interval);
+/// What the exporter source decides on the same history: every scrape (its time, and the texts
+/// of the exporters scraped then) parsed as dcgm-exporter's text and merged as a pass does
+/// (`merge_collection`), one sample per pass of `interval` (`run --sample-interval 15s`), then each
+/// workspace decided at `now` by `policy`.
+pub fn exporter_decisions(
+    now: DateTime<Utc>,
+    scrapes: &[(i64, Vec<String>)],
+    workspaces: &[Workspace],
+    policy: &Policy,
+    interval: Duration,
+    ownership: &Ownership,
+) -> Vec<Decision> {
+    let step = interval.as_secs() as i64;
+    let mut windows = Windows::new(duration::chrono(policy.longest_lookback()), interval);
     let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
     let source: Arc<str> = Arc::from("http://10.0.3.1:9400/metrics");
-    for at in (end - HISTORY..=end).step_by(15) {
-        let when = DateTime::from_timestamp(at, 0).unwrap();
-        let (series, errors) = series_from_exposition(&exposition(at, gpus, scrapes), when, &source, &Ownership::default());
-        assert!(errors.is_empty(), "{errors:?}");
+    for (at, texts) in scrapes {
+        let when = DateTime::from_timestamp(*at, 0).unwrap();
+        let mut series = Vec::new();
+        for text in texts {
+            let (parsed, errors) = series_from_exposition(text, when, &source, ownership);
+            assert!(errors.is_empty(), "{errors:?}");
+            series.extend(parsed);
+        }
         merge_collection(
             &mut windows,
-            &mut Collection { series, failures: Vec::new(), requests: 1, step: None },
+            &mut Collection { series, failures: Vec::new(), requests: texts.len(), step: None },
             workspaces,
             chrono::Duration::zero(),
         );
@@ -271,7 +324,11 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
     ];
     let end = now.timestamp() / 15 * 15;
     let scrapes = scrapes(end, &gpus);
-    let prom = prometheus_with(&openmetrics(&gpus, &scrapes)).await;
+    let mut stored = Stored::new();
+    for at in (end - HISTORY..=end).step_by(15) {
+        store(&mut stored, at, &exposition(at, &gpus, &scrapes), false);
+    }
+    let prom = prometheus_with(&openmetrics(&stored)).await;
     let token = coder.owner_token();
     let (coder_url, prom_url) = (coder.url(), prom.url.clone());
     let out = tokio::task::spawn_blocking(move || {
@@ -319,7 +376,10 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
     )
     .unwrap();
     let workspaces = client.running_workspaces().await.unwrap();
-    for d in exporter_decisions(now, end, &gpus, &scrapes, &workspaces) {
+    let settings =
+        Settings::new(crate::common::url("http://coder.invalid"), SessionToken::new("x-y").unwrap(), GpuSourceSettings::Exporters(vec![]));
+    let texts: Vec<(i64, Vec<String>)> = (end - HISTORY..=end).step_by(15).map(|at| (at, vec![exposition(at, &gpus, &scrapes)])).collect();
+    for d in exporter_decisions(now, &texts, &workspaces, &settings.policy, settings.interval, &Ownership::default()) {
         let Some(i) = ids.iter().position(|id| id.to_string() == d.workspace_id) else { continue };
         let p = planned(&d.workspace_id);
         let exporter = (serde_json::to_value(d.verdict).unwrap(), serde_json::to_value(d.reason).unwrap());

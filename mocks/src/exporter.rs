@@ -1,8 +1,12 @@
 //! The fake dcgm-exporter: `/metrics` in the real exporter's layout (label order `gpu, UUID,
 //! pci_bus_id, device, modelName[, GPU_I_PROFILE, GPU_I_ID], Hostname, DCGM_FI_DRIVER_VERSION,
-//! container, namespace, pod`; doubles with six decimals; integers bare; no timestamps), with the
-//! pod labels of the workspace whose pod holds each GPU and none on free GPUs. Values come from
-//! the holder's load (the seed's stage-2 table). Switches cover what real exporters do.
+//! container, namespace, pod[, pod_uid, vgpu]`; doubles with six decimals; integers bare; no
+//! timestamps), with the pod labels of the workspace whose pod holds each GPU and none on free
+//! GPUs. Values come from the holder's load (the seed's stage-2 table). Switches cover the
+//! set-ups people run (reference dcgm `LAYOUTS.md`, `NOTES.md` §3-4 and §9-10): the counters
+//! file, `-o` label names, virtual-GPU mode on an exclusive or a time-sliced GPU, MIG, DCGM 4.7
+//! names, the collect interval, and what broken exporters do. `render_devices` is the whole
+//! layout from plain values, so tests can render any set-up at any time without a server.
 
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
@@ -22,6 +26,29 @@ pub enum Names {
     Legacy,
     /// Exporter 4.9 / DCGM 4.7 names: utilization as a 0..1 ratio, memory in bytes.
     V49,
+}
+
+/// The counters file (`-f`; NOTES §1.1, LAYOUTS §7). Profiling fields follow `profiling` and
+/// `sm_active` in either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counters {
+    /// `etc/default-counters.csv`: utilization, memory, power, the energy counter, video engines.
+    Default,
+    /// A trimmed file, or a relabeling that keeps only charted fields: no energy counter and no
+    /// power (NOTES §10 "Energy").
+    Trimmed,
+}
+
+/// `--kubernetes-virtual-gpus` (NOTES §10, `internal/pkg/transformation/kubernetes.go`,
+/// `process_metrics.go`), with the Helm chart's defaults (no hostPID, no pod informer, so no
+/// process maps to a pod).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VirtualGpus {
+    Off,
+    /// On, on an exclusive GPU (kubelet device ids without `::`): no `vgpu` label (LAYOUTS §3).
+    Exclusive,
+    /// On, on a time-sliced GPU (kubelet ids `GPU-…::N`): every pod copy carries `vgpu` (LAYOUTS §4).
+    TimeSliced,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +78,10 @@ pub struct ExporterConfig {
     /// SM_ACTIVE is commented out in the default CSV; the deploy module switches it on.
     pub sm_active: bool,
     pub names: Names,
+    pub counters: Counters,
+    /// `-o` (`--use-old-namespace`): `uuid`, `container_name`, `pod_name`, `pod_namespace`
+    /// (NOTES §3, LAYOUTS §2).
+    pub old_namespace: bool,
     /// Each pool slot is a MIG instance (two per parent GPU); no GPU_UTIL for MIG.
     pub mig: bool,
     pub behaviour: Behaviour,
@@ -60,11 +91,10 @@ pub struct ExporterConfig {
     /// `-c`: how often the exporter collects (real time). Scrapes in between get the cached
     /// values of the last collection (`EntityGetLatestValues`); zero collects at every scrape.
     pub collect_interval: std::time::Duration,
-    /// `--kubernetes-virtual-gpus` without hostPID (the Helm chart's default): each pod series
-    /// carries `vgpu` and `pod_uid`, its GPU_UTIL and FB_USED are 0 (no process could be mapped
-    /// to the pod), its profiling fields are the device's; the device-level series (no pod
-    /// labels) carries the real values (`internal/pkg/transformation/kubernetes.go`).
-    pub virtual_gpus: bool,
+    /// Virtual-GPU mode: for `GPU_UTIL` and `FB_USED`, the device-level series plus a per-pod
+    /// copy reading 0 with an empty `pod_uid`; every other field once per pod with the device's
+    /// value and no device-level original (NOTES §10, LAYOUTS §3-4).
+    pub virtual_gpus: VirtualGpus,
     pub stuck: Option<Stuck>,
     /// A hung hostengine or exporter: the last collection is served forever (#164, DCGM #209).
     pub frozen: bool,
@@ -78,12 +108,14 @@ impl Default for ExporterConfig {
             profiling: true,
             sm_active: true,
             names: Names::Legacy,
+            counters: Counters::Default,
+            old_namespace: false,
             mig: false,
             behaviour: Behaviour::Normal,
             hostname: "gpu-node-1".into(),
             gpus: Vec::new(),
             collect_interval: std::time::Duration::ZERO,
-            virtual_gpus: false,
+            virtual_gpus: VirtualGpus::Off,
             stuck: None,
             frozen: false,
             broken_values: false,
@@ -137,9 +169,10 @@ const FIELDS: &[Field] = &[
         double: true,
         profiling: false,
     },
+    // DCGM 4.7 name and unit (joules): go-dcgm 4.6.1 `dcgm_fields.h`, field 1611 (NOTES §10).
     Field {
         legacy: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        renamed: "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        renamed: "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL",
         help: "Total energy consumption since boot (in mJ).",
         double: false,
         profiling: false,
@@ -148,6 +181,13 @@ const FIELDS: &[Field] = &[
         legacy: "DCGM_FI_DEV_ENC_UTIL",
         renamed: "DCGM_FI_DEV_ENC_UTIL",
         help: "Encoder utilization (in %).",
+        double: false,
+        profiling: false,
+    },
+    Field {
+        legacy: "DCGM_FI_DEV_DEC_UTIL",
+        renamed: "DCGM_FI_DEV_DEC_UTIL",
+        help: "Decoder utilization (in %).",
         double: false,
         profiling: false,
     },
@@ -204,11 +244,39 @@ const FIELDS: &[Field] = &[
 
 const FB_TOTAL_MIB: f64 = 22_731.0;
 
+/// One GPU as the exporter sees it: its identity, and the pod holding it with that pod's load.
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub uuid: String,
+    pub model: String,
+    pub holder: Option<Holder>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Holder {
+    pub pod: String,
+    pub load: Load,
+}
+
 /// Renders the exposition for the current world (`energy_mj[slot]`: each GPU's counter).
 pub fn render(world: &World, cfg: &ExporterConfig, energy_mj: &[f64]) -> String {
-    let mut out = String::with_capacity(4096);
     let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-    let slots: Vec<usize> = if cfg.gpus.is_empty() { (0..world.gpu_holders.len()).collect() } else { cfg.gpus.clone() };
+    let devices: Vec<Device> = (0..world.gpu_holders.len())
+        .map(|slot| Device {
+            uuid: world.gpu_uuids.get(slot).cloned().unwrap_or_default(),
+            model: world.config.gpu_model.clone(),
+            holder: world.gpu_holder(slot).map(|(ws, pod)| Holder { pod: pod.name.clone(), load: ws.load }),
+        })
+        .collect();
+    render_devices(&devices, cfg, energy_mj, millis)
+}
+
+/// Renders the exposition of `devices` (pool slots; with MIG each slot is an instance, two per
+/// parent GPU) as collected at `millis` (real time since the epoch, for bursty loads).
+pub fn render_devices(devices: &[Device], cfg: &ExporterConfig, energy_mj: &[f64], millis: u128) -> String {
+    let mut out = String::with_capacity(4096);
+    let slots: Vec<usize> = if cfg.gpus.is_empty() { (0..devices.len()).collect() } else { cfg.gpus.clone() };
+    let v49 = cfg.names == Names::V49;
     for f in FIELDS {
         if f.profiling && !cfg.profiling {
             continue; // the exporter drops unsupported DCP rows entirely: no HELP, no TYPE, no series
@@ -219,23 +287,28 @@ pub fn render(world: &World, cfg: &ExporterConfig, energy_mj: &[f64]) -> String 
         if f.legacy == "DCGM_FI_DEV_GPU_UTIL" && cfg.mig {
             continue; // not supported for MIG instances
         }
-        let name = if cfg.names == Names::V49 { f.renamed } else { f.legacy };
+        let energy = f.legacy == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION";
+        if cfg.counters == Counters::Trimmed && (energy || f.legacy == "DCGM_FI_DEV_POWER_USAGE") {
+            continue;
+        }
+        let name = if v49 { f.renamed } else { f.legacy };
         let _ = writeln!(out, "# HELP {name} {}", f.help);
-        let _ = writeln!(out, "# TYPE {name} {}", if f.legacy.contains("ENERGY") { "counter" } else { "gauge" });
+        let _ = writeln!(out, "# TYPE {name} {}", if energy { "counter" } else { "gauge" });
         for &slot in &slots {
-            let holder = world.gpu_holder(slot);
-            let load = holder.map_or(Load::Idle, |(ws, _)| ws.load);
+            let Some(device) = devices.get(slot) else { continue };
+            let load = device.holder.as_ref().map_or(Load::Idle, |h| h.load);
             let r = load.reading_at(millis);
             let zero = cfg.behaviour == Behaviour::AllZero;
             let stuck = |which: Stuck| cfg.stuck == Some(which);
             let value = match f.legacy {
-                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" => energy_mj.get(slot).copied().unwrap_or(0.0),
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" => energy_mj.get(slot).copied().unwrap_or(0.0) / if v49 { 1000.0 } else { 1.0 },
                 _ if zero => 0.0,
                 "DCGM_FI_PROF_GR_ENGINE_ACTIVE" if stuck(Stuck::GrEngine) => 0.0,
                 "DCGM_FI_PROF_SM_ACTIVE" if stuck(Stuck::SmActive) => 0.0,
                 "DCGM_FI_DEV_GPU_UTIL" if cfg.broken_values => f64::NAN,
                 "DCGM_FI_DEV_FB_USED" if cfg.broken_values => -1.0,
                 "DCGM_FI_DEV_ENC_UTIL" => r.enc_percent,
+                "DCGM_FI_DEV_DEC_UTIL" => r.dec_percent,
                 "DCGM_FI_DEV_SM_CLOCK" => {
                     if r.util_percent > 0.0 {
                         1710.0
@@ -251,45 +324,22 @@ pub fn render(world: &World, cfg: &ExporterConfig, energy_mj: &[f64]) -> String 
                     }
                 }
                 "DCGM_FI_DEV_POWER_USAGE" => r.power_watts,
-                "DCGM_FI_DEV_GPU_UTIL" => {
-                    if cfg.names == Names::V49 {
-                        r.util_percent / 100.0
-                    } else {
-                        r.util_percent
-                    }
-                }
+                "DCGM_FI_DEV_GPU_UTIL" => r.util_percent / if v49 { 100.0 } else { 1.0 },
                 "DCGM_FI_DEV_FB_FREE" => FB_TOTAL_MIB - r.fb_used_mib,
-                "DCGM_FI_DEV_FB_USED" => {
-                    if cfg.names == Names::V49 {
-                        r.fb_used_mib * 1_048_576.0
-                    } else {
-                        r.fb_used_mib
-                    }
-                }
+                "DCGM_FI_DEV_FB_USED" => r.fb_used_mib * if v49 { 1_048_576.0 } else { 1.0 },
                 "DCGM_FI_PROF_GR_ENGINE_ACTIVE" => r.gr_engine_active,
                 "DCGM_FI_PROF_SM_ACTIVE" => r.sm_active,
-                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" => {
-                    if load == Load::Matmul {
-                        0.412
-                    } else {
-                        0.0
-                    }
-                }
-                _ => {
-                    if load == Load::Matmul {
-                        0.533
-                    } else {
-                        0.0
-                    }
-                }
+                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" => r.tensor_active,
+                _ => r.dram_active,
             };
-            let (gpu, parent) = if cfg.mig { (slot / 2, slot / 2) } else { (slot, slot) };
-            let uuid = world.gpu_uuids.get(parent * if cfg.mig { 2 } else { 1 }).cloned().unwrap_or_default();
+            let gpu = if cfg.mig { slot / 2 } else { slot };
+            let uuid = if cfg.mig { devices.get(gpu * 2).map_or("", |d| d.uuid.as_str()) } else { device.uuid.as_str() };
+            let uuid_label = if cfg.old_namespace { "uuid" } else { "UUID" };
             let _ = write!(
                 out,
-                "{name}{{gpu=\"{gpu}\",UUID=\"{uuid}\",pci_bus_id=\"00000000:{:02X}:00.0\",device=\"nvidia{gpu}\",modelName=\"{}\"",
+                "{name}{{gpu=\"{gpu}\",{uuid_label}=\"{uuid}\",pci_bus_id=\"00000000:{:02X}:00.0\",device=\"nvidia{gpu}\",modelName=\"{}\"",
                 0x4E + gpu,
-                world.config.gpu_model
+                device.model
             );
             if cfg.mig {
                 let _ = write!(out, ",GPU_I_PROFILE=\"3g.71gb\",GPU_I_ID=\"{}\"", slot % 2 + 1);
@@ -299,28 +349,33 @@ pub fn render(world: &World, cfg: &ExporterConfig, energy_mj: &[f64]) -> String 
             let render_value = |v: f64| {
                 if !v.is_finite() {
                     "NaN".to_string()
-                } else if f.double || (cfg.names == Names::V49 && f.legacy == "DCGM_FI_DEV_GPU_UTIL") {
+                } else if f.double || (v49 && (f.legacy == "DCGM_FI_DEV_GPU_UTIL" || energy)) {
                     format!("{v:.6}")
                 } else {
                     format!("{}", v.round() as i64)
                 }
             };
-            match holder {
-                Some((ws, pod)) if cfg.virtual_gpus => {
-                    // The device-level series (no pod labels, real values), then the pod's.
-                    let _ = writeln!(out, "}} {}", render_value(value));
-                    let per_process = matches!(f.legacy, "DCGM_FI_DEV_GPU_UTIL" | "DCGM_FI_DEV_FB_USED");
-                    let pod_value = if per_process { 0.0 } else { value };
-                    let _ = writeln!(
-                        out,
-                        "{head},container=\"dev\",namespace=\"coder\",pod=\"{}\",pod_uid=\"{}\",vgpu=\"0\"}} {}",
-                        pod.name,
-                        ws.id,
-                        render_value(pod_value)
-                    );
+            // Attributes come sorted (Go templates iterate maps in key order, NOTES §2.1).
+            let pod_labels = |pod: &str| {
+                if cfg.old_namespace {
+                    format!(",container_name=\"dev\",pod_name=\"{pod}\",pod_namespace=\"coder\"")
+                } else {
+                    format!(",container=\"dev\",namespace=\"coder\",pod=\"{pod}\"")
                 }
-                Some((_, pod)) => {
-                    let _ = writeln!(out, ",container=\"dev\",namespace=\"coder\",pod=\"{}\"}} {}", pod.name, render_value(value));
+            };
+            match &device.holder {
+                Some(h) if cfg.virtual_gpus != VirtualGpus::Off => {
+                    let vgpu = if cfg.virtual_gpus == VirtualGpus::TimeSliced { ",vgpu=\"0\"" } else { "" };
+                    if matches!(f.legacy, "DCGM_FI_DEV_GPU_UTIL" | "DCGM_FI_DEV_FB_USED") {
+                        // The device-level original, then the pod's own (no PID mapped: 0).
+                        let _ = writeln!(out, "}} {}", render_value(value));
+                        let _ = writeln!(out, "{head}{},pod_uid=\"\"{vgpu}}} {}", pod_labels(&h.pod), render_value(0.0));
+                    } else {
+                        let _ = writeln!(out, "{}{vgpu}}} {}", pod_labels(&h.pod), render_value(value));
+                    }
+                }
+                Some(h) => {
+                    let _ = writeln!(out, "{}}} {}", pod_labels(&h.pod), render_value(value));
                 }
                 None => {
                     let _ = writeln!(out, "}} {}", render_value(value));

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-/// A GPU load from the seed's stage-2 table (A10G, DCGM 4.7.1), plus stage 1's phantom.
+/// A GPU load from the seed's stage-2 table (A10G, 80 SMs, DCGM 4.7.1), plus stage 1's phantom
+/// and the shapes of reference dcgm NOTES §9-10 (light kernel, video, copy-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Load {
     /// Nothing running: 0%, 0 MiB, 24.3 W.
@@ -27,18 +28,24 @@ pub enum Load {
     MemoryOnly,
     /// A one-thread kernel in a loop: 100%, 302 MiB, 90.0 W, GR 1.000, SM 0.012.
     OneThread,
+    /// A one-block kernel busy a tenth of the time: GR ≈ d = 0.1, SM ≈ d / 80 SMs = 0.00125
+    /// (NOTES §10: the one-thread kernel's shape at a lower duty cycle).
+    LightKernel,
     /// A large matmul in a loop: 100%, 850 MiB, 299.2 W, GR 1.000, SM 0.984.
     Matmul,
     /// Stage 1's phantom: utilization 100% on an empty framebuffer.
     Phantom,
-    /// Video encoding (NVENC): the encoder is busy, the compute engines are not.
+    /// Video transcoding (NVDEC + NVENC): the video engines are busy, the compute engines are not.
     Encode,
+    /// Copies only (memcpy, peer-to-peer): device memory busy, no kernel (NOTES §10).
+    CopyOnly,
     /// Computes in short bursts (a notebook cell, a cron job): a matmul for `busy` out of every
     /// `period` (real time), idle with its memory held otherwise.
     Bursty { period: Duration, busy: Duration },
 }
 
-/// What dcgm-exporter would report for a load.
+/// What dcgm-exporter would report for a load (utilization and video engines in %, memory in
+/// MiB, power in W, profiling fields as ratios).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reading {
     pub util_percent: f64,
@@ -46,7 +53,10 @@ pub struct Reading {
     pub power_watts: f64,
     pub gr_engine_active: f64,
     pub sm_active: f64,
+    pub tensor_active: f64,
+    pub dram_active: f64,
     pub enc_percent: f64,
+    pub dec_percent: f64,
 }
 
 impl Load {
@@ -64,15 +74,20 @@ impl Load {
             power_watts,
             gr_engine_active,
             sm_active,
+            tensor_active: 0.0,
+            dram_active: 0.0,
             enc_percent: 0.0,
+            dec_percent: 0.0,
         };
         match self {
             Load::Idle => r(0.0, 0.0, 24.3, 0.0, 0.0),
             Load::MemoryOnly => r(0.0, 19376.0, 89.1, 0.0, 0.0),
             Load::OneThread => r(100.0, 302.0, 90.0, 1.0, 0.012),
-            Load::Matmul => r(100.0, 850.0, 299.2, 1.0, 0.984),
+            Load::LightKernel => r(10.0, 302.0, 41.0, 0.1, 0.00125),
+            Load::Matmul => Reading { tensor_active: 0.412, dram_active: 0.533, ..r(100.0, 850.0, 299.2, 1.0, 0.984) },
             Load::Phantom => r(100.0, 0.0, 24.3, 1.0, 0.0),
-            Load::Encode => Reading { enc_percent: 61.0, ..r(0.0, 412.0, 71.5, 0.0, 0.0) },
+            Load::Encode => Reading { enc_percent: 61.0, dec_percent: 35.0, ..r(0.0, 412.0, 71.5, 0.0, 0.0) },
+            Load::CopyOnly => Reading { dram_active: 0.62, ..r(0.0, 8192.0, 112.0, 0.0, 0.0) },
             Load::Bursty { period, busy } => {
                 let phase = millis % period.as_millis().max(1);
                 if phase < busy.as_millis() { Load::Matmul.reading_at(millis) } else { Load::MemoryOnly.reading_at(millis) }

@@ -31,13 +31,14 @@ pub struct GpuKey {
 
 impl GpuKey {
     /// A GPU's identity from its series' labels (`label` answers a label's value); `None` without
-    /// a UUID.
-    pub fn from_labels<'a>(label: impl Fn(&str) -> Option<&'a str>) -> Option<GpuKey> {
+    /// a UUID. The pod is the workload's, as `ownership` finds it: `None` for the device-level
+    /// series (no workload pod of a Coder workspace, whatever the exporter's own `pod` label).
+    pub fn from_labels<'a>(label: impl Fn(&str) -> Option<&'a str>, ownership: &Ownership) -> Option<GpuKey> {
         let uuid = label("UUID").or_else(|| label("uuid"))?;
         Some(GpuKey {
             uuid: uuid.to_string(),
             gpu_instance: label("GPU_I_ID").map(str::to_string),
-            pod: pick(&label, POD_LABELS).map(str::to_string),
+            pod: ownership.workload(&label).map(|(pod, _)| pod.to_string()),
         })
     }
 }
@@ -84,7 +85,7 @@ pub struct GpuSeries {
     /// The exporter URL or Prometheus base URL that reported it.
     pub source: Arc<str>,
     /// A virtual-GPU series (time-slicing, `vgpu` label): one of several pods sharing the device.
-    /// Its values are the device's (see `series_from_exposition`), never the pod's own zeros.
+    /// Its values are the device's (see `merge_device_level`), never the pod's own zeros.
     pub shared: bool,
     pub points: Vec<Point>,
 }
@@ -92,7 +93,7 @@ pub struct GpuSeries {
 impl GpuSeries {
     /// A GPU's series from its labels (`label` answers a label's value), with no points yet.
     pub fn from_labels<'a>(label: impl Fn(&str) -> Option<&'a str>, source: &Arc<str>, ownership: &Ownership) -> Option<GpuSeries> {
-        let key = GpuKey::from_labels(&label)?;
+        let key = GpuKey::from_labels(&label, ownership)?;
         let (workspace_id, namespace) = ownership.owner(&label);
         Some(GpuSeries {
             key,
@@ -187,35 +188,42 @@ pub struct Ownership {
 }
 
 impl Ownership {
-    /// The workspace id a series belongs to, or `None` (no pod, empty pod, other namespace).
-    /// The workload's labels are `exported_pod`/`exported_namespace` when Prometheus renamed
-    /// them (its own target labels carried `pod`); those win when present.
+    /// The workspace id a series belongs to, or `None` (no workload pod of a Coder workspace,
+    /// other namespace), and the workload's namespace.
     pub fn owner<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> (Option<String>, Option<String>) {
-        let pod = pick(&label, POD_LABELS);
-        let namespace = pick(&label, NAMESPACE_LABELS);
+        let Some((pod, namespace)) = self.workload(&label) else { return (None, None) };
         let namespace_owned = namespace.map(str::to_string);
         if self.namespace.as_deref().is_some_and(|want| namespace != Some(want)) {
             return (None, namespace_owned);
         }
         let id = match &self.workspace_id_label {
             Some(name) => label(name).filter(|v| !v.is_empty()).map(|v| v.to_ascii_lowercase()),
-            None => None,
-        }
-        .or_else(|| pod.and_then(find_uuid));
+            None => find_uuid(pod),
+        };
         (id, namespace_owned)
+    }
+
+    /// The workload's pod and namespace labels: the first pod label that names a Coder workspace
+    /// (its id in the pod name, or the `workspace_id_label` set), with the namespace label of the
+    /// same spelling. Behind Prometheus the exporter's own `pod` sits beside the workload's
+    /// `exported_pod` (`honorLabels: false`) or `pod_name` (`-o`), and alone on the device-level
+    /// series (reference dcgm NOTES §6, §10): that one names no workspace, so it is no workload.
+    pub fn workload<'a>(&self, label: &impl Fn(&str) -> Option<&'a str>) -> Option<(&'a str, Option<&'a str>)> {
+        let names_workspace = match &self.workspace_id_label {
+            Some(name) => label(name).is_some_and(|v| !v.is_empty()),
+            None => false,
+        };
+        WORKLOAD_LABELS.into_iter().find_map(|(pod_label, namespace_label)| {
+            let pod = label(pod_label).filter(|v| !v.is_empty())?;
+            (names_workspace || find_uuid(pod).is_some()).then(|| (pod, label(namespace_label).filter(|v| !v.is_empty())))
+        })
     }
 }
 
-/// The labels that name a series' pod and namespace, first present wins: Prometheus' `exported_`
-/// renames of the workload's labels (its own target labels carried `pod`), the exporter's own
-/// spelling, and `-o` (use-old-namespace).
-const POD_LABELS: [&str; 3] = ["exported_pod", "pod", "pod_name"];
-const NAMESPACE_LABELS: [&str; 3] = ["exported_namespace", "namespace", "pod_namespace"];
-
-/// The first of `names` that has a non-empty value.
-fn pick<'a>(label: &impl Fn(&str) -> Option<&'a str>, names: [&str; 3]) -> Option<&'a str> {
-    names.into_iter().find_map(|n| label(n).filter(|v| !v.is_empty()))
-}
+/// The labels that may name a series' workload pod, each with its namespace label, in the order
+/// tried: Prometheus' `exported_` renames (its own target labels took `pod`), `-o`'s old names
+/// (`pod` beside them is the exporter's), and the exporter's own spelling.
+const WORKLOAD_LABELS: [(&str, &str); 3] = [("exported_pod", "exported_namespace"), ("pod_name", "pod_namespace"), ("pod", "namespace")];
 
 /// The first UUID inside a pod name. The official Kubernetes template names the Deployment
 /// `coder-<workspace id>`, so its pods are `coder-<workspace id>-<replicaset>-<pod>`.
@@ -236,13 +244,12 @@ pub fn find_uuid(text: &str) -> Option<String> {
 /// Groups parsed exposition samples into one series per GPU (per pod, for shared GPUs), each
 /// with one point at `at`.
 ///
-/// In dcgm-exporter's virtual-GPU mode (`--kubernetes-virtual-gpus`, time-slicing) each sharing
-/// pod gets its own series, marked by a `vgpu` label: its `GPU_UTIL` and `FB_USED` are that pod's
-/// processes' (`0` when the exporter cannot map processes to pods, as with the Helm chart's
-/// defaults), its profiling fields the whole device's. The device-level series (no pod labels)
-/// stays beside them with the real values. A shared reading therefore takes the device's
-/// utilization, memory, power and video engines, and keeps a pod's own utilization only when it
-/// is higher (per-pod values can show work; their zeros prove nothing).
+/// In dcgm-exporter's virtual-GPU mode (`--kubernetes-virtual-gpus`) every GPU with pods gets,
+/// for `GPU_UTIL` and `FB_USED`, one series per pod beside the device-level one, and every other
+/// field once per pod with the device's value (reference dcgm NOTES §10). A per-pod
+/// `GPU_UTIL`/`FB_USED` with an empty `pod_uid` is not that pod's reading (no process could be
+/// mapped to the pod; the Helm chart's defaults): it is dropped here, and `merge_device_level`
+/// gives the pod the device's.
 pub fn series_from_exposition(
     text: &str,
     at: DateTime<Utc>,
@@ -254,7 +261,7 @@ pub fn series_from_exposition(
         text,
         |name| signals::lookup(name).is_some() || signals::energy_joules(name, 0.0).is_some(),
         |sample| {
-            let Some(key) = GpuKey::from_labels(|k| sample.label(k)) else { return };
+            let Some(key) = GpuKey::from_labels(|k| sample.label(k), ownership) else { return };
             let gpu = match by_gpu.entry(key) {
                 Entry::Occupied(e) => e.into_mut(),
                 Entry::Vacant(e) => {
@@ -262,43 +269,48 @@ pub fn series_from_exposition(
                     e.insert(series)
                 }
             };
-            gpu.add_values(sample.name, std::iter::once((at, sample.value)));
+            let placeholder = sample.label("pod_uid") == Some("") && signals::lookup(sample.name).is_some_and(|m| m.signal.per_process());
+            if !placeholder {
+                gpu.add_values(sample.name, std::iter::once((at, sample.value)));
+            }
         },
     );
     let mut series: Vec<GpuSeries> = by_gpu.into_values().collect();
-    merge_shared(&mut series);
+    merge_device_level(&mut series);
     (series, errors)
 }
 
-/// Gives each shared (virtual-GPU) series the device's utilization, memory, power and video
-/// engines from the device-level series of the same GPU, point by point (same time), keeping a
-/// pod's own utilization only when it is higher (per-pod values can show work; their zeros
-/// prove nothing).
-pub fn merge_shared(series: &mut [GpuSeries]) {
-    if !series.iter().any(|s| s.shared) {
-        return;
-    }
-    let device: HashMap<(String, Option<String>), Vec<Point>> = series
+/// Gives each workload's series of a GPU that also has a device-level series (virtual-GPU mode)
+/// the device's `GPU_UTIL` and `FB_USED`, point by point (same time), keeping the pod's own when
+/// higher (per-pod values can show work; their zeros prove nothing), and any field the pod's
+/// series lacks. The pod's copies of the other fields (power, video engines, energy,
+/// profiling) are kept: they are the device's values, and on a shared GPU the only ones.
+pub fn merge_device_level(series: &mut [GpuSeries]) {
+    let device: HashMap<(&str, Option<&str>), usize> = series
         .iter()
-        .filter(|s| s.key.pod.is_none())
-        .map(|s| ((s.key.uuid.clone(), s.key.gpu_instance.clone()), s.points.clone()))
+        .enumerate()
+        .filter(|(_, s)| s.key.pod.is_none())
+        .map(|(i, s)| ((s.key.uuid.as_str(), s.key.gpu_instance.as_deref()), i))
         .collect();
-    for s in series.iter_mut().filter(|s| s.shared) {
-        let dev_points = device.get(&(s.key.uuid.clone(), s.key.gpu_instance.clone()));
-        for p in &mut s.points {
-            let dev = dev_points.and_then(|d| d.binary_search_by(|q| q.at.cmp(&p.at)).ok().map(|i| d[i]));
-            let own_util = p.values.get(Signal::GpuUtil);
-            let dev_values = dev.map(|d| d.values).unwrap_or_default();
-            for signal in [Signal::GpuUtil, Signal::FbUsedMib, Signal::PowerWatts, Signal::EncUtil, Signal::DecUtil] {
-                p.values.clear(signal);
-                if let Some(v) = dev_values.get(signal) {
-                    p.values.set(signal, v);
+    let pairs: Vec<(usize, usize)> = series
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.key.pod.is_some())
+        .filter_map(|(i, s)| device.get(&(s.key.uuid.as_str(), s.key.gpu_instance.as_deref())).map(|&d| (i, d)))
+        .collect();
+    for (pod, dev) in pairs {
+        let dev_points = series[dev].points.clone();
+        for p in &mut series[pod].points {
+            let Ok(i) = dev_points.binary_search_by(|q| q.at.cmp(&p.at)) else { continue };
+            let d = dev_points[i];
+            for signal in Signal::ALL {
+                let Some(dv) = d.values.get(signal) else { continue };
+                let own = p.values.get(signal);
+                if own.is_none() || (signal.per_process() && own.is_some_and(|o| dv > o)) {
+                    p.values.set(signal, dv);
                 }
             }
-            if let Some(u) = own_util.filter(|u| *u > 0.0 && p.values.get(Signal::GpuUtil).is_none_or(|d| *u > d)) {
-                p.values.set(Signal::GpuUtil, u);
-            }
-            p.energy_joules = p.energy_joules.or(dev.and_then(|d| d.energy_joules));
+            p.energy_joules = p.energy_joules.or(d.energy_joules);
         }
     }
 }
@@ -339,7 +351,7 @@ mod tests {
         let own = Ownership::default();
         let both = [("UUID", "GPU-1"), ("pod", "dcgm-exporter-abcde"), ("exported_pod", exported.as_str())];
         let (ws, _) = owner(&own, &both);
-        let pod = GpuKey::from_labels(|k| both.iter().find(|(n, _)| *n == k).map(|(_, v)| *v)).and_then(|key| key.pod);
+        let pod = GpuKey::from_labels(|k| both.iter().find(|(n, _)| *n == k).map(|(_, v)| *v), &own).and_then(|key| key.pod);
         assert_eq!((ws.as_deref(), pod.as_deref()), (Some(id), Some(exported.as_str())));
         assert_eq!(owner(&own, &[("pod", "")]).0, None);
         assert_eq!(owner(&own, &[]).0, None);

@@ -38,7 +38,7 @@ use crate::error::Error;
 use crate::http::{StreamError, Tls, error_chain, host_port, read_split, redact, redirect_refused};
 use crate::json_split::Splitter;
 
-use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, SourceFailure, merge_shared};
+use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, SourceFailure, merge_device_level};
 
 /// One query's body at most (uncompressed); over 10,000 GPUs a steady-state pass reads about
 /// 3 MB per field, the first pass about 14 MB.
@@ -101,14 +101,17 @@ impl QuerySpec {
             .iter()
             .filter(|m| power || m.signal != Signal::PowerWatts)
             .map(|m| m.name)
-            .chain(["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"])
+            .chain(super::signals::ENERGY_NAMES.map(|(name, _)| name))
             .map(|name| QuerySpec { name })
             .collect()
     }
 
     /// `max_over_time(NAME[STEPs])`, aggregated as `max by (GPU and pod labels) (...)` when
-    /// `aggregate`, for the namespace if one is set (as the exporter or as Prometheus names the
-    /// label).
+    /// `aggregate`, for the namespace if one is set (as the exporter, Prometheus or `-o` names
+    /// the label). With a namespace, the per-process fields (`GPU_UTIL`, `FB_USED`) also fetch
+    /// the device-level series, which carry no workload namespace (only, behind Prometheus, the
+    /// exporter's own): in virtual-GPU mode a pod's copies of them read 0 and only the device's
+    /// are real (reference dcgm NOTES §10).
     fn promql(&self, step_secs: u64, namespace: Option<&str>, workspace_label: Option<&str>, aggregate: bool) -> String {
         let name = self.name;
         let select = |ns_matcher: &str| {
@@ -124,7 +127,12 @@ impl QuerySpec {
             None => select(""),
             Some(ns) => {
                 let ns = ns.replace('\\', "\\\\").replace('"', "\\\"");
-                format!("{} or {}", select(&format!("exported_namespace=\"{ns}\"")), select(&format!("namespace=\"{ns}\"")))
+                let mut selects: Vec<String> =
+                    ["exported_namespace", "pod_namespace", "namespace"].iter().map(|l| select(&format!("{l}=\"{ns}\""))).collect();
+                if super::signals::lookup(name).is_some_and(|m| m.signal.per_process()) {
+                    selects.push(select("exported_namespace=\"\",pod_namespace=\"\""));
+                }
+                selects.join(" or ")
             }
         }
     }
@@ -292,7 +300,7 @@ struct Fold {
 
 impl Fold {
     fn add(&mut self, spec: QuerySpec, s: Series<'_>) {
-        let Some(key) = GpuKey::from_labels(|k| s.metric.get(k)) else { return };
+        let Some(key) = GpuKey::from_labels(|k| s.metric.get(k), &self.ownership) else { return };
         let i = match self.index.get(&key) {
             Some(&i) => i,
             None => {
@@ -498,7 +506,7 @@ impl GpuSource for PrometheusSource {
         }
         *self.fetched_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
         let mut series = std::mem::take(&mut fold.lock().unwrap_or_else(|p| p.into_inner()).series);
-        merge_shared(&mut series);
+        merge_device_level(&mut series);
         series.sort_by(|a, b| a.key.cmp(&b.key));
         Collection { series, failures, requests, step: Some(self.step) }
     }
@@ -570,13 +578,21 @@ mod tests {
             spec.promql(60, Some("co\"der"), Some("label_ws"), true),
             format!(
                 "max by ({by}, label_ws) (max_over_time(DCGM_FI_PROF_SM_ACTIVE{{exported_namespace=\"co\\\"der\"}}[60s])) or \
+                 max by ({by}, label_ws) (max_over_time(DCGM_FI_PROF_SM_ACTIVE{{pod_namespace=\"co\\\"der\"}}[60s])) or \
                  max by ({by}, label_ws) (max_over_time(DCGM_FI_PROF_SM_ACTIVE{{namespace=\"co\\\"der\"}}[60s]))",
                 by = BY.join(", ")
             )
         );
+        let util = QuerySpec { name: "DCGM_FI_DEV_GPU_UTIL" };
+        assert!(
+            util.promql(60, Some("coder"), None, false)
+                .ends_with(" or max_over_time(DCGM_FI_DEV_GPU_UTIL{exported_namespace=\"\",pod_namespace=\"\"}[60s])"),
+            "the device-level series of a per-process field has no workload namespace"
+        );
         let names: Vec<&str> = QuerySpec::all(true).iter().map(|q| q.name).collect();
-        assert_eq!(names.len(), NAMES.len() + 1, "every field name the decisions read, and the energy counter");
-        assert!(names.contains(&"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") && names.contains(&"DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO"));
+        assert_eq!(names.len(), NAMES.len() + 2, "every field name the decisions read, and the energy counter by both names");
+        assert!(names.contains(&"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") && names.contains(&"DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL"));
+        assert!(names.contains(&"DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO"));
         let without: Vec<&str> = QuerySpec::all(false).iter().map(|q| q.name).collect();
         assert_eq!(without.len(), names.len() - 2, "no power draw unless a power veto reads it");
         assert!(!without.iter().any(|n| n.contains("POWER")));

@@ -57,6 +57,12 @@ impl Signal {
         }
     }
 
+    /// A per-process field in virtual-GPU mode (`process_metrics.go`: `GPU_UTIL` and `FB_USED`
+    /// only): a pod's copy is the pod's processes', not the device's (reference dcgm NOTES §10).
+    pub fn per_process(self) -> bool {
+        matches!(self, Signal::GpuUtil | Signal::FbUsedMib)
+    }
+
     /// Every exporter metric name that carries this signal (for Prometheus queries).
     pub fn metric_names(self) -> impl Iterator<Item = &'static str> {
         NAMES.iter().filter(move |m| m.signal == self).map(|m| m.name)
@@ -85,10 +91,16 @@ impl Mapping {
     }
 }
 
-/// The energy counter: mJ since the driver loaded (legacy name; the 4.9 rename is not verified
-/// against a real exporter, so only this name is read). Returns joules.
+/// The energy counter, by each name dcgm-exporter gives it, with the factor to joules:
+/// `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION` (field 156, mJ since driver load; the default CSV) and
+/// its DCGM 4.7 name `DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL` (field 1611, J; go-dcgm 4.6.1
+/// `dcgm_fields.h`, exporter 4.9; reference dcgm NOTES §10 "Energy").
+pub const ENERGY_NAMES: [(&str, f64); 2] = [("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 0.001), ("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 1.0)];
+
+/// The energy counter in joules when `name` is one of its names (`Some(None)` for a broken value).
 pub fn energy_joules(name: &str, raw: f64) -> Option<Option<f64>> {
-    (name == "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION").then(|| (raw.is_finite() && raw >= 0.0).then_some(raw / 1000.0))
+    let (_, to_joules) = ENERGY_NAMES.iter().find(|(n, _)| *n == name)?;
+    Some((raw.is_finite() && raw >= 0.0).then_some(raw * to_joules))
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -230,6 +242,7 @@ mod tests {
         assert_eq!(SignalValues::default().with(Signal::SmActive, -0.5).get(Signal::SmActive), None);
         assert_eq!(energy_joules("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 5_000.0), Some(Some(5.0)));
         assert_eq!(energy_joules("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", f64::NAN), Some(None));
+        assert_eq!(energy_joules("DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", 5.0), Some(Some(5.0)), "DCGM 4.7: joules");
         assert_eq!(energy_joules("DCGM_FI_DEV_POWER_USAGE", 1.0), None);
         let a = SignalValues::default().with(Signal::SmActive, 0.9);
         let b = SignalValues::default().with(Signal::SmActive, 0.1).with(Signal::FbUsedMib, 300.0);

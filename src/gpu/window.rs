@@ -1,7 +1,7 @@
 //! Per-workspace, per-GPU windows of samples over time, and the figures the decisions need:
 //! latest and max per signal over a span, sample count, first and last sample, the longest gap,
-//! since when a GPU has been continuously not compute-active, and since when its readings have
-//! not changed (frozen data). Readings taken between passes (`--sample-interval`) are merged
+//! since when a GPU has been continuously not compute-active, and since when its energy counter
+//! has not risen (frozen data). Readings taken between passes (`--sample-interval`) are merged
 //! into one sample per pass, each signal's highest value kept, so a burst seen by any reading
 //! counts and memory stays one sample per pass. Memory is bounded: samples older than the
 //! longest rule needs are dropped, and so are workspaces that are gone.
@@ -32,9 +32,9 @@ pub struct GpuWindow {
     pub samples: VecDeque<GpuSample>,
     /// Readings since the last pass, merged (each signal's highest value).
     pending: Option<GpuSample>,
-    /// Frozen-data tracking over raw readings: the latest values and energy, and since when
-    /// nothing has changed (the energy counter rising counts as a change; without it, any field).
-    last_raw: Option<SignalValues>,
+    /// Frozen-data tracking over raw readings: the latest energy counter, and since when it has
+    /// not risen. Without the counter there is no tracking: an idle GPU's other readings do not
+    /// change either, so "nothing changed" cannot tell frozen from idle (reference dcgm NOTES §10).
     last_energy: Option<f64>,
     unchanged_since: Option<DateTime<Utc>>,
 }
@@ -49,27 +49,27 @@ impl GpuWindow {
             shared: false,
             samples: VecDeque::new(),
             pending: None,
-            last_raw: None,
             last_energy: None,
             unchanged_since: None,
         }
     }
 
     /// One raw reading from a source: merged into the pass's pending sample, and tracked for
-    /// frozen data. A powered GPU's energy counter always rises; when it has not, or (without
-    /// it) no field has changed, the exporter or the hostengine is serving cached values.
+    /// frozen data. A powered GPU's energy counter always rises; when it has not, the exporter or
+    /// the hostengine is serving cached values. A reading without the counter switches the
+    /// tracking off until the counter comes back.
     pub fn observe(&mut self, at: DateTime<Utc>, values: SignalValues, energy: Option<f64>) {
-        let changed = match (energy, self.last_energy) {
-            (Some(now), Some(before)) => now > before,
-            (Some(_), None) => true,
-            (None, _) => self.last_raw != Some(values),
-        };
-        if changed || self.unchanged_since.is_none() {
-            self.unchanged_since = Some(at);
-        }
-        self.last_raw = Some(values);
-        if energy.is_some() {
-            self.last_energy = energy;
+        match energy {
+            Some(now) => {
+                if self.last_energy.is_none_or(|before| now > before) || self.unchanged_since.is_none() {
+                    self.unchanged_since = Some(at);
+                }
+                self.last_energy = Some(now);
+            }
+            None => {
+                self.last_energy = None;
+                self.unchanged_since = None;
+            }
         }
         self.pending = Some(match self.pending {
             Some(p) => GpuSample { at: at.max(p.at), values: p.values.max(values) },
@@ -84,8 +84,8 @@ impl GpuWindow {
         }
     }
 
-    /// Since when the readings have not changed (energy not risen, or no field changed);
-    /// `None` before any raw reading.
+    /// Since when the energy counter has not risen; `None` without the counter (frozen
+    /// detection off for this GPU) or before any raw reading.
     pub fn unchanged_since(&self) -> Option<DateTime<Utc>> {
         self.unchanged_since
     }
@@ -370,7 +370,7 @@ mod tests {
     }
 
     #[test]
-    fn frozen_readings_are_noticed_by_energy_or_by_every_field() {
+    fn frozen_readings_are_noticed_by_the_energy_counter_alone() {
         let mut w = GpuWindow::new(GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: None }, Arc::from("x"));
         assert_eq!(w.unchanged_since(), None);
         // An idle GPU with a live hostengine: same utilization, energy rising.
@@ -383,12 +383,17 @@ mod tests {
             w.observe(t(s * 60), util(0.0), Some(1_000.0 + 4.0 * 1_458.0));
         }
         assert_eq!(w.unchanged_since(), Some(t(240)), "unchanged since the counter last rose");
-        // Without the counter: any field that changes is life.
+        // Without the counter an idle GPU's readings stand still too: no tracking at all.
         let mut w = GpuWindow::new(GpuKey { uuid: "GPU-2".into(), gpu_instance: None, pod: None }, Arc::from("x"));
-        w.observe(t(0), util(0.0).with(Signal::PowerWatts, 24.3), None);
-        w.observe(t(60), util(0.0).with(Signal::PowerWatts, 24.6), None);
-        w.observe(t(120), util(0.0).with(Signal::PowerWatts, 24.6), None);
-        assert_eq!(w.unchanged_since(), Some(t(60)));
+        for s in 0..5 {
+            w.observe(t(s * 60), util(0.0).with(Signal::PowerWatts, 24.3), None);
+        }
+        assert_eq!(w.unchanged_since(), None);
+        // The counter dropped (a trimmed counters file after a reload): tracking stops.
+        let mut w = GpuWindow::new(GpuKey { uuid: "GPU-3".into(), gpu_instance: None, pod: None }, Arc::from("x"));
+        w.observe(t(0), util(0.0), Some(1_000.0));
+        w.observe(t(60), util(0.0), None);
+        assert_eq!(w.unchanged_since(), None);
     }
 
     #[test]

@@ -1,0 +1,396 @@
+//! The readings matrix: every load × every dcgm-exporter set-up × both sources. The fake exporter
+//! (`mocks::exporter::render_devices`) renders 40 minutes of 15 s scrapes of each set-up in the
+//! exporter's own layout; the exporter source parses them as a pass does (`merge_collection`, one
+//! sample per 60 s pass), and a real Prometheus holds the same scrapes as a ServiceMonitor stores
+//! them (`honorLabels` false and true) and is read by the Prometheus source with and without the
+//! namespace filter. Every cell must give the verdict and reason `expected` promises, in every
+//! source; `docs/readings.md` is rendered from the cells (`UPDATE_READINGS=1` rewrites it).
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use coder_gpu_reclaimer::coder::types::Workspace;
+use coder_gpu_reclaimer::decide::{Decision, decide};
+use coder_gpu_reclaimer::duration;
+use coder_gpu_reclaimer::evaluate::merge_collection;
+use coder_gpu_reclaimer::gpu::prometheus::PrometheusSource;
+use coder_gpu_reclaimer::gpu::window::Windows;
+use coder_gpu_reclaimer::gpu::{Collection, GpuSeries, GpuSource, Ownership};
+use coder_gpu_reclaimer::policy::Policy;
+use mocks::exporter::render_devices;
+use mocks::{Counters, Device, ExporterConfig, Holder, Load, Names, Stuck, VirtualGpus};
+
+use crate::common::{installed_or_skip, running_workspace};
+use crate::prometheus_world::{Stored, exporter_decisions, installed, openmetrics, prometheus_with, store};
+
+/// How long each cell's history is, and how often Prometheus (and the exporter source) scrape.
+const HISTORY_SECS: i64 = 40 * 60;
+const SCRAPE_SECS: i64 = 15;
+/// The pass interval and Prometheus step.
+const PASS_SECS: i64 = 60;
+/// The frozen exporter serves its last collection from this long before the end.
+const FROZEN_FOR_SECS: i64 = 20 * 60;
+
+/// One exporter set-up people run (reference dcgm LAYOUTS.md, NOTES §3-4, §9-10).
+struct SetUp {
+    name: &'static str,
+    what: &'static str,
+    exporter: ExporterConfig,
+    /// `-c`, seconds.
+    collect_secs: i64,
+}
+
+fn set_ups() -> Vec<SetUp> {
+    let base = ExporterConfig { sm_active: false, ..ExporterConfig::default() };
+    let with = |f: &dyn Fn(&mut ExporterConfig)| {
+        let mut c = base.clone();
+        f(&mut c);
+        c
+    };
+    let s = |name, what, exporter, collect_secs| SetUp { name, what, exporter, collect_secs };
+    vec![
+        s("default", "`default-counters.csv` (no SM_ACTIVE), `--kubernetes`, `-c 30000`", base.clone(), 30),
+        s("dcp-sm", "the DCP counters with `DCGM_FI_PROF_SM_ACTIVE` switched on", with(&|c| c.sm_active = true), 30),
+        s("trimmed", "a trimmed counters file: no energy counter, no power", with(&|c| c.counters = Counters::Trimmed), 30),
+        s(
+            "dcgm-4.7",
+            "DCGM 4.7 names (exporter 4.9): utilization as a ratio, memory in bytes, energy in J",
+            with(&|c| c.names = Names::V49),
+            30,
+        ),
+        s("old-names", "`-o`: `uuid`, `pod_name`, `pod_namespace`, `container_name`", with(&|c| c.old_namespace = true), 30),
+        s(
+            "vgpu-exclusive",
+            "`--kubernetes-virtual-gpus` on an exclusive GPU (chart defaults: per-pod `GPU_UTIL`/`FB_USED` 0)",
+            with(&|c| c.virtual_gpus = VirtualGpus::Exclusive),
+            30,
+        ),
+        s(
+            "vgpu-time-sliced",
+            "virtual-GPU mode on a time-sliced GPU (`vgpu` label)",
+            with(&|c| c.virtual_gpus = VirtualGpus::TimeSliced),
+            30,
+        ),
+        s("mig", "a MIG instance (Flex mode): no `GPU_UTIL`, the whole GPU's power", with(&|c| c.mig = true), 30),
+        s("collect-1s", "`-c 1000`", base.clone(), 1),
+        s("collect-5m", "`-c 300000` (`exporter_collect_interval = \"5m\"`)", base.clone(), 300),
+    ]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Idle,
+    MemoryHeld,
+    OneThread,
+    LightKernel,
+    Matmul,
+    Bursty,
+    Transcode,
+    CopyOnly,
+    StuckGr,
+    Frozen,
+}
+
+struct LoadCase {
+    kind: Kind,
+    name: &'static str,
+    what: &'static str,
+}
+
+fn loads() -> Vec<LoadCase> {
+    let l = |kind, name, what| LoadCase { kind, name, what };
+    vec![
+        l(Kind::Idle, "idle", "nothing running: 0%, 0 MiB, 24.3 W"),
+        l(Kind::MemoryHeld, "memory held", "a process holds 19,376 MiB and waits"),
+        l(Kind::OneThread, "one-thread kernel", "100%, GR 1.0, SM 0.012 (one SM of 80)"),
+        l(Kind::LightKernel, "light periodic kernel", "one block a tenth of the time: 10%, GR 0.1, SM 0.00125"),
+        l(Kind::Matmul, "matmul", "100%, GR 1.0, SM 0.984, tensor 0.41, DRAM 0.53, 299 W"),
+        l(Kind::Bursty, "bursty notebook", "a matmul one minute in ten, memory held between; the last burst began 9 minutes ago"),
+        l(Kind::Transcode, "encode/decode only", "NVENC 61%, NVDEC 35%, no kernel"),
+        l(Kind::CopyOnly, "copy-only", "DRAM 0.62, SM 0, no kernel (memcpy, peer-to-peer)"),
+        l(Kind::StuckGr, "stuck GR, busy utilization", "a matmul whose GR_ENGINE_ACTIVE reads 0 (exporter #662)"),
+        l(Kind::Frozen, "frozen exporter", "the last idle collection served for 20 minutes (exporter #164)"),
+    ]
+}
+
+/// What the docs promise for a load in a set-up (README "Readings as real exporters produce
+/// them", docs/policy.md): the set-up decides only which signals exist.
+fn expected(load: Kind, s: &SetUp) -> (&'static str, &'static str) {
+    let sm = s.exporter.sm_active && s.exporter.profiling;
+    let energy = s.exporter.counters != Counters::Trimmed;
+    match load {
+        Kind::Idle => ("reclaim", "idle"),
+        Kind::MemoryHeld => ("reclaim", "memory-held-idle"),
+        // SM_ACTIVE tells a one-thread or light kernel from work; without it GR_ENGINE_ACTIVE
+        // reads them busy (the README's SM_ACTIVE note).
+        Kind::OneThread | Kind::LightKernel if sm => ("reclaim", "phantom-utilization"),
+        Kind::OneThread | Kind::LightKernel => ("keep", "gpu-active"),
+        Kind::Matmul | Kind::Transcode | Kind::CopyOnly => ("keep", "gpu-active"),
+        Kind::Bursty => ("keep", "not-idle-long-enough"),
+        // GR at 0 under busy utilization is the stuck pattern; on MIG (no utilization) the busy
+        // tensor pipes contradict it.
+        Kind::StuckGr => ("unknown", "metrics-disagree"),
+        Kind::Frozen if energy => ("unknown", "frozen-data"),
+        // Without an energy counter a hung exporter's idle readings are an idle GPU's.
+        Kind::Frozen => ("reclaim", "idle"),
+    }
+}
+
+/// The exporter config and load of one cell.
+fn cell_exporter(load: Kind, s: &SetUp) -> (ExporterConfig, Load) {
+    let mut cfg = s.exporter.clone();
+    let load = match load {
+        Kind::Idle | Kind::Frozen => Load::Idle,
+        Kind::MemoryHeld => Load::MemoryOnly,
+        Kind::OneThread => Load::OneThread,
+        Kind::LightKernel => Load::LightKernel,
+        Kind::Matmul => Load::Matmul,
+        Kind::Bursty => Load::Bursty { period: Duration::from_secs(600), busy: Duration::from_secs(60) },
+        Kind::Transcode => Load::Encode,
+        Kind::CopyOnly => Load::CopyOnly,
+        Kind::StuckGr => {
+            cfg.stuck = Some(Stuck::GrEngine);
+            Load::Matmul
+        }
+    };
+    (cfg, load)
+}
+
+/// A cell's workspace id (`variant` 0: the exporter source and `honorLabels: false`; 1: true).
+fn ws_id(cell: usize, variant: usize) -> String {
+    format!("{cell:08x}-1f4d-4c9e-9d3b-{variant:012x}")
+}
+
+/// Every scrape of one cell's GPU: (time, exposition). The exporter collects every `-c` (aligned
+/// to the epoch) and serves its latest collection; the energy counter rises by the power drawn
+/// between collections; a frozen exporter serves the collection before the freeze forever.
+fn scrapes(end: i64, load: Kind, s: &SetUp, cell: usize, variant: usize) -> Vec<(i64, String)> {
+    let (cfg, workload) = cell_exporter(load, s);
+    let device = Device {
+        uuid: format!("GPU-{cell:08x}-7d4f-4e8a-9c1b-{variant:012x}"),
+        model: "NVIDIA A10G".into(),
+        holder: Some(Holder { pod: format!("coder-{}-6d9f8b7c5-x2x9k", ws_id(cell, variant)), load: workload }),
+    };
+    let c = s.collect_secs;
+    let freeze = (load == Kind::Frozen).then_some((end - FROZEN_FOR_SECS).div_euclid(c) * c);
+    let mut energy_mj = 1.0e10;
+    let mut collected: Option<(i64, String)> = None;
+    let mut out = Vec::new();
+    for at in (end - HISTORY_SECS..=end).step_by(SCRAPE_SECS as usize) {
+        let due = at.div_euclid(c) * c;
+        let due = freeze.map_or(due, |f| due.min(f));
+        if collected.as_ref().is_none_or(|(t, _)| *t < due) {
+            let since = collected.as_ref().map_or(0, |(t, _)| due - t);
+            energy_mj += workload.reading_at(due as u128 * 1000).power_watts * since as f64 * 1000.0;
+            collected = Some((due, render_devices(std::slice::from_ref(&device), &cfg, &[energy_mj], due as u128 * 1000)));
+        }
+        if let Some((_, text)) = &collected {
+            out.push((at, text.clone()));
+        }
+    }
+    out
+}
+
+/// The policy a set-up is judged by: the defaults for 60 s passes, told the exporter's `-c`.
+fn policy(s: &SetUp) -> Policy {
+    Policy {
+        exporter_collect_interval: Duration::from_secs(s.collect_secs as u64),
+        ..Policy::defaults(Duration::from_secs(PASS_SECS as u64))
+    }
+}
+
+/// Decides each workspace of one set-up from its windows.
+fn decide_all(now: DateTime<Utc>, windows: &Windows, workspaces: &[Workspace], p: &Policy) -> Vec<Decision> {
+    workspaces.iter().map(|ws| decide(now, ws, windows.get(&ws.id), p, None)).collect()
+}
+
+fn windows_for(p: &Policy) -> Windows {
+    Windows::new(duration::chrono(p.longest_lookback()), Duration::from_secs(PASS_SECS as u64))
+}
+
+/// One cell's outcome, per source.
+struct Cell {
+    load: usize,
+    set_up: usize,
+    want: (&'static str, &'static str),
+    got: Vec<(String, (String, String, String))>,
+}
+
+fn outcome(d: &Decision) -> (String, String, String) {
+    (d.verdict.as_str().to_string(), d.reason.as_str().to_string(), d.message.clone())
+}
+
+#[tokio::test]
+async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources() {
+    let started = std::time::Instant::now();
+    let (set_ups, loads) = (set_ups(), loads());
+    // The end falls on a pass (a Prometheus step), 9 minutes after a notebook burst began
+    // (bursts start on the 10-minute mark), 4 minutes after a 5-minute exporter's last
+    // collection (its energy counter still for longer than frozen_after), and in the past:
+    // Prometheus serves what promtool wrote only up to now.
+    let end = Utc::now().timestamp().div_euclid(600) * 600 - 60;
+    let now = DateTime::from_timestamp(end, 0).unwrap();
+    let last_used = now - chrono::Duration::minutes(60);
+    let coder = Ownership { namespace: Some("coder".into()), workspace_id_label: None };
+    let ownerships = [("", Ownership::default()), (", namespace filter", coder.clone())];
+    let mut cells: Vec<Cell> = Vec::new();
+    let mut stored = Stored::new();
+    for (si, s) in set_ups.iter().enumerate() {
+        let p = policy(s);
+        let index = |li: usize| si * loads.len() + li;
+        let histories: Vec<Vec<(i64, String)>> = loads.iter().enumerate().map(|(li, l)| scrapes(end, l.kind, s, index(li), 0)).collect();
+        let workspaces: Vec<Workspace> = (0..loads.len()).map(|li| running_workspace(&ws_id(index(li), 0), last_used)).collect();
+        let mut by_source: Vec<(String, Vec<Decision>)> = Vec::new();
+        // The exporter source scrapes every cell's exporter each time.
+        let texts: Vec<(i64, Vec<String>)> =
+            (0..histories[0].len()).map(|i| (histories[0][i].0, histories.iter().map(|h| h[i].1.clone()).collect())).collect();
+        for (label, own) in &ownerships {
+            let pass = Duration::from_secs(PASS_SECS as u64);
+            by_source.push((format!("exporter{label}"), exporter_decisions(now, &texts, &workspaces, &p, pass, own)));
+        }
+        for (li, l) in loads.iter().enumerate() {
+            let got = by_source.iter().map(|(source, ds)| (source.clone(), outcome(&ds[li]))).collect();
+            cells.push(Cell { load: li, set_up: si, want: expected(l.kind, s), got });
+            // `honorLabels: false` stores the exporter source's GPU; `true` a twin of its own.
+            for (history, honor) in [(histories[li].clone(), false), (scrapes(end, l.kind, s, index(li), 1), true)] {
+                for (at, text) in history {
+                    store(&mut stored, at, &text, honor);
+                }
+            }
+        }
+    }
+    let exporter_secs = started.elapsed().as_secs_f64();
+
+    if installed_or_skip(installed(), "prometheus").is_some() {
+        let prom = prometheus_with(&openmetrics(&stored)).await;
+        let url = crate::common::url(&prom.url);
+        for (label, own) in &ownerships {
+            // One source per set-up policy is not needed: the fetch depends only on the look-back.
+            let p0 = policy(&set_ups[0]);
+            let source = PrometheusSource::new(
+                &url,
+                own.clone(),
+                p0.longest_lookback(),
+                Duration::from_secs(PASS_SECS as u64),
+                Duration::from_secs(30),
+            )
+            .unwrap();
+            let collection = source.collect(now).await;
+            assert!(collection.failures.is_empty(), "{:?}", collection.failures);
+            for (si, s) in set_ups.iter().enumerate() {
+                let p = policy(s);
+                for (variant, honor) in [(0, "false"), (1, "true")] {
+                    let workspaces: Vec<Workspace> =
+                        (0..loads.len()).map(|li| running_workspace(&ws_id(si * loads.len() + li, variant), last_used)).collect();
+                    let ids: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+                    let series: Vec<GpuSeries> =
+                        collection.series.iter().filter(|g| g.workspace_id.as_deref().is_some_and(|w| ids.contains(w))).cloned().collect();
+                    let mut windows = windows_for(&p);
+                    merge_collection(
+                        &mut windows,
+                        &mut Collection { series, step: collection.step, ..Collection::default() },
+                        &workspaces,
+                        chrono::Duration::zero(),
+                    );
+                    for (li, d) in decide_all(now, &windows, &workspaces, &p).iter().enumerate() {
+                        let cell = &mut cells[si * loads.len() + li];
+                        cell.got.push((format!("Prometheus honorLabels {honor}{label}"), outcome(d)));
+                    }
+                }
+            }
+        }
+    }
+
+    let mut wrong = Vec::new();
+    for c in &cells {
+        for (source, (v, r, m)) in &c.got {
+            if (v.as_str(), r.as_str()) != c.want {
+                wrong.push(format!(
+                    "{} in {} via {source}: {v} {r} ({m}), want {} {}",
+                    loads[c.load].name, set_ups[c.set_up].name, c.want.0, c.want.1
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} readings differ from the docs:\n{}",
+        wrong.len(),
+        cells.iter().map(|c| c.got.len()).sum::<usize>(),
+        wrong.join("\n")
+    );
+    let sources = cells[0].got.len();
+    eprintln!(
+        "readings matrix: {} loads x {} set-ups x {sources} source variants in {:.1} s ({exporter_secs:.1} s of it rendering and the exporter source)",
+        loads.len(),
+        set_ups.len(),
+        started.elapsed().as_secs_f64()
+    );
+    check_readings_doc(&render_doc(&set_ups, &loads, &cells));
+}
+
+/// `docs/readings.md`: the matrix as a platform engineer reads it.
+fn render_doc(set_ups: &[SetUp], loads: &[LoadCase], cells: &[Cell]) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "# What the service reads in your exporter set-up\n\n\
+         Generated by `tests/readings.rs` (`UPDATE_READINGS=1 cargo test --test integration readings` rewrites it); the test fails\n\
+         when this file and the service disagree. Each cell is the verdict and reason for one workspace that has run\n\
+         the load for 40 minutes, nobody connected for an hour, under the default policy (`idle_after` 30m,\n\
+         60 s passes) told the exporter's collect interval. The same verdict comes from every source: the\n\
+         exporter scraped directly, with and without the namespace filter, and Prometheus holding the same\n\
+         scrapes as a ServiceMonitor stores them (`honorLabels` false and true), with and without the filter.\n\n\
+         `keep` and `unknown` never stop anything; `reclaim` stops the workspace.\n\n",
+    );
+    out.push_str("| load |");
+    for s in set_ups {
+        let _ = write!(out, " {} |", s.name);
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(set_ups.len()));
+    out.push('\n');
+    for (li, l) in loads.iter().enumerate() {
+        let _ = write!(out, "| {} |", l.name);
+        for si in 0..set_ups.len() {
+            let c = &cells[si * loads.len() + li];
+            let _ = write!(out, " {} `{}` |", c.want.0, c.want.1);
+        }
+        out.push('\n');
+    }
+    out.push_str("\n## Set-ups\n\n");
+    for s in set_ups {
+        let _ = writeln!(out, "- **{}**: {}.", s.name, s.what);
+    }
+    out.push_str("\n## Loads\n\nReadings of an A10G (80 SMs) from the seed's stage-2 table and reference dcgm NOTES §9-10.\n\n");
+    for l in loads {
+        let _ = writeln!(out, "- **{}**: {}.", l.name, l.what);
+    }
+    out.push_str(
+        "\n## What the set-up decides\n\n\
+         - Without `DCGM_FI_PROF_SM_ACTIVE` a one-thread or light kernel reads busy through GR_ENGINE_ACTIVE \
+         and is kept; with it, it is `phantom-utilization`.\n\
+         - Without an energy counter (`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`, or `DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL` \
+         under DCGM 4.7 names) frozen data cannot be told from an idle GPU: frozen detection is off, the GPU is \
+         judged on its readings, and `check` says so.\n\
+         - On MIG there is no `GPU_UTIL`: a stuck GR_ENGINE_ACTIVE is told by the busy tensor pipes, and busy \
+         device memory alone (copy-only work) keeps an instance.\n\
+         - Set `exporter_collect_interval` to the exporter's `-c`: frozen data needs two collections without the \
+         counter rising.\n",
+    );
+    out
+}
+
+fn check_readings_doc(rendered: &str) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/readings.md");
+    if std::env::var("UPDATE_READINGS").is_ok_and(|v| v == "1") {
+        std::fs::write(&path, rendered).unwrap();
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == rendered,
+        "docs/readings.md is not what the matrix says: run UPDATE_READINGS=1 cargo test --test integration readings"
+    );
+}
