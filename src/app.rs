@@ -19,7 +19,7 @@ use crate::decide::{Decision, FleetOutcome};
 use crate::error::Error;
 use crate::evaluate::Evaluator;
 use crate::gpu::Sources;
-use crate::gpu::exporter::ExporterSource;
+use crate::gpu::exporter::{ExporterLimits, ExporterSource};
 use crate::gpu::prometheus::{PrometheusOptions, PrometheusSource};
 use crate::http::Secret;
 use crate::metrics::Metrics;
@@ -88,7 +88,11 @@ pub fn gpu_source(settings: &Settings) -> Result<Sources, Error> {
             settings.ownership.clone(),
             settings.request_timeout,
             &settings.tls,
-            settings.limits.exporter,
+            ExporterLimits {
+                max_body: settings.limits.exporter,
+                max_gpus: settings.limits.exporter_gpus,
+                in_flight: crate::http::BodyBudget::new(settings.limits.in_flight),
+            },
         )?),
         GpuSourceSettings::Prometheus(url) => Sources::Prometheus(PrometheusSource::with_options(
             url,

@@ -60,6 +60,13 @@ pub struct FileConfig {
     pub max_listing_mib: Option<usize>,
     pub max_exporter_body_mib: Option<usize>,
     pub max_prometheus_body_mib: Option<usize>,
+    /// What the exporter scrapes in flight may hold together, MiB.
+    pub max_in_flight_body_mib: Option<usize>,
+    /// Distinct GPU series one exporter scrape, and one pass's Prometheus answers, may hold.
+    pub max_gpus_per_exporter: Option<usize>,
+    pub max_gpu_series: Option<usize>,
+    /// Label matchers added to every Prometheus query, e.g. `job="gpu-metrics"`.
+    pub prometheus_selector: Option<String>,
 
     #[serde(default, with = "crate::duration::opt")]
     pub idle_after: Option<Duration>,
@@ -172,12 +179,17 @@ pub struct Settings {
     pub api_retry: RetryPolicy,
 }
 
-/// The largest bodies read from peers; a larger one fails that source or pass, never memory.
+/// The largest bodies and series counts read from peers; a larger one fails that source or
+/// pass, never memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BodyLimits {
     pub listing: usize,
     pub exporter: usize,
     pub prometheus: usize,
+    /// What the exporter scrapes in flight may hold together.
+    pub in_flight: usize,
+    pub exporter_gpus: usize,
+    pub prometheus_series: usize,
 }
 
 impl Default for BodyLimits {
@@ -188,8 +200,33 @@ impl Default for BodyLimits {
             listing: 256 << 20,
             exporter: crate::gpu::exporter::DEFAULT_MAX_BODY,
             prometheus: crate::gpu::prometheus::DEFAULT_MAX_BODY,
+            in_flight: crate::gpu::exporter::DEFAULT_IN_FLIGHT_BUDGET,
+            exporter_gpus: crate::gpu::exporter::DEFAULT_MAX_GPUS,
+            prometheus_series: crate::gpu::prometheus::DEFAULT_MAX_SERIES,
         }
     }
+}
+
+fn count(setting: &str, v: Option<usize>, default: usize) -> Result<usize, Error> {
+    match v {
+        None => Ok(default),
+        Some(n) if (1..=10_000_000).contains(&n) => Ok(n),
+        Some(n) => err(format!("{setting} = {n} must be between 1 and 10000000, e.g. {default}")),
+    }
+}
+
+/// Label matchers for every Prometheus query (`job="gpu-metrics"`, `cluster=~"gpu-.*"`): only
+/// the exporter's series are read, not a look-alike another job exports with a workspace's pod
+/// label. Checked for shape here; Prometheus checks the rest.
+fn prometheus_selector(raw: &str) -> Result<String, Error> {
+    let s = raw.trim().trim_start_matches('{').trim_end_matches('}').trim();
+    let example = "prometheus_selector = 'job=\"nvidia-dcgm-exporter\"'";
+    let quotes = s.chars().filter(|c| *c == '"').count();
+    let has_op = ["=", "!=", "=~", "!~"].iter().any(|op| s.contains(op));
+    if s.is_empty() || quotes % 2 != 0 || quotes == 0 || !has_op || s.contains(['{', '}', '\n']) {
+        return err(format!("prometheus_selector {raw:?}: write label matchers without braces, e.g. {example}"));
+    }
+    Ok(s.to_string())
 }
 
 fn mib(setting: &str, v: Option<usize>, default: usize) -> Result<usize, Error> {
@@ -360,6 +397,9 @@ impl Settings {
             listing: mib("max_listing_mib", file.max_listing_mib, defaults.listing)?,
             exporter: mib("max_exporter_body_mib", file.max_exporter_body_mib, defaults.exporter)?,
             prometheus: mib("max_prometheus_body_mib", file.max_prometheus_body_mib, defaults.prometheus)?,
+            in_flight: mib("max_in_flight_body_mib", file.max_in_flight_body_mib, defaults.in_flight)?,
+            exporter_gpus: count("max_gpus_per_exporter", file.max_gpus_per_exporter, defaults.exporter_gpus)?,
+            prometheus_series: count("max_gpu_series", file.max_gpu_series, defaults.prometheus_series)?,
         };
         Ok(Settings {
             coder_url,
@@ -381,6 +421,8 @@ impl Settings {
                 headers: file.prometheus_headers.clone().unwrap_or_default().into_iter().collect(),
                 bearer_token_file: file.prometheus_bearer_token_file.clone(),
                 power: false, // from the policy, where the source is built
+                selector: file.prometheus_selector.as_deref().map(prometheus_selector).transpose()?,
+                max_series: limits.prometheus_series,
             },
             limits,
             mode: if run.enforce { Mode::Enforce } else { Mode::Observe },

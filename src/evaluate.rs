@@ -63,6 +63,8 @@ pub struct Evaluator {
     /// Whether the token may stop workspaces, per organization id: asked once per organization
     /// that has running workspaces, forgotten when the token changes.
     may_stop: HashMap<String, bool>,
+    /// A listing succeeded once: `sessions` holds the running workspaces.
+    listed: bool,
 }
 
 impl Evaluator {
@@ -77,6 +79,7 @@ impl Evaluator {
             sessions: HashMap::new(),
             coder_clock_offset: chrono::Duration::zero(),
             may_stop: HashMap::new(),
+            listed: false,
         }
     }
 
@@ -127,10 +130,16 @@ impl Evaluator {
 
     /// Reads the GPU sources only, between passes (`--sample-interval`, and `plan`'s sampling):
     /// the readings are merged into the next pass's sample, so no reading is skipped.
+    /// Once a listing said which workspaces run, only their readings are kept: a source
+    /// naming other pods (or new ones every scrape) grows nothing between passes. `plan`
+    /// samples before its one listing, a few times only.
     pub async fn sample(&mut self) {
         let collection = self.source.collect(Utc::now()).await;
         for series in &collection.series {
-            self.windows.record(series, None, false);
+            let running = series.workspace_id.as_deref().is_some_and(|id| self.sessions.contains_key(id));
+            if running || !self.listed {
+                self.windows.record(series, None, false);
+            }
         }
     }
 
@@ -165,6 +174,7 @@ impl Evaluator {
             self.coder_clock_offset = offset;
         }
         let (workspaces, duplicates) = dedup_by_id(listing.workspaces);
+        self.listed = true;
         self.learn_permissions(&workspaces).await;
         let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
         for ws in &workspaces {

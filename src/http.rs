@@ -114,6 +114,8 @@ pub enum BodyError {
     TooLarge { limit: usize },
     /// The connection broke or timed out while reading.
     Transport(String),
+    /// The bodies read at the same time already hold the whole in-flight budget.
+    OverBudget { budget: usize },
 }
 
 impl std::fmt::Display for BodyError {
@@ -123,6 +125,11 @@ impl std::fmt::Display for BodyError {
                 write!(f, "the body is larger than the limit of {} (raise it in the config file if this peer is real)", bytes_human(*limit))
             }
             BodyError::Transport(e) => write!(f, "reading the body failed: {e}"),
+            BodyError::OverBudget { budget } => write!(
+                f,
+                "the bodies read at the same time already hold the in-flight budget of {} (max_in_flight_body_mib): this one is cut off",
+                bytes_human(*budget)
+            ),
         }
     }
 }
@@ -172,6 +179,57 @@ pub async fn read_limited(resp: reqwest::Response, limit: usize) -> Result<Bytes
     )
     .await?;
     Ok(buf.freeze())
+}
+
+/// Bytes that bodies read at the same time may hold together (exporter scrapes run 32 at a
+/// time): a body takes its share as it arrives and gives it back when dropped, so the per-body
+/// limits compose under the container's memory limit.
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    bytes: std::sync::Arc<tokio::sync::Semaphore>,
+    total: usize,
+}
+
+impl BodyBudget {
+    pub fn new(total: usize) -> Self {
+        let permits = total.min(tokio::sync::Semaphore::MAX_PERMITS);
+        BodyBudget { bytes: std::sync::Arc::new(tokio::sync::Semaphore::new(permits)), total: permits }
+    }
+
+    pub fn total(&self) -> usize {
+        self.total
+    }
+}
+
+/// A body read within a `BodyBudget`: its share of the budget goes back when it is dropped.
+pub struct BudgetedBody {
+    pub bytes: Bytes,
+    _share: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// `read_limited`, taking each chunk's bytes from `budget` as it arrives; when the bodies in
+/// flight hold the whole budget, this one stops with `BodyError::OverBudget` (never waits: a
+/// wait could deadlock bodies that each hold part of it).
+pub async fn read_limited_within(resp: reqwest::Response, limit: usize, budget: &BodyBudget) -> Result<BudgetedBody, BodyError> {
+    let mut buf = BytesMut::new();
+    let mut share: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    for_each_chunk(
+        resp,
+        limit,
+        |e| e,
+        |chunk| {
+            let n = u32::try_from(chunk.len()).map_err(|_| BodyError::TooLarge { limit })?;
+            let more = budget.bytes.clone().try_acquire_many_owned(n).map_err(|_| BodyError::OverBudget { budget: budget.total })?;
+            match &mut share {
+                Some(s) => s.merge(more),
+                None => share = Some(more),
+            }
+            buf.extend_from_slice(chunk);
+            Ok(())
+        },
+    )
+    .await?;
+    Ok(BudgetedBody { bytes: buf.freeze(), _share: share })
 }
 
 /// Why a body could not be read as it streamed in.

@@ -22,6 +22,9 @@ locals {
     } : name => f if f.enabled
   }
 
+  # The config file: the policy, with the Prometheus selector first (top-level keys precede tables).
+  config_toml = var.prometheus_url != null && var.prometheus_selector != null ? format("prometheus_selector = %q\n%s", var.prometheus_selector, var.policy_toml) : var.policy_toml
+
   # One to one onto the CLI of `coder-gpu-reclaimer run` (tests check every flag against it).
   args = concat(
     ["run",
@@ -108,7 +111,7 @@ resource "kubernetes_config_map_v1" "policy" {
     namespace = var.namespace
     labels    = local.labels
   }
-  data       = { "policy.toml" = var.policy_toml }
+  data       = { "policy.toml" = local.config_toml }
   depends_on = [kubernetes_namespace_v1.this]
 }
 
@@ -131,7 +134,7 @@ resource "kubernetes_deployment_v1" "this" {
       metadata {
         labels = local.labels
         annotations = {
-          "checksum/policy" = sha256(var.policy_toml)
+          "checksum/policy" = sha256(local.config_toml)
         }
       }
       spec {

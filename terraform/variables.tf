@@ -45,6 +45,12 @@ variable "prometheus_url" {
   default     = null
 }
 
+variable "prometheus_selector" {
+  type        = string
+  description = "With prometheus_url: label matchers added to every query, so only dcgm-exporter's series are read (another job's look-alike series could keep an idle GPU \"busy\"). Match your ServiceMonitor's job; null reads every job."
+  default     = "job=\"nvidia-dcgm-exporter\""
+}
+
 variable "enforce" {
   type        = bool
   description = "Send stop builds. Off by default: the service observes and reports what it would stop."

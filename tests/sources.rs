@@ -184,6 +184,7 @@ async fn prometheus_queries_carry_the_namespace_headers_and_bearer_token() {
         headers: vec![("X-Scope-OrgID".into(), "team-gpu".into())],
         bearer_token_file: Some(dir.join("token")),
         power: true,
+        ..PrometheusOptions::default()
     };
     let own = Ownership { namespace: Some("coder".into()), workspace_id_label: None };
     let source = PrometheusSource::with_options(

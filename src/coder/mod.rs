@@ -467,7 +467,9 @@ fn body_failure<T>(endpoint: &'static str, e: BodyError) -> Attempt<T, CoderErro
         BodyError::Transport(_) => {
             Attempt::Retry { error: CoderError { kind: ErrorKind::Transport, endpoint, message: e.to_string() }, after: None }
         }
-        BodyError::TooLarge { .. } => Attempt::Done(Err(CoderError { kind: ErrorKind::Decode, endpoint, message: e.to_string() })),
+        BodyError::TooLarge { .. } | BodyError::OverBudget { .. } => {
+            Attempt::Done(Err(CoderError { kind: ErrorKind::Decode, endpoint, message: e.to_string() }))
+        }
     }
 }
 

@@ -1,4 +1,7 @@
-//! Scrapes dcgm-exporter `/metrics` URLs directly, all concurrently, once per pass. One exporter
+//! Scrapes dcgm-exporter `/metrics` URLs directly, at most 32 at a time, once per pass and
+//! every sample interval between passes. Memory is bounded whatever an exporter sends: a body
+//! at most `max_body`, the bodies in flight together at most the in-flight budget, one scrape
+//! at most `max_gpus` distinct GPU series (a breach fails that exporter this pass). One exporter
 //! failing, or answering with an empty body (it does during a hot reload), makes only its GPUs
 //! unknown. `dns+http://name:port/path` expands to every address the name resolves to (a
 //! headless Service), each scraped on its own. Each value is the exporter's latest cached
@@ -14,7 +17,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::error::Error;
-use crate::http::{Tls, error_chain, host_port, http_url, read_limited, redact, redirect_refused};
+use crate::http::{BodyBudget, Tls, error_chain, host_port, http_url, read_limited_within, redact, redirect_refused};
 
 /// Scrapes in flight at once: bounds sockets and memory on large fleets (each body is parsed
 /// into readings inside its task and dropped there).
@@ -22,8 +25,28 @@ const MAX_CONCURRENT_SCRAPES: usize = 32;
 /// One exporter's body at most: a node of 8 GPUs is about 80 KB (30 metrics each), a MIG node
 /// a few hundred KB; an endless body stops here instead of filling memory.
 pub const DEFAULT_MAX_BODY: usize = 16 << 20;
+/// Distinct GPU series one scrape may hold: a node has at most 8-16 GPUs, each at most 7 MIG
+/// instances, and virtual-GPU mode repeats a device once per pod; 512 is far above any of them.
+pub const DEFAULT_MAX_GPUS: usize = 512;
+/// What the bodies of the scrapes in flight may hold together (32 at a time, 16 MiB each
+/// would be 512 MiB): real bodies are about 100 KB.
+pub const DEFAULT_IN_FLIGHT_BUDGET: usize = 64 << 20;
 
-use super::{Collection, GpuSeries, GpuSource, Ownership, SourceFailure, series_from_exposition};
+/// How much one exporter may send, and all of them together.
+#[derive(Debug, Clone)]
+pub struct ExporterLimits {
+    pub max_body: usize,
+    pub max_gpus: usize,
+    pub in_flight: BodyBudget,
+}
+
+impl Default for ExporterLimits {
+    fn default() -> Self {
+        ExporterLimits { max_body: DEFAULT_MAX_BODY, max_gpus: DEFAULT_MAX_GPUS, in_flight: BodyBudget::new(DEFAULT_IN_FLIGHT_BUDGET) }
+    }
+}
+
+use super::{Collection, GpuSeries, GpuSource, Ownership, SourceFailure, series_from_exposition_capped};
 
 /// One `--dcgm-exporter` value: a URL scraped as it is, or `dns+http://name:port/path`, scraped
 /// at every address the name resolves to (a headless Service).
@@ -57,12 +80,12 @@ pub struct ExporterSource {
     http: reqwest::Client,
     targets: Vec<ExporterTarget>,
     ownership: Ownership,
-    max_body: usize,
+    limits: ExporterLimits,
 }
 
 impl ExporterSource {
     pub fn new(targets: Vec<ExporterTarget>, ownership: Ownership, timeout: Duration) -> Result<Self, Error> {
-        Self::with_options(targets, ownership, timeout, &Tls::default(), DEFAULT_MAX_BODY)
+        Self::with_options(targets, ownership, timeout, &Tls::default(), ExporterLimits::default())
     }
 
     pub fn with_options(
@@ -70,10 +93,10 @@ impl ExporterSource {
         ownership: Ownership,
         timeout: Duration,
         tls: &Tls,
-        max_body: usize,
+        limits: ExporterLimits,
     ) -> Result<Self, Error> {
         let http = crate::http::client(timeout, Duration::from_secs(3), tls)?;
-        Ok(ExporterSource { http, targets, ownership, max_body })
+        Ok(ExporterSource { http, targets, ownership, limits })
     }
 
     /// The concrete URLs to scrape this pass, with failures for names that did not resolve.
@@ -119,11 +142,22 @@ async fn resolve_all(url: &Url) -> Result<Vec<Url>, String> {
 }
 
 /// Parses one exporter's body into one series per GPU; an empty or unparseable body is a failure.
-fn read_exposition(source: &Arc<str>, body: &str, now: DateTime<Utc>, ownership: &Ownership) -> Result<Vec<GpuSeries>, String> {
+fn read_exposition(
+    source: &Arc<str>,
+    body: &str,
+    now: DateTime<Utc>,
+    ownership: &Ownership,
+    max_gpus: usize,
+) -> Result<Vec<GpuSeries>, String> {
     if body.trim().is_empty() {
         return Err("empty body (the exporter is reloading, or has no GPUs)".into());
     }
-    let (found, errors) = series_from_exposition(body, now, source, ownership);
+    let (found, errors, over) = series_from_exposition_capped(body, now, source, ownership, max_gpus);
+    if over {
+        return Err(format!(
+            "more than {max_gpus} distinct GPU series in one scrape (max_gpus_per_exporter): no node has that many, so none of them is read this pass"
+        ));
+    }
     if found.is_empty() {
         return Err(errors.first().map_or("no DCGM GPU metrics in the response".to_string(), |e| format!("unparseable exposition ({e})")));
     }
@@ -133,8 +167,9 @@ fn read_exposition(source: &Arc<str>, body: &str, now: DateTime<Utc>, ownership:
     Ok(found)
 }
 
-/// One scrape: the body as text, at most `max_body` bytes; a redirect is refused.
-async fn scrape(http: reqwest::Client, url: Url, max_body: usize) -> Result<String, String> {
+/// One scrape: the body, at most `max_body` bytes and within the in-flight budget; a redirect
+/// is refused.
+async fn scrape(http: reqwest::Client, url: Url, max_body: usize, budget: &BodyBudget) -> Result<crate::http::BudgetedBody, String> {
     let resp =
         http.get(url).send().await.map_err(|e| {
             if e.is_timeout() { "timed out".to_string() } else { format!("no response: {}", error_chain(&e.without_url())) }
@@ -146,8 +181,7 @@ async fn scrape(http: reqwest::Client, url: Url, max_body: usize) -> Result<Stri
     if !status.is_success() {
         return Err(format!("HTTP {}", status.as_u16()));
     }
-    let body = read_limited(resp, max_body).await.map_err(|e| e.to_string())?;
-    String::from_utf8(body.into()).map_err(|_| "the body is not UTF-8 text".to_string())
+    read_limited_within(resp, max_body, budget).await.map_err(|e| e.to_string())
 }
 
 impl GpuSource for ExporterSource {
@@ -157,13 +191,16 @@ impl GpuSource for ExporterSource {
         let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_SCRAPES));
         let mut tasks = JoinSet::new();
         for url in urls {
-            let (http, ownership, permits, max_body) = (self.http.clone(), self.ownership.clone(), permits.clone(), self.max_body);
+            let (http, ownership, permits, limits) = (self.http.clone(), self.ownership.clone(), permits.clone(), self.limits.clone());
             tasks.spawn(async move {
                 let _permit = permits.acquire_owned().await;
                 // Logs, labels and the status API show the URL without credentials or query.
                 let source: Arc<str> = Arc::from(redact(&url));
                 let host = host_port(&url);
-                let result = scrape(http, url, max_body).await.and_then(|body| read_exposition(&source, &body, now, &ownership));
+                let result = scrape(http, url, limits.max_body, &limits.in_flight).await.and_then(|body| {
+                    let text = std::str::from_utf8(&body.bytes).map_err(|_| "the body is not UTF-8 text".to_string())?;
+                    read_exposition(&source, text, now, &ownership, limits.max_gpus)
+                });
                 (source, host, result)
             });
         }

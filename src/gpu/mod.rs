@@ -256,14 +256,34 @@ pub fn series_from_exposition(
     source: &Arc<str>,
     ownership: &Ownership,
 ) -> (Vec<GpuSeries>, Vec<expo::ParseError>) {
+    let (series, errors, _) = series_from_exposition_capped(text, at, source, ownership, usize::MAX);
+    (series, errors)
+}
+
+/// `series_from_exposition`, holding at most `max_gpus` distinct GPU series: a body that names
+/// more stops growing there (its other samples are read and dropped) and the third value is
+/// `true`, so one answer can never hold more than the cap, whatever it sends.
+pub fn series_from_exposition_capped(
+    text: &str,
+    at: DateTime<Utc>,
+    source: &Arc<str>,
+    ownership: &Ownership,
+    max_gpus: usize,
+) -> (Vec<GpuSeries>, Vec<expo::ParseError>, bool) {
     let mut by_gpu: HashMap<GpuKey, GpuSeries> = HashMap::new();
+    let mut over = false;
     let errors = expo::parse_filtered(
         text,
         |name| signals::lookup(name).is_some() || signals::energy_joules(name, 0.0).is_some(),
         |sample| {
             let Some(key) = GpuKey::from_labels(|k| sample.label(k), ownership) else { return };
+            let full = by_gpu.len() >= max_gpus;
             let gpu = match by_gpu.entry(key) {
                 Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(_) if full => {
+                    over = true;
+                    return;
+                }
                 Entry::Vacant(e) => {
                     let Some(series) = GpuSeries::from_labels(|k| sample.label(k), source, ownership) else { return };
                     e.insert(series)
@@ -277,7 +297,7 @@ pub fn series_from_exposition(
     );
     let mut series: Vec<GpuSeries> = by_gpu.into_values().collect();
     merge_device_level(&mut series);
-    (series, errors)
+    (series, errors, over)
 }
 
 /// Gives each workload's series of a GPU that also has a device-level series (virtual-GPU mode)

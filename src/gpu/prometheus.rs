@@ -43,6 +43,10 @@ use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, SourceFailure, 
 /// One query's body at most (uncompressed); over 10,000 GPUs a steady-state pass reads about
 /// 3 MB per field, the first pass about 14 MB.
 pub const DEFAULT_MAX_BODY: usize = 128 << 20;
+/// Distinct GPU series one pass's answers may hold: 10,000 GPUs with MIG instances and
+/// per-pod copies fit several times over; an answer that names more fails the pass for this
+/// source and creates nothing.
+pub const DEFAULT_MAX_SERIES: usize = 65_536;
 
 /// Queries sent at once: each is folded as it streams in, so this bounds Prometheus's load (a
 /// third of its default 20 concurrent queries), not this process's memory. With 2, a steady pass
@@ -70,7 +74,7 @@ const BY: &[&str] = &[
 ];
 
 /// Options for stores people run at scale.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct PrometheusOptions {
     /// Extra request headers, e.g. `X-Scope-OrgID` for a Mimir tenant.
     pub headers: Vec<(String, String)>,
@@ -79,6 +83,17 @@ pub struct PrometheusOptions {
     /// Ask for the power draw too: only a policy with a power veto (`active_power_watts`) reads
     /// it, and each field is a sixth of what Prometheus does per pass.
     pub power: bool,
+    /// Label matchers added to every query (`job="nvidia-dcgm-exporter"`): only the exporter's
+    /// series count, not a look-alike series another job exports with a workspace's pod label.
+    pub selector: Option<String>,
+    /// Distinct GPU series one pass may hold (`max_gpu_series`).
+    pub max_series: usize,
+}
+
+impl Default for PrometheusOptions {
+    fn default() -> Self {
+        PrometheusOptions { headers: Vec::new(), bearer_token_file: None, power: false, selector: None, max_series: DEFAULT_MAX_SERIES }
+    }
 }
 
 /// Room for points reserved per GPU at most (more steps grow as they come).
@@ -86,6 +101,14 @@ const MAX_STEPS_RESERVED: usize = 1024;
 
 /// Fetches of at most this many steps are aggregated by `BY` (see the module's notes).
 const AGGREGATE_UP_TO_STEPS: i64 = 10;
+
+/// What narrows every query: the namespace filter, the workspace label, the selector.
+#[derive(Debug, Clone, Copy)]
+struct Filters<'a> {
+    namespace: Option<&'a str>,
+    workspace_label: Option<&'a str>,
+    selector: Option<&'a str>,
+}
 
 /// One query: one exporter field, a signal or the energy counter.
 #[derive(Debug, Clone, Copy)]
@@ -112,10 +135,12 @@ impl QuerySpec {
     /// the device-level series, which carry no workload namespace (only, behind Prometheus, the
     /// exporter's own): in virtual-GPU mode a pod's copies of them read 0 and only the device's
     /// are real (reference dcgm NOTES §10).
-    fn promql(&self, step_secs: u64, namespace: Option<&str>, workspace_label: Option<&str>, aggregate: bool) -> String {
+    fn promql(&self, step_secs: u64, filters: Filters<'_>, aggregate: bool) -> String {
         let name = self.name;
+        let Filters { namespace, workspace_label, selector } = filters;
         let select = |ns_matcher: &str| {
-            let raw = format!("max_over_time({name}{{{ns_matcher}}}[{step_secs}s])");
+            let matchers: Vec<&str> = [selector.unwrap_or(""), ns_matcher].into_iter().filter(|m| !m.is_empty()).collect();
+            let raw = format!("max_over_time({name}{{{}}}[{step_secs}s])", matchers.join(","));
             if !aggregate {
                 return raw;
             }
@@ -296,6 +321,12 @@ struct Fold {
     steps: usize,
     index: HashMap<GpuKey, usize>,
     series: Vec<GpuSeries>,
+    /// At most this many series; `over` once an answer named more (nothing more is created).
+    max_series: usize,
+    over: bool,
+    /// The steps asked for (unix seconds): points outside are dropped, so no answer can grow a
+    /// series past the steps of the pass.
+    span: (i64, i64),
 }
 
 impl Fold {
@@ -303,6 +334,10 @@ impl Fold {
         let Some(key) = GpuKey::from_labels(|k| s.metric.get(k), &self.ownership) else { return };
         let i = match self.index.get(&key) {
             Some(&i) => i,
+            None if self.series.len() >= self.max_series => {
+                self.over = true;
+                return;
+            }
             None => {
                 let Some(mut new) = GpuSeries::from_labels(|k| s.metric.get(k), &self.source, &self.ownership) else { return };
                 new.points.reserve_exact(self.steps);
@@ -312,7 +347,12 @@ impl Fold {
             }
         };
         if let Some(gpu) = self.series.get_mut(i) {
-            let values = s.values.iter().filter_map(|(t, v)| Some((DateTime::from_timestamp(t.round() as i64, 0)?, v.0?)));
+            let (start, end) = self.span;
+            let values = s
+                .values
+                .iter()
+                .filter(|(t, _)| (start as f64..=end as f64).contains(t))
+                .filter_map(|(t, v)| Some((DateTime::from_timestamp(t.round() as i64, 0)?, v.0?)));
             gpu.add_values(spec.name, values);
         }
     }
@@ -378,12 +418,12 @@ impl PrometheusSource {
     }
 
     fn promql(&self, spec: QuerySpec, aggregate: bool) -> String {
-        spec.promql(
-            self.step.as_secs().max(1),
-            self.ownership.namespace.as_deref(),
-            self.ownership.workspace_id_label.as_deref(),
-            aggregate,
-        )
+        let filters = Filters {
+            namespace: self.ownership.namespace.as_deref(),
+            workspace_label: self.ownership.workspace_id_label.as_deref(),
+            selector: self.options.selector.as_deref(),
+        };
+        spec.promql(self.step.as_secs().max(1), filters, aggregate)
     }
 
     /// The steps to fetch now: `(start, end)` in unix seconds, both on the step grid, `end`
@@ -407,7 +447,8 @@ impl PrometheusSource {
             }
         }
         if let Some(path) = &self.options.bearer_token_file {
-            let token = std::fs::read_to_string(path).map_err(|e| format!("cannot read the bearer token file {}: {e}", path.display()))?;
+            let token =
+                crate::http::read_secret_file(path).map_err(|e| format!("cannot read the bearer token file {}: {e}", path.display()))?;
             let mut v = HeaderValue::from_str(&format!("Bearer {}", token.trim()))
                 .map_err(|_| "the bearer token file holds no valid token".to_string())?;
             v.set_sensitive(true);
@@ -473,6 +514,9 @@ impl GpuSource for PrometheusSource {
             steps: usize::try_from(steps).unwrap_or(0).min(MAX_STEPS_RESERVED),
             index: HashMap::new(),
             series: Vec::new(),
+            max_series: self.options.max_series,
+            over: false,
+            span: (start, end),
         }));
         // A few queries at a time: each keeps Prometheus busy evaluating it (a whole window over
         // 10,000 GPUs is 700,000 points per field); more would only queue there.
@@ -497,6 +541,14 @@ impl GpuSource for PrometheusSource {
                 }
                 Err(e) => failures.push(SourceFailure::new(self.shown.clone(), self.host.clone(), format!("a query task failed: {e}"))),
             }
+        }
+        let max = self.options.max_series;
+        if fold.lock().unwrap_or_else(|p| p.into_inner()).over {
+            failures.push(SourceFailure::new(
+                self.shown.clone(),
+                self.host.clone(),
+                format!("the answers name more than {max} distinct GPU series (max_gpu_series): raise it if the fleet is that large, or narrow the queries with prometheus_selector"),
+            ));
         }
         if !failures.is_empty() {
             // A partial picture is worse than none: a missing SM_ACTIVE would fall back to
@@ -573,9 +625,10 @@ mod tests {
     #[test]
     fn a_whole_window_is_asked_as_stored_and_new_steps_aggregated() {
         let spec = QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" };
-        assert_eq!(spec.promql(60, None, None, false), "max_over_time(DCGM_FI_PROF_SM_ACTIVE{}[60s])");
+        let f = |namespace, workspace_label, selector| Filters { namespace, workspace_label, selector };
+        assert_eq!(spec.promql(60, f(None, None, None), false), "max_over_time(DCGM_FI_PROF_SM_ACTIVE{}[60s])");
         assert_eq!(
-            spec.promql(60, Some("co\"der"), Some("label_ws"), true),
+            spec.promql(60, f(Some("co\"der"), Some("label_ws"), None), true),
             format!(
                 "max by ({by}, label_ws) (max_over_time(DCGM_FI_PROF_SM_ACTIVE{{exported_namespace=\"co\\\"der\"}}[60s])) or \
                  max by ({by}, label_ws) (max_over_time(DCGM_FI_PROF_SM_ACTIVE{{pod_namespace=\"co\\\"der\"}}[60s])) or \
@@ -585,9 +638,19 @@ mod tests {
         );
         let util = QuerySpec { name: "DCGM_FI_DEV_GPU_UTIL" };
         assert!(
-            util.promql(60, Some("coder"), None, false)
+            util.promql(60, f(Some("coder"), None, None), false)
                 .ends_with(" or max_over_time(DCGM_FI_DEV_GPU_UTIL{exported_namespace=\"\",pod_namespace=\"\"}[60s])"),
             "the device-level series of a per-process field has no workload namespace"
+        );
+        // The selector narrows every query, beside the namespace filter.
+        let job = Some("job=\"nvidia-dcgm-exporter\"");
+        assert_eq!(spec.promql(60, f(None, None, job), false), "max_over_time(DCGM_FI_PROF_SM_ACTIVE{job=\"nvidia-dcgm-exporter\"}[60s])");
+        assert!(
+            util.promql(60, f(Some("coder"), None, job), false).ends_with(
+                " or max_over_time(DCGM_FI_DEV_GPU_UTIL{job=\"nvidia-dcgm-exporter\",exported_namespace=\"\",pod_namespace=\"\"}[60s])"
+            ),
+            "{}",
+            util.promql(60, f(Some("coder"), None, job), false)
         );
         let names: Vec<&str> = QuerySpec::all(true).iter().map(|q| q.name).collect();
         assert_eq!(names.len(), NAMES.len() + 2, "every field name the decisions read, and the energy counter by both names");

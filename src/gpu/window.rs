@@ -210,6 +210,9 @@ impl WorkspaceWindows {
 }
 
 /// All windows, keyed by workspace id.
+/// GPU windows one workspace may have.
+pub const MAX_GPUS_PER_WORKSPACE: usize = 64;
+
 #[derive(Debug, Default)]
 pub struct Windows {
     retain: Duration,
@@ -243,6 +246,9 @@ impl Windows {
         };
         let index = match gpus.position(&series.key) {
             Some(i) => i,
+            // No pod has this many GPUs (8 per node, 7 MIG instances each): a source naming
+            // more for one workspace gets no more windows, whatever it sends.
+            None if gpus.windows.len() >= MAX_GPUS_PER_WORKSPACE => return,
             None => {
                 let mut w = GpuWindow::new(series.key.clone(), series.source.clone());
                 w.samples.reserve_exact(self.capacity);
@@ -314,6 +320,12 @@ impl Windows {
 
 #[cfg(test)]
 mod tests {
+
+    /// The README's memory bound counts samples at this size.
+    #[test]
+    fn a_sample_is_48_bytes() {
+        assert_eq!(std::mem::size_of::<GpuSample>(), 48);
+    }
     use super::*;
 
     fn t(secs: i64) -> DateTime<Utc> {
