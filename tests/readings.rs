@@ -255,9 +255,7 @@ async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources(
             cells.push(Cell { load: li, set_up: si, want: expected(l.kind, s), got });
             // `honorLabels: false` stores the exporter source's GPU; `true` a twin of its own.
             for (history, honor) in [(histories[li].clone(), false), (scrapes(end, l.kind, s, index(li), 1), true)] {
-                for (at, text) in history {
-                    store(&mut stored, at, &text, honor);
-                }
+                store(&mut stored, history.iter().map(|(at, text)| (*at, text.as_str())), honor);
             }
         }
     }
