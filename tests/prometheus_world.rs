@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use coder_gpu_reclaimer::coder::types::Workspace;
 use coder_gpu_reclaimer::coder::{CoderClient, SessionToken};
 use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
-use coder_gpu_reclaimer::decide::{Decision, decide_with_coder_clock};
+use coder_gpu_reclaimer::decide::decide_with_coder_clock;
 use coder_gpu_reclaimer::duration;
 use coder_gpu_reclaimer::evaluate::merge_collection;
 use coder_gpu_reclaimer::gpu::expo::parse;
@@ -245,18 +245,18 @@ fn exposition(at: i64, gpus: &[History], scrapes: &[Scrape]) -> String {
     out
 }
 
-/// What the exporter source decides on the same history: every scrape (its time, and the texts
+/// What the exporter source holds after the same history: every scrape (its time, and the texts
 /// of the exporters scraped then) parsed as dcgm-exporter's text and merged as a pass does
-/// (`merge_collection`), one sample per pass of `interval` (`run --sample-interval 15s`), then each
-/// workspace decided at `now` by `policy`.
-pub fn exporter_decisions(
+/// (`merge_collection`), one sample per pass of `interval` (`run --sample-interval 15s`), the
+/// windows kept as `policy` needs them at `now`.
+pub fn exporter_windows(
     now: DateTime<Utc>,
     scrapes: &[(i64, Vec<String>)],
     workspaces: &[Workspace],
     policy: &Policy,
     interval: Duration,
     ownership: &Ownership,
-) -> Vec<Decision> {
+) -> Windows {
     let step = interval.as_secs() as i64;
     let mut windows = Windows::new(duration::chrono(policy.longest_lookback()), interval);
     let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
@@ -292,7 +292,7 @@ pub fn exporter_decisions(
     }
     windows.flush();
     windows.prune(now, &live);
-    workspaces.iter().map(|ws| decide_with_coder_clock(now, chrono::Duration::zero(), ws, windows.get(&ws.id), policy, None)).collect()
+    windows
 }
 
 #[tokio::test]
@@ -411,7 +411,9 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
     let workspaces = client.running_workspaces().await.unwrap();
     let settings =
         Settings::new(crate::common::url("http://coder.invalid"), SessionToken::new("x-y").unwrap(), GpuSourceSettings::Exporters(vec![]));
-    for d in exporter_decisions(now, &texts, &workspaces, &settings.policy, settings.interval, &Ownership::default()) {
+    let windows = exporter_windows(now, &texts, &workspaces, &settings.policy, settings.interval, &Ownership::default());
+    for ws in &workspaces {
+        let d = decide_with_coder_clock(now, chrono::Duration::zero(), ws, windows.get(&ws.id), &settings.policy, None);
         let Some(i) = ids.iter().position(|id| id.to_string() == d.workspace_id) else { continue };
         let p = planned(&d.workspace_id);
         let exporter = (serde_json::to_value(d.verdict).unwrap(), serde_json::to_value(d.reason).unwrap());
