@@ -18,12 +18,12 @@ use chrono::{DateTime, Utc};
 use coder_gpu_reclaimer::coder::types::Workspace;
 use coder_gpu_reclaimer::coder::{CoderClient, SessionToken};
 use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
-use coder_gpu_reclaimer::decide::{Decision, decide_with_coder_clock};
+use coder_gpu_reclaimer::decide::decide_with_coder_clock;
 use coder_gpu_reclaimer::duration;
 use coder_gpu_reclaimer::evaluate::merge_collection;
 use coder_gpu_reclaimer::gpu::expo::parse;
 use coder_gpu_reclaimer::gpu::window::Windows;
-use coder_gpu_reclaimer::gpu::{Collection, Ownership, series_from_exposition};
+use coder_gpu_reclaimer::gpu::{Collection, GpuSeries, Ownership, series_from_exposition};
 use coder_gpu_reclaimer::policy::Policy;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 use mocks::{FakeCoder, WorldConfig};
@@ -144,7 +144,7 @@ fn scrapes(end: i64, gpus: &[History]) -> Vec<Scrape> {
 /// The target labels a ServiceMonitor adds (LAYOUTS §6): with `honorLabels: false` a workload
 /// label they collide with is renamed `exported_*`; with `true` the workload's stays and the
 /// target's is dropped; a series without it gets the target's (Prometheus' target-label rules).
-fn as_stored(text: &str, honor_labels: bool) -> Vec<(String, String, f64)> {
+fn as_stored(text: &str, honor_labels: bool) -> StoredLines {
     const TARGET: [(&str, &str); 7] = [
         ("container", "nvidia-dcgm-exporter"),
         ("namespace", "gpu-operator"),
@@ -177,12 +177,36 @@ fn as_stored(text: &str, honor_labels: bool) -> Vec<(String, String, f64)> {
 }
 
 /// Every stored sample: family -> labels -> (time, value) in time order.
-pub type Stored = BTreeMap<String, BTreeMap<String, Vec<(i64, f64)>>>;
+pub type Stored = BTreeMap<String, BTreeMap<String, Points>>;
 
-/// Adds one scrape (`text`, dcgm-exporter's exposition at `at`) as Prometheus stores it.
-pub fn store(stored: &mut Stored, at: i64, text: &str, honor_labels: bool) {
-    for (family, labels, v) in as_stored(text, honor_labels) {
-        stored.entry(family).or_default().entry(labels).or_default().push((at, v));
+/// One series' samples: (time, value) in time order.
+pub type Points = Vec<(i64, f64)>;
+
+/// One scrape's samples as Prometheus stores them: (family, labels, value).
+type StoredLines = Vec<(String, String, f64)>;
+
+/// Adds one exporter's scrapes (each a time and dcgm-exporter's exposition) as Prometheus stores
+/// them. A scrape that repeats the one before (the exporter serves its latest collection until the
+/// next, reference dcgm NOTES §3) is stored from the same parse.
+pub fn store<'a>(stored: &mut Stored, scrapes: impl IntoIterator<Item = (i64, &'a str)>, honor_labels: bool) {
+    // This exporter's series in the order it writes them (the same in every scrape, as a rule).
+    let mut mine: Vec<(String, String, Points)> = Vec::new();
+    let mut last: Option<(&str, StoredLines)> = None;
+    for (at, text) in scrapes {
+        if last.as_ref().is_none_or(|(before, _)| *before != text) {
+            last = Some((text, as_stored(text, honor_labels)));
+        }
+        for (i, (family, labels, v)) in last.iter().flat_map(|(_, lines)| lines).enumerate() {
+            let same = |(f, l, _): &(String, String, Points)| f == family && l == labels;
+            let at_i = mine.get(i).is_some_and(same).then_some(i).or_else(|| mine.iter().position(same));
+            match at_i {
+                Some(j) => mine[j].2.push((at, *v)),
+                None => mine.push((family.clone(), labels.clone(), vec![(at, *v)])),
+            }
+        }
+    }
+    for (family, labels, points) in mine {
+        stored.entry(family).or_default().entry(labels).or_default().extend(points);
     }
 }
 
@@ -221,29 +245,39 @@ fn exposition(at: i64, gpus: &[History], scrapes: &[Scrape]) -> String {
     out
 }
 
-/// What the exporter source decides on the same history: every scrape (its time, and the texts
+/// What the exporter source holds after the same history: every scrape (its time, and the texts
 /// of the exporters scraped then) parsed as dcgm-exporter's text and merged as a pass does
-/// (`merge_collection`), one sample per pass of `interval` (`run --sample-interval 15s`), then each
-/// workspace decided at `now` by `policy`.
-pub fn exporter_decisions(
+/// (`merge_collection`), one sample per pass of `interval` (`run --sample-interval 15s`), the
+/// windows kept as `policy` needs them at `now`.
+pub fn exporter_windows(
     now: DateTime<Utc>,
     scrapes: &[(i64, Vec<String>)],
     workspaces: &[Workspace],
     policy: &Policy,
     interval: Duration,
     ownership: &Ownership,
-) -> Vec<Decision> {
+) -> Windows {
     let step = interval.as_secs() as i64;
     let mut windows = Windows::new(duration::chrono(policy.longest_lookback()), interval);
     let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
     let source: Arc<str> = Arc::from("http://10.0.3.1:9400/metrics");
+    // Each exporter's last parse: a scrape that repeats the one before (the exporter serves its
+    // latest collection until the next) reads the same, only at its own time.
+    let mut last: Vec<Option<(&str, Vec<GpuSeries>)>> = Vec::new();
     for (at, texts) in scrapes {
         let when = DateTime::from_timestamp(*at, 0).unwrap();
         let mut series = Vec::new();
-        for text in texts {
-            let (parsed, errors) = series_from_exposition(text, when, &source, ownership);
-            assert!(errors.is_empty(), "{errors:?}");
-            series.extend(parsed);
+        last.resize_with(texts.len(), || None);
+        for (text, last) in texts.iter().zip(last.iter_mut()) {
+            if last.as_ref().is_none_or(|(before, _)| *before != text.as_str()) {
+                let (parsed, errors) = series_from_exposition(text, when, &source, ownership);
+                assert!(errors.is_empty(), "{errors:?}");
+                *last = Some((text.as_str(), parsed));
+            }
+            series.extend(last.iter().flat_map(|(_, parsed)| parsed).cloned().map(|mut gpu| {
+                gpu.points.iter_mut().for_each(|p| p.at = when);
+                gpu
+            }));
         }
         merge_collection(
             &mut windows,
@@ -258,7 +292,7 @@ pub fn exporter_decisions(
     }
     windows.flush();
     windows.prune(now, &live);
-    workspaces.iter().map(|ws| decide_with_coder_clock(now, chrono::Duration::zero(), ws, windows.get(&ws.id), policy, None)).collect()
+    windows
 }
 
 #[tokio::test]
@@ -324,10 +358,9 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
     ];
     let end = now.timestamp() / 15 * 15;
     let scrapes = scrapes(end, &gpus);
+    let texts: Vec<(i64, Vec<String>)> = (end - HISTORY..=end).step_by(15).map(|at| (at, vec![exposition(at, &gpus, &scrapes)])).collect();
     let mut stored = Stored::new();
-    for at in (end - HISTORY..=end).step_by(15) {
-        store(&mut stored, at, &exposition(at, &gpus, &scrapes), false);
-    }
+    store(&mut stored, texts.iter().map(|(at, t)| (*at, t[0].as_str())), false);
     let prom = prometheus_with(&openmetrics(&stored)).await;
     let token = coder.owner_token();
     let (coder_url, prom_url) = (coder.url(), prom.url.clone());
@@ -378,8 +411,9 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
     let workspaces = client.running_workspaces().await.unwrap();
     let settings =
         Settings::new(crate::common::url("http://coder.invalid"), SessionToken::new("x-y").unwrap(), GpuSourceSettings::Exporters(vec![]));
-    let texts: Vec<(i64, Vec<String>)> = (end - HISTORY..=end).step_by(15).map(|at| (at, vec![exposition(at, &gpus, &scrapes)])).collect();
-    for d in exporter_decisions(now, &texts, &workspaces, &settings.policy, settings.interval, &Ownership::default()) {
+    let windows = exporter_windows(now, &texts, &workspaces, &settings.policy, settings.interval, &Ownership::default());
+    for ws in &workspaces {
+        let d = decide_with_coder_clock(now, chrono::Duration::zero(), ws, windows.get(&ws.id), &settings.policy, None);
         let Some(i) = ids.iter().position(|id| id.to_string() == d.workspace_id) else { continue };
         let p = planned(&d.workspace_id);
         let exporter = (serde_json::to_value(d.verdict).unwrap(), serde_json::to_value(d.reason).unwrap());

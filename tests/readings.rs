@@ -3,7 +3,7 @@
 //! exporter's own layout; the exporter source parses them as a pass does (`merge_collection`, one
 //! sample per 60 s pass), and a real Prometheus holds the same scrapes as a ServiceMonitor stores
 //! them (`honorLabels` false and true) and is read by the Prometheus source with and without the
-//! namespace filter. Every cell must give the verdict and reason `expected` promises, in every
+//! namespace filter; each under the default policy and under a power veto. Every cell must give the verdict and reason `expected` promises, in every
 //! source; `docs/readings.md` is rendered from the cells (`UPDATE_READINGS=1` rewrites it).
 
 use std::collections::HashSet;
@@ -15,15 +15,16 @@ use coder_gpu_reclaimer::coder::types::Workspace;
 use coder_gpu_reclaimer::decide::{Decision, decide};
 use coder_gpu_reclaimer::duration;
 use coder_gpu_reclaimer::evaluate::merge_collection;
-use coder_gpu_reclaimer::gpu::prometheus::PrometheusSource;
+use coder_gpu_reclaimer::gpu::prometheus::{DEFAULT_MAX_BODY, PrometheusOptions, PrometheusSource};
 use coder_gpu_reclaimer::gpu::window::Windows;
 use coder_gpu_reclaimer::gpu::{Collection, GpuSeries, GpuSource, Ownership};
+use coder_gpu_reclaimer::http::Tls;
 use coder_gpu_reclaimer::policy::Policy;
 use mocks::exporter::render_devices;
 use mocks::{Counters, Device, ExporterConfig, Holder, Load, Names, Stuck, VirtualGpus};
 
 use crate::common::{installed_or_skip, running_workspace};
-use crate::prometheus_world::{Stored, exporter_decisions, installed, openmetrics, prometheus_with, store};
+use crate::prometheus_world::{Stored, exporter_windows, installed, openmetrics, prometheus_with, store};
 
 /// How long each cell's history is, and how often Prometheus (and the exporter source) scrape.
 const HISTORY_SECS: i64 = 40 * 60;
@@ -115,9 +116,24 @@ fn loads() -> Vec<LoadCase> {
     ]
 }
 
+/// The power veto of the matrix's second policy: an A10G drawing this much is kept.
+const VETO_WATTS: f64 = 80.0;
+
 /// What the docs promise for a load in a set-up (README "Readings as real exporters produce
-/// them", docs/policy.md): the set-up decides only which signals exist.
-fn expected(load: Kind, s: &SetUp) -> (&'static str, &'static str) {
+/// them", docs/policy.md): the set-up decides only which signals exist. With the power veto a
+/// GPU drawing `VETO_WATTS` is kept, unless its data is doubtful, the set-up has no power, or it
+/// is a MIG instance (which reports the whole GPU's power).
+fn expected(load: Kind, s: &SetUp, veto: bool) -> (&'static str, &'static str) {
+    let watts = cell_exporter(load, s).1.reading_at(0).power_watts;
+    let vetoed = veto && watts >= VETO_WATTS && s.exporter.counters != Counters::Trimmed && !s.exporter.mig;
+    match expected_without_veto(load, s) {
+        ("unknown", reason) => ("unknown", reason),
+        _ if vetoed => ("keep", "gpu-active"),
+        plain => plain,
+    }
+}
+
+fn expected_without_veto(load: Kind, s: &SetUp) -> (&'static str, &'static str) {
     let sm = s.exporter.sm_active && s.exporter.profiling;
     let energy = s.exporter.counters != Counters::Trimmed;
     match load {
@@ -193,13 +209,19 @@ fn scrapes(end: i64, load: Kind, s: &SetUp, cell: usize, variant: usize) -> Vec<
     out
 }
 
-/// The policy a set-up is judged by: the defaults for 60 s passes, told the exporter's `-c`.
-fn policy(s: &SetUp) -> Policy {
-    Policy {
+/// The policies a set-up is judged by: the defaults for 60 s passes, told the exporter's `-c`;
+/// then the same with a power veto (`active_power_watts`) for the A10G.
+fn policies(s: &SetUp) -> [Policy; 2] {
+    let plain = Policy {
         exporter_collect_interval: Duration::from_secs(s.collect_secs as u64),
         ..Policy::defaults(Duration::from_secs(PASS_SECS as u64))
-    }
+    };
+    let veto = Policy { active_power_watts: vec![("NVIDIA A10G".into(), VETO_WATTS)], ..plain.clone() };
+    [plain, veto]
 }
+
+/// Which of `policies` a table shows.
+const POLICY_NAMES: [&str; 2] = ["the default policy", "a power veto, `active_power_watts = { \"NVIDIA A10G\" = 80.0 }`"];
 
 /// Decides each workspace of one set-up from its windows.
 fn decide_all(now: DateTime<Utc>, windows: &Windows, workspaces: &[Workspace], p: &Policy) -> Vec<Decision> {
@@ -212,6 +234,7 @@ fn windows_for(p: &Policy) -> Windows {
 
 /// One cell's outcome, per source.
 struct Cell {
+    policy: usize,
     load: usize,
     set_up: usize,
     want: (&'static str, &'static str),
@@ -235,29 +258,36 @@ async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources(
     let last_used = now - chrono::Duration::minutes(60);
     let coder = Ownership { namespace: Some("coder".into()), workspace_id_label: None };
     let ownerships = [("", Ownership::default()), (", namespace filter", coder.clone())];
-    let mut cells: Vec<Cell> = Vec::new();
+    let (n_setups, n_loads) = (set_ups.len(), loads.len());
+    let at = |pi: usize, si: usize, li: usize| (pi * n_setups + si) * n_loads + li;
+    let mut cells: Vec<Cell> = (0..POLICY_NAMES.len() * n_setups * n_loads)
+        .map(|i| {
+            let (pi, si, li) = (i / (n_setups * n_loads), i / n_loads % n_setups, i % n_loads);
+            Cell { policy: pi, load: li, set_up: si, want: expected(loads[li].kind, &set_ups[si], pi == 1), got: Vec::new() }
+        })
+        .collect();
+    let pass = Duration::from_secs(PASS_SECS as u64);
     let mut stored = Stored::new();
     for (si, s) in set_ups.iter().enumerate() {
-        let p = policy(s);
-        let index = |li: usize| si * loads.len() + li;
+        let ps = policies(s);
+        let index = |li: usize| si * n_loads + li;
         let histories: Vec<Vec<(i64, String)>> = loads.iter().enumerate().map(|(li, l)| scrapes(end, l.kind, s, index(li), 0)).collect();
-        let workspaces: Vec<Workspace> = (0..loads.len()).map(|li| running_workspace(&ws_id(index(li), 0), last_used)).collect();
-        let mut by_source: Vec<(String, Vec<Decision>)> = Vec::new();
+        let workspaces: Vec<Workspace> = (0..n_loads).map(|li| running_workspace(&ws_id(index(li), 0), last_used)).collect();
         // The exporter source scrapes every cell's exporter each time.
         let texts: Vec<(i64, Vec<String>)> =
             (0..histories[0].len()).map(|i| (histories[0][i].0, histories.iter().map(|h| h[i].1.clone()).collect())).collect();
         for (label, own) in &ownerships {
-            let pass = Duration::from_secs(PASS_SECS as u64);
-            by_source.push((format!("exporter{label}"), exporter_decisions(now, &texts, &workspaces, &p, pass, own)));
+            let windows = exporter_windows(now, &texts, &workspaces, &ps[0], pass, own);
+            for (pi, p) in ps.iter().enumerate() {
+                for (li, d) in decide_all(now, &windows, &workspaces, p).iter().enumerate() {
+                    cells[at(pi, si, li)].got.push((format!("exporter{label}"), outcome(d)));
+                }
+            }
         }
         for (li, l) in loads.iter().enumerate() {
-            let got = by_source.iter().map(|(source, ds)| (source.clone(), outcome(&ds[li]))).collect();
-            cells.push(Cell { load: li, set_up: si, want: expected(l.kind, s), got });
             // `honorLabels: false` stores the exporter source's GPU; `true` a twin of its own.
             for (history, honor) in [(histories[li].clone(), false), (scrapes(end, l.kind, s, index(li), 1), true)] {
-                for (at, text) in history {
-                    store(&mut stored, at, &text, honor);
-                }
+                store(&mut stored, history.iter().map(|(at, text)| (*at, text.as_str())), honor);
             }
         }
     }
@@ -267,36 +297,35 @@ async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources(
         let prom = prometheus_with(&openmetrics(&stored)).await;
         let url = crate::common::url(&prom.url);
         for (label, own) in &ownerships {
-            // One source per set-up policy is not needed: the fetch depends only on the look-back.
-            let p0 = policy(&set_ups[0]);
-            let source = PrometheusSource::new(
-                &url,
-                own.clone(),
-                p0.longest_lookback(),
-                Duration::from_secs(PASS_SECS as u64),
-                Duration::from_secs(30),
-            )
-            .unwrap();
+            // The fetch depends only on the look-back, the same for every set-up's policies, and
+            // asks for the power draw as it does under a power veto (the default policy reads none).
+            let lookback = policies(&set_ups[0])[0].longest_lookback();
+            let power = PrometheusOptions { power: true, ..PrometheusOptions::default() };
+            let timeout = Duration::from_secs(30);
+            let source =
+                PrometheusSource::with_options(&url, own.clone(), lookback, pass, timeout, &Tls::default(), DEFAULT_MAX_BODY, power)
+                    .unwrap();
             let collection = source.collect(now).await;
             assert!(collection.failures.is_empty(), "{:?}", collection.failures);
             for (si, s) in set_ups.iter().enumerate() {
-                let p = policy(s);
+                let ps = policies(s);
                 for (variant, honor) in [(0, "false"), (1, "true")] {
                     let workspaces: Vec<Workspace> =
-                        (0..loads.len()).map(|li| running_workspace(&ws_id(si * loads.len() + li, variant), last_used)).collect();
+                        (0..n_loads).map(|li| running_workspace(&ws_id(si * n_loads + li, variant), last_used)).collect();
                     let ids: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
                     let series: Vec<GpuSeries> =
                         collection.series.iter().filter(|g| g.workspace_id.as_deref().is_some_and(|w| ids.contains(w))).cloned().collect();
-                    let mut windows = windows_for(&p);
+                    let mut windows = windows_for(&ps[0]);
                     merge_collection(
                         &mut windows,
                         &mut Collection { series, step: collection.step, ..Collection::default() },
                         &workspaces,
                         chrono::Duration::zero(),
                     );
-                    for (li, d) in decide_all(now, &windows, &workspaces, &p).iter().enumerate() {
-                        let cell = &mut cells[si * loads.len() + li];
-                        cell.got.push((format!("Prometheus honorLabels {honor}{label}"), outcome(d)));
+                    for (pi, p) in ps.iter().enumerate() {
+                        for (li, d) in decide_all(now, &windows, &workspaces, p).iter().enumerate() {
+                            cells[at(pi, si, li)].got.push((format!("Prometheus honorLabels {honor}{label}"), outcome(d)));
+                        }
                     }
                 }
             }
@@ -308,8 +337,8 @@ async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources(
         for (source, (v, r, m)) in &c.got {
             if (v.as_str(), r.as_str()) != c.want {
                 wrong.push(format!(
-                    "{} in {} via {source}: {v} {r} ({m}), want {} {}",
-                    loads[c.load].name, set_ups[c.set_up].name, c.want.0, c.want.1
+                    "{} in {} under {} via {source}: {v} {r} ({m}), want {} {}",
+                    loads[c.load].name, set_ups[c.set_up].name, POLICY_NAMES[c.policy], c.want.0, c.want.1
                 ));
             }
         }
@@ -323,9 +352,10 @@ async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources(
     );
     let sources = cells[0].got.len();
     eprintln!(
-        "readings matrix: {} loads x {} set-ups x {sources} source variants in {:.1} s ({exporter_secs:.1} s of it rendering and the exporter source)",
+        "readings matrix: {} loads x {} set-ups x {} policies x {sources} source variants in {:.1} s ({exporter_secs:.1} s of it rendering and the exporter source)",
         loads.len(),
         set_ups.len(),
+        POLICY_NAMES.len(),
         started.elapsed().as_secs_f64()
     );
     check_readings_doc(&render_doc(&set_ups, &loads, &cells));
@@ -339,27 +369,30 @@ fn render_doc(set_ups: &[SetUp], loads: &[LoadCase], cells: &[Cell]) -> String {
          Generated by `tests/readings.rs` (`UPDATE_READINGS=1 cargo test --test integration readings` rewrites it); the test fails\n\
          when this file and the service disagree. Each cell is the verdict and reason for one workspace that has run\n\
          the load for 40 minutes, nobody connected for an hour, under the default policy (`idle_after` 30m,\n\
-         60 s passes) told the exporter's collect interval. The same verdict comes from every source: the\n\
+         60 s passes) told the exporter's collect interval, and under the same with a power veto. The same verdict comes from every source: the\n\
          exporter scraped directly, with and without the namespace filter, and Prometheus holding the same\n\
          scrapes as a ServiceMonitor stores them (`honorLabels` false and true), with and without the filter.\n\n\
          `keep` and `unknown` never stop anything; `reclaim` stops the workspace.\n\n",
     );
-    out.push_str("| load |");
-    for s in set_ups {
-        let _ = write!(out, " {} |", s.name);
-    }
-    out.push_str("\n|---|");
-    out.push_str(&"---|".repeat(set_ups.len()));
-    out.push('\n');
-    for (li, l) in loads.iter().enumerate() {
-        let _ = write!(out, "| {} |", l.name);
-        for si in 0..set_ups.len() {
-            let c = &cells[si * loads.len() + li];
-            let _ = write!(out, " {} `{}` |", c.want.0, c.want.1);
+    for (pi, policy) in POLICY_NAMES.iter().enumerate() {
+        let _ = write!(out, "## Under {policy}\n\n| load |");
+        for s in set_ups {
+            let _ = write!(out, " {} |", s.name);
+        }
+        out.push_str("\n|---|");
+        out.push_str(&"---|".repeat(set_ups.len()));
+        out.push('\n');
+        for (li, l) in loads.iter().enumerate() {
+            let _ = write!(out, "| {} |", l.name);
+            for si in 0..set_ups.len() {
+                let c = &cells[(pi * set_ups.len() + si) * loads.len() + li];
+                let _ = write!(out, " {} `{}` |", c.want.0, c.want.1);
+            }
+            out.push('\n');
         }
         out.push('\n');
     }
-    out.push_str("\n## Set-ups\n\n");
+    out.push_str("## Set-ups\n\n");
     for s in set_ups {
         let _ = writeln!(out, "- **{}**: {}.", s.name, s.what);
     }
@@ -377,7 +410,9 @@ fn render_doc(set_ups: &[SetUp], loads: &[LoadCase], cells: &[Cell]) -> String {
          - On MIG there is no `GPU_UTIL`: a stuck GR_ENGINE_ACTIVE is told by the busy tensor pipes, and busy \
          device memory alone (copy-only work) keeps an instance.\n\
          - Set `exporter_collect_interval` to the exporter's `-c`: frozen data needs two collections without the \
-         counter rising.\n",
+         counter rising.\n\
+         - A power veto needs the power field (not in a trimmed counters file), and never applies to a MIG instance: \
+         every instance reports the whole GPU's power.\n",
     );
     out
 }
