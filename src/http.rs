@@ -211,7 +211,8 @@ pub struct BudgetedBody {
 /// flight hold the whole budget, this one stops with `BodyError::OverBudget` (never waits: a
 /// wait could deadlock bodies that each hold part of it).
 pub async fn read_limited_within(resp: reqwest::Response, limit: usize, budget: &BodyBudget) -> Result<BudgetedBody, BodyError> {
-    let mut buf = BytesMut::new();
+    // The chunks as they came (no buffer that doubles as it grows), joined once at the end.
+    let mut chunks: Vec<Bytes> = Vec::new();
     let mut share: Option<tokio::sync::OwnedSemaphorePermit> = None;
     for_each_chunk(
         resp,
@@ -224,12 +225,20 @@ pub async fn read_limited_within(resp: reqwest::Response, limit: usize, budget: 
                 Some(s) => s.merge(more),
                 None => share = Some(more),
             }
-            buf.extend_from_slice(chunk);
+            chunks.push(Bytes::copy_from_slice(chunk));
             Ok(())
         },
     )
     .await?;
-    Ok(BudgetedBody { bytes: buf.freeze(), _share: share })
+    let bytes = match chunks.len() {
+        1 => chunks.remove(0),
+        _ => {
+            let mut whole = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+            chunks.drain(..).for_each(|c| whole.extend_from_slice(&c));
+            whole.freeze()
+        }
+    };
+    Ok(BudgetedBody { bytes, _share: share })
 }
 
 /// Why a body could not be read as it streamed in.

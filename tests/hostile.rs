@@ -513,3 +513,109 @@ async fn webhook_deliveries_in_flight_at_shutdown_are_not_dropped_silently() {
     assert!(!svc.raw().contains("B000/XXXX"), "the webhook's secret path is never logged");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// An exposition line of one GPU `i` on the pod of workspace `ws`.
+fn gpu_line(i: usize, ws: &str) -> String {
+    format!(
+        "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"GPU-{i:08x}-0000-0000-0000-000000000000\",modelName=\"NVIDIA A10G\",namespace=\"coder\",pod=\"coder-{ws}-6d9f8b7c5-x2x9k\"}} 0\n"
+    )
+}
+
+/// The finding: a 15 MB body naming 100,000 GPUs took the service to 473 MB (here 80,000 in 15 MB). One scrape now
+/// holds at most `max_gpus_per_exporter` (512) series: that exporter fails, nothing is created.
+#[tokio::test]
+async fn an_exporter_naming_too_many_gpus_fails_and_memory_stays_bounded() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let body: String = (0..80_000).map(|i| gpu_line(i, &uuid::Uuid::new_v4().to_string())).collect();
+    assert!(body.len() < 16 << 20, "under the body limit: {} bytes", body.len());
+    let url = serve(Router::new().route("/metrics", get(move || async move { body }))).await;
+    let svc = Service::start(&coder, &[format!("{url}/metrics")], &coder.owner_token(), &[]);
+    let failed = svc.wait_event("scrape_failed", Duration::from_secs(20)).await;
+    assert!(failed["error"].as_str().unwrap().contains("more than 512 distinct GPU series"), "{failed}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let peak = peak_rss_kib(svc.pid());
+    assert!(peak > 0 && peak < 128 * 1024, "peak RSS {peak} KiB");
+}
+
+/// The finding: an exporter naming new GPU ids on every scrape grew the windows without end.
+/// A running workspace gets at most 64 GPU windows, however many its pod is said to have.
+#[tokio::test]
+async fn new_gpu_ids_on_every_scrape_grow_no_more_than_64_windows() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| w.ws_index(a).is_some_and(|i| w.is_running(&w.workspaces[i]))).await;
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ws = a.to_string();
+    let url = serve(Router::new().route(
+        "/metrics",
+        get(move || {
+            let (next, ws) = (next.clone(), ws.clone());
+            async move {
+                let from = next.fetch_add(300, std::sync::atomic::Ordering::SeqCst);
+                (from..from + 300).map(|i| gpu_line(i, &ws)).collect::<String>()
+            }
+        }),
+    ))
+    .await;
+    let svc = Service::start(&coder, &[format!("{url}/metrics")], &coder.owner_token(), &[]);
+    let addr = svc.addr().await;
+    tokio::time::sleep(Duration::from_secs(8)).await; // 8 passes and samples: 2,400+ GPU ids
+    let status: serde_json::Value = reqwest::get(format!("http://{addr}/api/v1/workspaces/{a}")).await.unwrap().json().await.unwrap();
+    let gpus = status["gpus"].as_array().unwrap().len();
+    assert!((1..=64).contains(&gpus), "{gpus} GPU windows for one workspace");
+    let peak = peak_rss_kib(svc.pid());
+    assert!(peak > 0 && peak < 128 * 1024, "peak RSS {peak} KiB");
+}
+
+/// The finding: 32 endless exporters, each under its own 16 MiB limit, reached 258 MB
+/// together. The scrapes in flight now share a 32 MiB budget.
+#[tokio::test]
+async fn endless_exporters_together_stay_within_the_in_flight_budget() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let line = "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-1\",pod=\"x\"} 0\n".to_string();
+    let url = serve(Router::new().route(
+        "/metrics",
+        get(move || {
+            let line = line.clone();
+            async move { endless("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n", line) }
+        }),
+    ))
+    .await;
+    // 32 exporters: the same endless server under 32 names (a query string apiece).
+    let urls: Vec<String> = (0..32).map(|i| format!("{url}/metrics?node={i}")).collect();
+    let svc = Service::start(&coder, &urls, &coder.owner_token(), &[]);
+    let failed = svc.wait_event("scrape_failed", Duration::from_secs(20)).await;
+    assert!(failed["error"].as_str().unwrap().contains("limit") || failed["error"].as_str().unwrap().contains("budget"), "{failed}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let budget_hits = svc.events("scrape_failed").iter().filter(|e| e["error"].as_str().unwrap_or("").contains("in-flight budget")).count();
+    assert!(budget_hits > 0, "the budget cut some off:\n{}", svc.raw());
+    let peak = peak_rss_kib(svc.pid());
+    assert!(peak > 0 && peak < 128 * 1024, "peak RSS {peak} KiB with 32 endless exporters");
+}
+
+/// The finding: an 847 KB answer on the wire grew the service to 1.47 GB. A pass's answers now
+/// name at most `max_gpu_series` GPUs (20,000), and a series holds only the steps asked for.
+#[tokio::test]
+async fn a_prometheus_answer_naming_too_many_gpus_fails_and_memory_stays_bounded() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    // One answer for every query: 30,000 GPUs, each with points far outside any step.
+    let mut result = String::from("{\"status\":\"success\",\"data\":{\"resultType\":\"matrix\",\"result\":[");
+    let points: String = (0..5).map(|i| format!("[{},\"0\"],", 1_000_000_000 + i)).collect::<String>();
+    for i in 0..30_000 {
+        if i > 0 {
+            result.push(',');
+        }
+        result.push_str(&format!(
+            "{{\"metric\":{{\"UUID\":\"GPU-{i:08x}\",\"pod\":\"coder-{}-6d9f8b7c5-x2x9k\",\"namespace\":\"coder\"}},\"values\":[{}[1000000099,\"0\"]]}}",
+            uuid::Uuid::new_v4(),
+            points
+        ));
+    }
+    result.push_str("]}}");
+    let url = serve(Router::new().route("/api/v1/query_range", get(move || async move { result }))).await;
+    let svc = Service::start_url(&coder.url(), &[], &coder.owner_token(), &["--prometheus-url", &url]);
+    let failed = svc.wait_event("scrape_failed", Duration::from_secs(30)).await;
+    assert!(failed["error"].as_str().unwrap().contains("more than 20000 distinct GPU series"), "{failed}");
+    let peak = peak_rss_kib(svc.pid());
+    assert!(peak > 0 && peak < 128 * 1024, "peak RSS {peak} KiB");
+}

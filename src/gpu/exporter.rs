@@ -29,8 +29,8 @@ pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 /// instances, and virtual-GPU mode repeats a device once per pod; 512 is far above any of them.
 pub const DEFAULT_MAX_GPUS: usize = 512;
 /// What the bodies of the scrapes in flight may hold together (32 at a time, 16 MiB each
-/// would be 512 MiB): real bodies are about 100 KB.
-pub const DEFAULT_IN_FLIGHT_BUDGET: usize = 64 << 20;
+/// would be 512 MiB): real bodies are about 100 KB, so 32 of them are 3 MB.
+pub const DEFAULT_IN_FLIGHT_BUDGET: usize = 32 << 20;
 
 /// How much one exporter may send, and all of them together.
 #[derive(Debug, Clone)]

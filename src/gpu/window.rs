@@ -429,7 +429,7 @@ mod tests {
     }
 
     #[test]
-    fn many_series_on_one_workspace_are_found_by_key() {
+    fn many_series_on_one_workspace_are_found_by_key_and_capped() {
         let mut ws = Windows::new(Duration::seconds(600), std::time::Duration::from_secs(10));
         let reading = |i: usize, at: i64| series(&format!("GPU-{i}"), "a", at);
         for at in [0, 10] {
@@ -439,10 +439,11 @@ mod tests {
             ws.flush();
         }
         let gpus = ws.get("a").unwrap();
-        assert_eq!(gpus.len(), 20_000);
+        assert_eq!(gpus.len(), MAX_GPUS_PER_WORKSPACE, "a source naming 20,000 GPUs for one pod gets 64 windows");
         assert!(gpus.iter().all(|w| w.samples.len() == 2), "each series kept its own window");
+        assert!(gpus.iter().enumerate().all(|(i, w)| w.key.uuid == format!("GPU-{i}")), "the first ones, found again by key");
         ws.prune(t(605), &HashSet::from(["a"]));
-        assert_eq!(ws.sample_count(), 20_000, "the first samples aged out");
+        assert_eq!(ws.sample_count(), MAX_GPUS_PER_WORKSPACE, "the first samples aged out");
         ws.record(&reading(7, 20), None, false);
         ws.flush();
         assert_eq!(ws.get("a").unwrap()[7].samples.len(), 2, "the index still finds keys after pruning");
