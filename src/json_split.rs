@@ -113,6 +113,12 @@ impl Splitter {
         Ok(())
     }
 
+    /// Bytes held now (the element being read and the rest of the document): never more than
+    /// about twice `max_piece` plus the nesting, whatever a peer sends (property-tested).
+    pub fn held(&self) -> usize {
+        self.element.len() + self.rest.len() + self.stack.len() + self.key.as_ref().map_or(0, Vec::len)
+    }
+
     /// The document without the target array's elements; a document cut short is an error.
     pub fn finish(self) -> Result<Vec<u8>, String> {
         if self.in_element || self.in_string || !self.stack.is_empty() {

@@ -332,6 +332,50 @@ proptest! {
         let _ = coder_gpu_reclaimer::gpu::prometheus::read_answer(200, &real, &mut |_| {});
     }
 
+    /// Whatever an exporter sends, one scrape holds at most its cap of GPU series and at most one
+    /// point per series per scrape (memory measured by what the parse keeps).
+    #[test]
+    fn an_exposition_holds_at_most_its_cap_of_gpus(ids in proptest::collection::vec(0usize..5_000, 0..1_500), cap in 1usize..64) {
+        let body: String = ids.iter().map(|i| gpu_line(*i, "0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70")).collect();
+        let (series, _, over) = coder_gpu_reclaimer::gpu::series_from_exposition_capped(
+            &body,
+            chrono::Utc::now(),
+            &std::sync::Arc::from("x"),
+            &coder_gpu_reclaimer::gpu::Ownership::default(),
+            cap,
+        );
+        let distinct: std::collections::HashSet<usize> = ids.iter().copied().collect();
+        prop_assert!(series.len() <= cap);
+        prop_assert_eq!(over, distinct.len() > cap);
+        prop_assert!(series.iter().all(|s| s.points.len() <= 1), "one scrape, one point per GPU");
+    }
+
+    /// The JSON splitter holds at most about two pieces, whatever the bytes and however they are
+    /// chunked: an element past the piece limit is an error, not a bigger buffer.
+    #[test]
+    fn the_splitter_holds_at_most_two_pieces(
+        body in "\\{\"workspaces\":\\[(\\{\"id\":\"[a-z0-9]{0,300}\",\"n\":\\[[0-9,]{0,200}\\]\\},?){0,40}",
+        chunk in 1usize..512,
+        max_piece in 64usize..1024,
+    ) {
+        let mut split = Splitter::new(&["workspaces"], max_piece);
+        let mut largest_element = 0;
+        let mut peak = 0;
+        for piece in body.as_bytes().chunks(chunk) {
+            let mut on_element = |e: &[u8]| {
+                largest_element = largest_element.max(e.len());
+                Ok(())
+            };
+            let fed = split.feed(piece, &mut on_element);
+            peak = peak.max(split.held());
+            if fed.is_err() {
+                break;
+            }
+        }
+        prop_assert!(largest_element <= max_piece, "an element of {} bytes passed a limit of {}", largest_element, max_piece);
+        prop_assert!(peak <= 2 * max_piece + chunk + 256, "held {} bytes with pieces of {}", peak, max_piece);
+    }
+
     /// The exposition parser, fed arbitrary bytes as text, never panics.
     #[test]
     fn exposition_never_panics(text in "\\PC{0,600}") {
