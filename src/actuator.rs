@@ -1,5 +1,6 @@
 //! The actuator: the only code with side effects toward Coder or people (stop builds, TTL
-//! restores, warnings, webhook events, audit lines), and the one place that reads the mode.
+//! restores, warnings, webhook events, audit lines), and the one place that decides by the mode
+//! (`acts`; other modules only show it or phrase texts with it, see `mode`).
 //!
 //! It tracks every stop across passes, keyed by workspace, through the states of
 //! `stop_lifecycle` (each change one audit line): a stop build is followed until its job is
@@ -19,10 +20,12 @@ use tokio::sync::watch;
 use crate::audit::{AuditEvent, AuditKind, AuditLog, Notifier};
 use crate::coder::types::{Transition, WorkspaceBuild};
 use crate::coder::{CoderClient, ErrorKind, StopOutcome};
-use crate::decide::{Verdict, human};
+use crate::decide::Verdict;
+use crate::duration::human;
 use crate::error::Error;
 use crate::evaluate::Evaluation;
 use crate::metrics::{Metrics, StopFailureLabels, StopLabels};
+use crate::mode::Mode;
 use crate::retry::RetryPolicy;
 use crate::startup::Identity;
 use crate::stop_lifecycle::{JobChange, StopState, provisioners_answer};
@@ -41,46 +44,19 @@ pub fn require_permissions(mode: Mode, identity: &Identity) -> Result<(), Error>
     if let Some(why) = identity.cannot_read() {
         return Err(Error::Config(why));
     }
-    match (mode, identity.cannot_stop()) {
-        (_, None) => Ok(()),
-        (Mode::Enforce, Some(why)) => Err(Error::Config(why)),
-        (Mode::Observe, Some(why)) => {
+    match identity.cannot_stop() {
+        None => Ok(()),
+        Some(why) if acts(mode) => Err(Error::Config(why)),
+        Some(why) => {
             tracing::warn!(event = "permission_missing", "{why}; observe mode goes on, but --enforce would refuse to start");
             Ok(())
         }
     }
 }
 
-/// Observe (report only) or enforce (send stop builds).
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub enum Mode {
-    Observe,
-    Enforce,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Observe => "observe",
-            Mode::Enforce => "enforce",
-        }
-    }
-
-    fn describe(self) -> &'static str {
-        match self {
-            Mode::Observe => "observe mode: decisions are logged and reported, nothing is stopped (pass --enforce to act)",
-            Mode::Enforce => "enforce mode: idle workspaces are stopped with Coder stop builds",
-        }
-    }
-
-    /// The countdown of a warning, as people read it in the status API and the template's
-    /// metadata: only enforce mode promises a stop.
-    pub fn countdown(self, left: Duration) -> String {
-        match self {
-            Mode::Enforce => format!("stops in {} unless it becomes active", human(left)),
-            Mode::Observe => format!("would stop in {} unless it becomes active (observe mode: nothing is stopped)", human(left)),
-        }
-    }
+/// Whether the mode sends stop builds: the one place in the crate where the mode is checked.
+fn acts(mode: Mode) -> bool {
+    mode == Mode::Enforce
 }
 
 #[derive(Debug, Clone)]
@@ -104,19 +80,20 @@ struct TrackedStop {
     state: StopState,
 }
 
-/// Where stop events go besides the logs.
+/// Where stop events go besides the logs. Its fields are private: only the actuator writes to
+/// them.
 #[derive(Default, Clone)]
 pub struct Outputs {
-    pub audit: Option<Arc<AuditLog>>,
-    pub notifier: Option<Notifier>,
+    audit: Option<Arc<AuditLog>>,
+    notifier: Option<Notifier>,
 }
 
 impl Outputs {
-    /// Opens the audit log and builds the webhook client named in the settings.
-    pub fn open(settings: &crate::config::Settings) -> Result<Self, Error> {
+    /// Opens the audit log and builds the webhook client the settings name.
+    pub fn open(audit_log: Option<&std::path::Path>, notify_webhook: Option<reqwest::Url>, tls: &crate::http::Tls) -> Result<Self, Error> {
         Ok(Outputs {
-            audit: settings.audit_log.as_deref().map(AuditLog::open).transpose()?.map(Arc::new),
-            notifier: settings.notify_webhook.clone().map(|url| Notifier::new(url, &settings.tls)).transpose()?,
+            audit: audit_log.map(AuditLog::open).transpose()?.map(Arc::new),
+            notifier: notify_webhook.map(|url| Notifier::new(url, tls)).transpose()?,
         })
     }
 }
@@ -212,10 +189,6 @@ impl Actuator {
         }
     }
 
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
     /// The token's user changed (a rotated token of another account): its stops are ours.
     pub fn set_self_id(&mut self, id: String) {
         self.self_id = Some(id);
@@ -250,8 +223,7 @@ impl Actuator {
     pub async fn act(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) -> ActReport {
         let now = eval.now;
         let mut report = ActReport::default();
-        // The one place the mode is checked.
-        if self.mode == Mode::Observe {
+        if !acts(self.mode) {
             self.announce_warnings(eval, AuditKind::WouldWarn);
             self.observe(eval, &mut report);
             return report;

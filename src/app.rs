@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use crate::accounting::Accounting;
 use crate::actuator::require_permissions;
-use crate::actuator::{ActReport, Actuator, Mode, Outputs, StopLimits};
+use crate::actuator::{ActReport, Actuator, Outputs, StopLimits};
 use crate::coder::types::Workspace;
 use crate::coder::{ClientOptions, CoderClient, CoderError, TokenSource};
 use crate::config::{GpuSourceSettings, Settings};
@@ -23,6 +23,7 @@ use crate::gpu::exporter::{ExporterLimits, ExporterSource};
 use crate::gpu::prometheus::{PrometheusOptions, PrometheusSource};
 use crate::http::Secret;
 use crate::metrics::Metrics;
+use crate::mode::Mode;
 use crate::report::TokenProblem;
 use crate::report::{self, State};
 use crate::startup::{Identity, connect};
@@ -115,7 +116,7 @@ impl Application {
         let coder = coder_client(settings, &metrics)?;
         let source = gpu_source(settings)?;
         let outputs = match role {
-            Role::Run => Some(Outputs::open(settings)?),
+            Role::Run => Some(Outputs::open(settings.audit_log.as_deref(), settings.notify_webhook.clone(), &settings.tls)?),
             Role::Plan => None,
         };
         let mode = match role {

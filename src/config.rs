@@ -11,7 +11,6 @@ use std::time::Duration;
 use reqwest::Url;
 use serde::Deserialize;
 
-use crate::actuator::Mode;
 use crate::cli::{CommonArgs, LogFormat, RunOptions};
 use crate::coder::SessionToken;
 use crate::error::Error;
@@ -19,6 +18,7 @@ use crate::gpu::Ownership;
 use crate::gpu::exporter::ExporterTarget;
 use crate::gpu::prometheus::PrometheusOptions;
 use crate::http::{Secret, Tls, http_url};
+use crate::mode::Mode;
 use crate::policy::{Policy, ReclaimWhen, Rule};
 use crate::retry::RetryPolicy;
 

@@ -7,8 +7,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
-use crate::duration::chrono as dur;
-pub use crate::duration::human;
+use crate::duration::{chrono as dur, human};
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
 use crate::policy::{Policy, ReclaimWhen, Thresholds};

@@ -8,7 +8,8 @@ use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
 
-use crate::decide::{Reason, Verdict, human};
+use crate::decide::{Reason, Verdict};
+use crate::duration::human;
 use crate::status::{StatusDocument, WorkspaceStatus};
 
 /// HTML-escapes text for element content and attribute values.
