@@ -36,4 +36,29 @@ impl Mode {
             Mode::Observe => format!("would stop in {} unless it becomes active (observe mode: nothing is stopped)", human(left)),
         }
     }
+
+    /// The mode a status document names: `enforce`, or else observe (`plan` and `observe`),
+    /// which promises nothing.
+    pub fn of_document(name: &str) -> Mode {
+        match name {
+            "enforce" => Mode::Enforce,
+            _ => Mode::Observe,
+        }
+    }
+
+    /// What the status page says of a workspace chosen for a stop.
+    pub fn stop_words(self) -> &'static str {
+        match self {
+            Mode::Enforce => "to be stopped",
+            Mode::Observe => "would be stopped (observe mode)",
+        }
+    }
+
+    /// What the status page says of a warned workspace.
+    pub fn warned_words(self) -> &'static str {
+        match self {
+            Mode::Enforce => "warned: stops unless it becomes active",
+            Mode::Observe => "warned: would be stopped unless it becomes active (observe mode)",
+        }
+    }
 }
