@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::mode::Mode;
 use crate::report::TokenProblem;
 use crate::report::{self, State};
-use crate::startup::{Identity, connect};
+use crate::startup::connect;
 
 /// What the service is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,6 @@ pub struct Application {
     pub evaluator: Evaluator,
     /// `None` for `plan`: nothing can act.
     pub actuator: Option<Actuator>,
-    pub identity: Identity,
     pub coder: CoderClient,
     /// How warnings are phrased in the report (plan reports as observe).
     mode: Mode,
@@ -144,7 +143,6 @@ impl Application {
             state,
             evaluator,
             actuator,
-            identity,
             coder,
             mode,
             token_checked: Instant::now(),
@@ -183,7 +181,6 @@ impl Application {
                     a.set_self_id(identity.user_id.clone());
                 }
                 self.evaluator.forget_permissions();
-                self.identity = identity;
             }
             Err(e) => tracing::warn!(event = "token_check_failed", error = %e, "cannot ask Coder about the token; trying again next pass"),
         }

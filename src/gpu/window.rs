@@ -115,10 +115,6 @@ impl GpuWindow {
         self.since(t).count()
     }
 
-    pub fn max_since(&self, signal: Signal, t: DateTime<Utc>) -> Option<f64> {
-        self.since(t).filter_map(|s| s.values.get(signal)).reduce(f64::max)
-    }
-
     pub fn latest_value(&self, signal: Signal) -> Option<f64> {
         self.samples.iter().rev().find_map(|s| s.values.get(signal))
     }
@@ -412,7 +408,7 @@ mod tests {
     fn duplicate_and_older_samples_are_ignored() {
         let w = window(&[(0, 0.0), (60, 0.5), (60, 0.9), (30, 0.9)]);
         assert_eq!(w.samples.len(), 2);
-        assert_eq!(w.max_since(Signal::GpuUtil, t(0)), Some(0.5));
+        assert_eq!(w.latest_value(Signal::GpuUtil), Some(0.5));
     }
 
     /// One GPU's series with one idle point at `at`.
