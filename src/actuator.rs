@@ -206,15 +206,24 @@ impl Actuator {
         self.tracked.len()
     }
 
-    fn announce(&self, event: &AuditEvent, to_audit: bool) {
-        if to_audit {
-            if let Some(a) = &self.outputs.audit {
-                a.append(event);
-            }
+    /// Writes one audit line: the one way the actuator writes to the audit log.
+    fn audit(&self, event: &AuditEvent) {
+        if let Some(a) = &self.outputs.audit {
+            a.append(event);
         }
+    }
+
+    /// Sends one event to the webhook.
+    fn notify(&self, event: &AuditEvent) {
         if let Some(n) = &self.outputs.notifier {
             n.send(event);
         }
+    }
+
+    /// An audit line and a webhook event.
+    fn announce(&self, event: &AuditEvent) {
+        self.audit(event);
+        self.notify(event);
     }
 
     /// Acts on one evaluation: announces warnings that began, sends the stops the fleet rules
@@ -232,6 +241,8 @@ impl Actuator {
         self.resumed(eval);
         self.follow(now, &mut report).await;
         self.reconcile(eval);
+        // A tripped breaker (`apply_fleet_rules`, which then orders no stop) holds back retries
+        // too: no stop build is sent this pass.
         if eval.fleet.breaker.is_none() {
             let candidates = self.candidates(eval);
             for c in candidates {
@@ -250,16 +261,17 @@ impl Actuator {
         for &i in &eval.new_warnings {
             let event = AuditEvent::new(kind, eval.now, self.mode.as_str(), &eval.workspaces[i], &eval.decisions[i]);
             tracing::info!(event = kind.as_str(), workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, stop_at = ?event.stop_at, "{}", event.text());
-            self.announce(&event, false);
+            self.notify(&event);
         }
     }
 
     /// Observe mode: report each would-stop once per idle episode, and would-be TTL restores.
     fn observe(&mut self, eval: &Evaluation, report: &mut ActReport) {
-        let chosen: Vec<usize> = if eval.fleet.breaker.is_none() { eval.fleet.stop_order.clone() } else { Vec::new() };
+        // A tripped breaker leaves the order empty (`apply_fleet_rules`).
+        let chosen = &eval.fleet.stop_order;
         let current: HashSet<&str> = chosen.iter().map(|&i| eval.decisions[i].workspace_id.as_str()).collect();
         self.reported.retain(|id| current.contains(id.as_str()));
-        for i in chosen {
+        for &i in chosen {
             let ws = &eval.workspaces[i];
             if !self.reported.insert(ws.id.clone()) {
                 continue;
@@ -267,7 +279,7 @@ impl Actuator {
             let event = stop_event(AuditKind::WouldStop, eval, i, self.mode);
             tracing::info!(event = "would_stop", workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, "{}", event.message);
             self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "observe" }).inc();
-            self.announce(&event, true);
+            self.announce(&event);
             report.would_stop.push(event.workspace_id);
         }
         for (ws, d) in eval.workspaces.iter().zip(&eval.decisions) {
@@ -290,9 +302,7 @@ impl Actuator {
                 ..done
             };
             tracing::info!(event = "resumed", workspace_id = %ws.id, gpu_seconds_given_back = event.gpu_seconds_given_back, "a workspace this service stopped runs again");
-            if let Some(a) = &self.outputs.audit {
-                a.append(&event);
-            }
+            self.audit(&event);
         }
         self.stopped.retain(|_, (_, at)| eval.now - *at < Duration::days(8));
     }
@@ -459,15 +469,13 @@ impl Actuator {
         let (event, attempts) = (t.event.clone(), t.attempts);
         tracing::info!(event = "stop_sent", workspace_id = %id, owner = %event.owner, reason = event.reason, build_id = %build_id, attempt = attempts, reply_lost = lost_reply, "{}", event.message);
         self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "enforce" }).inc();
-        self.announce(&event, true);
+        self.announce(&event);
         report.stops_sent.push(id);
     }
 
     /// Writes the audit line of a stop's change of state (once per change).
     fn audit_change(&self, t: &TrackedStop, kind: AuditKind, now: DateTime<Utc>) {
-        if let Some(a) = &self.outputs.audit {
-            a.append(&AuditEvent { event: kind, time: now, attempts: Some(t.attempts), ..t.event.clone() });
-        }
+        self.audit(&AuditEvent { event: kind, time: now, attempts: Some(t.attempts), ..t.event.clone() });
     }
 
     /// A refused POST or a failed stop build: back off, or abandon after the last attempt.
@@ -496,7 +504,7 @@ impl Actuator {
         let event = AuditEvent { event: AuditKind::StopAbandoned, time: now, attempts: Some(t.attempts), ..t.event };
         tracing::error!(event = "stop_abandoned", workspace_id = %id, owner = %event.owner, attempts = t.attempts, "giving up on stopping this workspace until its next build; look at its build log, the provisioners and the token's permissions in Coder");
         self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "abandoned" }).inc();
-        self.announce(&event, true);
+        self.announce(&event);
         report.abandoned.push(id.to_string());
     }
 
@@ -537,9 +545,7 @@ impl Actuator {
                     tracing::info!(event = "stop_done", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, "the workspace is stopped; its GPU is free");
                     report.stops_done.push(id.clone());
                     let done = AuditEvent { event: AuditKind::StopDone, time: now, ..t.event };
-                    if let Some(a) = &self.outputs.audit {
-                        a.append(&done);
-                    }
+                    self.audit(&done);
                     self.stopped.insert(id.clone(), (done, now));
                     continue;
                 }
@@ -614,9 +620,7 @@ impl Actuator {
                     let e = AuditEvent::new(AuditKind::RestoreTtl, eval.now, self.mode.as_str(), ws, d);
                     tracing::info!(event = "restore_ttl", workspace_id = %e.workspace_id, owner = %e.owner, ttl_ms = ttl, "set the autostop TTL back");
                     self.metrics.ttl_restores.inc();
-                    if let Some(a) = &self.outputs.audit {
-                        a.append(&e);
-                    }
+                    self.audit(&e);
                 }
                 Err(err) if matches!(err.kind, ErrorKind::Status(400) | ErrorKind::NoPermission) => {
                     tracing::warn!(event = "restore_ttl_refused", workspace_id = %ws.id, template = %ws.template_name, error = %err, "Coder refuses this workspace's autostop TTL (the template forbids a user TTL, or the token may not update it): not asked again until its template version changes; set the TTL in the template instead");
