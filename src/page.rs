@@ -225,39 +225,8 @@ mod tests {
         assert_eq!(escape(r#"<script>alert("x")</script>&'"#), "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#39;");
     }
 
-    #[test]
-    fn only_enforce_mode_promises_a_stop() {
-        let mut w = WorkspaceStatus {
-            id: "w".into(),
-            name: "w".into(),
-            owner: "o".into(),
-            template: "t".into(),
-            verdict: Verdict::Reclaim,
-            reason: Reason::Idle,
-            message: String::new(),
-            gpu_idle_seconds: None,
-            connection_idle_seconds: 0,
-            last_used_at: DateTime::UNIX_EPOCH,
-            stop_at: None,
-            gpus: Vec::new(),
-            activity: Vec::new(),
-        };
-        for (verdict, reason) in [(Verdict::Reclaim, Reason::Idle), (Verdict::Reclaim, Reason::MaxLifetime), (Verdict::Warn, Reason::Idle)]
-        {
-            (w.verdict, w.reason) = (verdict, reason);
-            let observe = in_words(&w, Mode::of_document("observe"));
-            let plan = in_words(&w, Mode::of_document("plan"));
-            let enforce = in_words(&w, Mode::of_document("enforce"));
-            assert!(observe.starts_with("would ") || observe.contains(": would "), "{observe}");
-            assert!(!observe.contains("to be stopped") && !observe.contains("stops unless"), "{observe}");
-            assert_eq!(plan, observe, "plan promises nothing either");
-            assert!(!enforce.contains("would"), "{enforce}");
-        }
-    }
-
-    #[test]
-    fn the_page_in_observe_mode_promises_no_stop() {
-        let row = |verdict, reason, message: &str| WorkspaceStatus {
+    fn row(verdict: Verdict, reason: Reason, message: &str) -> WorkspaceStatus {
+        WorkspaceStatus {
             id: "w".into(),
             name: "w".into(),
             owner: "o".into(),
@@ -271,7 +240,28 @@ mod tests {
             stop_at: Some(DateTime::UNIX_EPOCH),
             gpus: Vec::new(),
             activity: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn only_enforce_mode_promises_a_stop() {
+        for (verdict, reason) in [(Verdict::Reclaim, Reason::Idle), (Verdict::Reclaim, Reason::MaxLifetime), (Verdict::Warn, Reason::Idle)]
+        {
+            let w = row(verdict, reason, "");
+            let observe = in_words(&w, Mode::of_document("observe"));
+            let plan = in_words(&w, Mode::of_document("plan"));
+            let enforce = in_words(&w, Mode::of_document("enforce"));
+            assert!(
+                observe.contains("would be stopped") && !observe.contains("to be stopped") && !observe.contains("stops unless"),
+                "{observe}"
+            );
+            assert_eq!(plan, observe, "plan promises nothing either");
+            assert!(!enforce.contains("would"), "{enforce}");
+        }
+    }
+
+    #[test]
+    fn the_page_in_observe_mode_promises_no_stop() {
         for name in ["observe", "plan", "enforce"] {
             let mut doc = StatusDocument::empty(name);
             let left = chrono::Duration::minutes(10);
