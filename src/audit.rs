@@ -1,7 +1,8 @@
 //! Where stop events go besides the logs: the audit trail (one JSON line per change of a stop's
 //! state (see `stop_lifecycle`), per would-stop, TTL restore and resumed workspace, appended
 //! and flushed at once: `--audit-log`) and the webhook
-//! (a JSON event on each warning and stop, Slack-compatible `text`: `--notify-webhook`). Coder
+//! (a JSON event on each warning, each stop sent or that would be, and each abandoned stop,
+//! Slack-compatible `text`: `--notify-webhook`). Coder
 //! itself cannot message another user. Only the actuator calls these; the texts say "would"
 //! whenever the event's kind is an observe-mode one, so no text promises a stop that cannot
 //! happen. Webhook failures are logged and never block a stop.

@@ -1,8 +1,10 @@
 //! What every outgoing HTTP client shares: parsing the URLs people configure, building clients
 //! that never follow a redirect and trust the configured extra CAs, reading bodies with a byte
-//! limit (whole, or split as they stream in), reading small secret files with a size limit, and
-//! writing URLs into logs and labels without their secrets. A leaf module: `coder/`, `gpu/` and `audit` use it; it uses nothing of this
-//! crate but `error` and `json_split`.
+//! limit (whole, or split as they stream in), the GPU sources' request preamble (`send`: no
+//! answer in words, a redirect refused), reading small secret files with a size limit, and
+//! writing URLs into logs and labels without their secrets. Below every module that talks HTTP
+//! (`coder/`, `gpu/`, `audit`, the commands); it uses nothing of this crate but `error` and
+//! `json_split`.
 
 use std::path::Path;
 use std::time::Duration;

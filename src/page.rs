@@ -1,8 +1,9 @@
 //! The status page at `/`: the status document as one server-rendered HTML page with no external
 //! assets and no build chain (inline CSS, inline SVG sparklines, a small inline script that
-//! reloads every 30 s). A fleet summary first, then one row per GPU workspace, what will be
-//! stopped first. Every string from Coder is escaped; nothing secret is on it (the document
-//! holds no token, and URLs are not shown).
+//! reloads every 30 s). A fleet summary first, then one row per GPU workspace, the reclaims
+//! first, in words phrased by the mode (`Mode::stop_words`: only enforce mode promises a stop).
+//! Every string from Coder is escaped; nothing secret is on it (the document holds no token, and
+//! URLs are not shown).
 
 use std::fmt::Write as _;
 
@@ -29,7 +30,7 @@ pub fn escape(s: &str) -> String {
     out
 }
 
-/// The order rows are shown in: what will be stopped first.
+/// The order rows are shown in: the reclaims first, then the warned.
 fn rank(v: Verdict) -> u8 {
     match v {
         Verdict::Reclaim => 0,

@@ -1,5 +1,5 @@
 //! Per-workspace, per-GPU windows of samples over time, and the figures the decisions need:
-//! latest and max per signal over a span, sample count, first and last sample, the longest gap,
+//! the latest value per signal, the sample count over a span, first and last sample, the longest gap,
 //! since when a GPU has been continuously not compute-active, and since when its energy counter
 //! has not risen (frozen data). Readings taken between passes (`--sample-interval`) are merged
 //! into one sample per pass, each signal's highest value kept, so a burst seen by any reading
