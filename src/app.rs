@@ -9,24 +9,24 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::accounting::Accounting;
-use crate::actuator::require_permissions;
-use crate::actuator::{ActReport, Actuator, Outputs, StopLimits};
+use crate::coder::identity::connect;
 use crate::coder::types::Workspace;
 use crate::coder::{ClientOptions, CoderClient, CoderError, TokenSource};
 use crate::config::{GpuSourceSettings, Settings};
-use crate::decide::{Decision, FleetOutcome};
 use crate::error::Error;
-use crate::evaluate::Evaluator;
 use crate::gpu::Sources;
 use crate::gpu::exporter::{ExporterLimits, ExporterSource};
 use crate::gpu::prometheus::{PrometheusOptions, PrometheusSource};
 use crate::http::Secret;
-use crate::metrics::Metrics;
-use crate::mode::Mode;
-use crate::report::TokenProblem;
-use crate::report::{self, State};
-use crate::startup::connect;
+use crate::pass::accounting::Accounting;
+use crate::pass::actuator::require_permissions;
+use crate::pass::actuator::{ActReport, Actuator, Outputs, StopLimits};
+use crate::pass::decide::{Decision, FleetOutcome};
+use crate::pass::evaluate::Evaluator;
+use crate::pass::metrics::Metrics;
+use crate::pass::mode::Mode;
+use crate::pass::report::TokenProblem;
+use crate::pass::report::{self, State};
 
 /// What the service is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

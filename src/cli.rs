@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::policy::ReclaimWhen;
+use crate::pass::policy::ReclaimWhen;
 
 const AFTER_HELP: &str = "\
 The owner token is read from the file named by --token-file / CODER_SESSION_TOKEN_FILE, else

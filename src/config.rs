@@ -19,8 +19,8 @@ use crate::gpu::Ownership;
 use crate::gpu::exporter::ExporterTarget;
 use crate::gpu::prometheus::PrometheusOptions;
 use crate::http::{Secret, Tls, http_url};
-use crate::mode::Mode;
-use crate::policy::{Policy, ReclaimWhen, Rule};
+use crate::pass::mode::Mode;
+use crate::pass::policy::{Policy, ReclaimWhen, Rule};
 use crate::retry::RetryPolicy;
 
 fn err<T>(msg: impl Into<String>) -> Result<T, Error> {

@@ -45,7 +45,7 @@ async fn run_command(command: Command) -> Result<bool, Error> {
             init_logging(LogFormat::Text, tracing::Level::WARN);
             let until = args.until.unwrap_or_else(chrono::Utc::now);
             let since = until - coder_gpu_reclaimer::duration::chrono(args.since);
-            let report = coder_gpu_reclaimer::audit_report::summarize(&args.audit_log, since, until)?;
+            let report = coder_gpu_reclaimer::commands::audit_report::summarize(&args.audit_log, since, until)?;
             let out = match args.output {
                 ReportFormat::Table => report.table(),
                 ReportFormat::Csv => report.csv(),
@@ -56,7 +56,7 @@ async fn run_command(command: Command) -> Result<bool, Error> {
         }
         Command::Demo(args) => {
             init_logging(LogFormat::Text, tracing::Level::WARN);
-            coder_gpu_reclaimer::demo::run(args).await.map(|_| true)
+            coder_gpu_reclaimer::commands::demo::run(args).await.map(|_| true)
         }
     }
 }

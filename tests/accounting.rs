@@ -2,9 +2,9 @@
 //! its stop, the GPU given back until the workspace runs again, and a waiter that gets a GPU.
 
 use chrono::{DateTime, Duration, Utc};
-use coder_gpu_reclaimer::accounting::{Accounting, Increments};
 use coder_gpu_reclaimer::coder::types::Workspace;
-use coder_gpu_reclaimer::decide::{Decision, Reason, Verdict};
+use coder_gpu_reclaimer::pass::accounting::{Accounting, Increments};
+use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict};
 
 use crate::common::running_workspace;
 

@@ -177,8 +177,7 @@ fn expand_use(tree: &str) -> Vec<String> {
         .collect()
 }
 
-/// The crate modules a file under `src/` reaches, as full module paths' first segment
-/// (`gpu`, `config`…): every `use` (groups expanded) and every inline `crate::`, `super::` or
+/// The crate paths a file under `src/` reaches (`pass::decide::Decision`, `gpu`…): every `use` (groups expanded) and every inline `crate::`, `super::` or
 /// `self::` path, resolved against the file's place.
 fn crate_imports(base: &Path, rel: &str) -> BTreeSet<String> {
     let code = code(base, rel);
@@ -235,8 +234,8 @@ fn crate_imports(base: &Path, rel: &str) -> BTreeSet<String> {
             }
         }
         at.extend(segs.iter().map(|s| s.to_string()));
-        if let Some(top) = at.first() {
-            out.insert(top.clone());
+        if !at.is_empty() {
+            out.insert(at.join("::"));
         }
     }
     out
@@ -260,6 +259,13 @@ fn stated_order(base: &Path) -> BTreeMap<String, usize> {
     rank
 }
 
+/// The module of the order a path lies in: its longest prefix the order places
+/// (`pass::decide::Decision` is in `pass::decide`, `coder::types::Workspace` in `coder`).
+fn unit(rank: &BTreeMap<String, usize>, path: &str) -> String {
+    let segs: Vec<&str> = path.split("::").collect();
+    (1..=segs.len()).rev().map(|n| segs[..n].join("::")).find(|p| rank.contains_key(p)).unwrap_or_else(|| segs[0].to_string())
+}
+
 /// Imports against the stated order (which rules out cycles), and modules it does not place.
 fn import_order(base: &Path) -> Vec<String> {
     let rank = stated_order(base);
@@ -271,12 +277,13 @@ fn import_order(base: &Path) -> Vec<String> {
         if file == "src/main.rs" || file == "src/lib.rs" {
             continue;
         }
-        let me = module_of(&file)[0].clone();
+        let me = unit(&rank, &module_of(&file).join("::"));
         let Some(&mine) = rank.get(&me) else {
             breaches.push(format!("{me} ({file}) is not in ARCHITECTURE.md's module order"));
             continue;
         };
-        for m in crate_imports(base, &file).into_iter().filter(|m| modules.contains(m)) {
+        for path in crate_imports(base, &file).into_iter().filter(|p| p.split("::").next().is_some_and(|top| modules.contains(top))) {
+            let m = unit(&rank, &path);
             match rank.get(&m) {
                 Some(&theirs) if m == me || theirs > mine => {}
                 Some(_) => breaches.push(format!("{file} imports {m}, which is not below {me} in the module order")),
@@ -288,7 +295,7 @@ fn import_order(base: &Path) -> Vec<String> {
 }
 
 /// Files that must stay pure: no I/O, no clock.
-const PURE: [&str; 5] = ["src/decide.rs", "src/policy.rs", "src/duration.rs", "src/stop_lifecycle.rs", "src/gpu/window.rs"];
+const PURE: [&str; 5] = ["src/pass/decide.rs", "src/pass/policy.rs", "src/duration.rs", "src/pass/stop_lifecycle.rs", "src/gpu/window.rs"];
 
 fn pure_code(base: &Path) -> Vec<String> {
     let mut breaches = Vec::new();
@@ -354,7 +361,7 @@ fn outgoing_http(base: &Path) -> Vec<String> {
 fn only_the_actuator_acts(base: &Path) -> Vec<String> {
     let mut breaches = Vec::new();
     for file in rust_files(base, "src") {
-        if matches!(file.as_str(), "src/actuator.rs" | "src/audit.rs" | "src/coder/mod.rs") {
+        if matches!(file.as_str(), "src/pass/actuator.rs" | "src/pass/audit.rs" | "src/coder/mod.rs") {
             continue;
         }
         let code = code(base, &file);
@@ -371,7 +378,7 @@ fn only_the_actuator_acts(base: &Path) -> Vec<String> {
             }
         }
     }
-    let actuator: String = code(base, "src/actuator.rs").chars().filter(|c| !c.is_whitespace()).collect();
+    let actuator: String = code(base, "src/pass/actuator.rs").chars().filter(|c| !c.is_whitespace()).collect();
     if actuator.contains("pubaudit:") || actuator.contains("pubnotifier:") {
         breaches.push("Outputs' fields are public: others could write the audit log".into());
     }
@@ -383,7 +390,7 @@ fn only_the_actuator_acts(base: &Path) -> Vec<String> {
 fn mode_checks(base: &Path) -> Vec<String> {
     let mut checks = Vec::new();
     for file in rust_files(base, "src") {
-        if file == "src/mode.rs" {
+        if file == "src/pass/mode.rs" {
             continue;
         }
         let code = code(base, &file);
@@ -447,17 +454,17 @@ fn mode_checks(base: &Path) -> Vec<String> {
     checks
 }
 
-/// The one check is `actuator::acts`; `mode.rs` only phrases texts (no comparison, no boolean).
+/// The one check is `actuator::acts`; `pass/mode.rs` only phrases texts (no comparison, no boolean).
 fn mode_rule(base: &Path) -> Vec<String> {
     let checks = mode_checks(base);
     let mut breaches = Vec::new();
-    if checks.len() != 1 || !checks[0].starts_with("src/actuator.rs") {
+    if checks.len() != 1 || !checks[0].starts_with("src/pass/actuator.rs") {
         breaches.push(format!("the mode is checked in exactly one place, in the actuator: {checks:?}"));
     }
-    let m: String = code(base, "src/mode.rs").chars().filter(|c| !c.is_whitespace()).collect();
+    let m: String = code(base, "src/pass/mode.rs").chars().filter(|c| !c.is_whitespace()).collect();
     for banned in ["->bool", "==", "!=", "matches!"] {
         if m.contains(banned) {
-            breaches.push(format!("src/mode.rs holds {banned}: it phrases texts, the actuator decides"));
+            breaches.push(format!("src/pass/mode.rs holds {banned}: it phrases texts, the actuator decides"));
         }
     }
     breaches
@@ -595,16 +602,23 @@ fn planted_imports_against_the_order_are_caught() {
     fails_on(import_order, Copy::new().plant("src/gpu/window.rs", "use ", "use self::super::super::app::Application;"), "imports app");
     fails_on(
         import_order,
-        Copy::new().plant("src/decide.rs", "use ", "use crate::{\n    duration::human,\n    evaluate::Evaluation,\n};"),
-        "imports evaluate",
+        Copy::new().plant("src/pass/decide.rs", "use ", "use crate::{\n    duration::human,\n    pass::evaluate::Evaluation,\n};"),
+        "imports pass::evaluate",
     );
-    fails_on(import_order, Copy::new().plant("src/policy.rs", "use ", "fn f() -> crate::report::State { todo!() }"), "imports report");
-    fails_on(import_order, Copy::new().plant("src/actuator.rs", "use ", "use crate::config::Settings;"), "imports config");
+    fails_on(
+        import_order,
+        Copy::new().plant("src/pass/policy.rs", "use ", "fn f() -> crate::pass::report::State { todo!() }"),
+        "imports pass::report",
+    );
+    // Within the pass, `super::` names a sibling: decide may not reach up to the actuator.
+    fails_on(import_order, Copy::new().plant("src/pass/decide.rs", "use ", "use super::actuator::Actuator;"), "imports pass::actuator");
+    fails_on(import_order, Copy::new().plant("src/coder/types.rs", "use ", "use super::identity::Identity;"), "imports coder::identity");
+    fails_on(import_order, Copy::new().plant("src/pass/actuator.rs", "use ", "use crate::config::Settings;"), "imports config");
     // A string holding `//` on the line does not hide the import after it.
     fails_on(
         import_order,
-        Copy::new().plant("src/gpu/exporter.rs", "use ", r#"const U: &str = "http://x"; use crate::evaluate::Evaluation;"#),
-        "imports evaluate",
+        Copy::new().plant("src/gpu/exporter.rs", "use ", r#"const U: &str = "http://x"; use crate::pass::evaluate::Evaluation;"#),
+        "imports pass::evaluate",
     );
     fails_on(import_order, Copy::new().replace("ARCHITECTURE.md", "http:     http\n", ""), "http (src/http.rs) is not in");
 }
@@ -618,15 +632,15 @@ fn planted_clocks_and_io_in_the_pure_code_are_caught() {
     );
     fails_on(
         pure_code,
-        Copy::new().plant("src/decide.rs", "use ", "fn n() -> std::time::Instant { std::time::Instant::now() }"),
+        Copy::new().plant("src/pass/decide.rs", "use ", "fn n() -> std::time::Instant { std::time::Instant::now() }"),
         "Instant::now",
     );
     fails_on(
         pure_code,
-        Copy::new().plant("src/stop_lifecycle.rs", "use ", "fn n() -> std::time::SystemTime { std::time::SystemTime::now() }"),
+        Copy::new().plant("src/pass/stop_lifecycle.rs", "use ", "fn n() -> std::time::SystemTime { std::time::SystemTime::now() }"),
         "SystemTime",
     );
-    fails_on(pure_code, Copy::new().plant("src/policy.rs", "use ", "fn n() { let _ = chrono::Local::now(); }"), "Local::now");
+    fails_on(pure_code, Copy::new().plant("src/pass/policy.rs", "use ", "fn n() { let _ = chrono::Local::now(); }"), "Local::now");
 }
 
 #[test]
@@ -656,7 +670,7 @@ fn planted_clients_and_whole_body_reads_are_caught() {
     );
     fails_on(
         outgoing_http,
-        Copy::new().plant("src/audit.rs", "use ", "fn c() { let _ = reqwest::Client::builder(); }"),
+        Copy::new().plant("src/pass/audit.rs", "use ", "fn c() { let _ = reqwest::Client::builder(); }"),
         "Client::builder(",
     );
     fails_on(
@@ -675,15 +689,15 @@ fn planted_actions_outside_the_actuator_are_caught() {
     fails_on(
         only_the_actuator_acts,
         Copy::new().plant(
-            "src/report.rs",
+            "src/pass/report.rs",
             "use ",
-            "fn w(o: &crate::actuator::Outputs, e: &crate::audit::AuditEvent) { if let Some(a) = &o.audit { a.append(e); } }",
+            "fn w(o: &crate::pass::actuator::Outputs, e: &crate::pass::audit::AuditEvent) { if let Some(a) = &o.audit { a.append(e); } }",
         ),
         "uses Outputs' field .audit",
     );
     fails_on(
         only_the_actuator_acts,
-        Copy::new().replace("src/actuator.rs", "    audit: Option<Arc<AuditLog>>,", "    pub audit: Option<Arc<AuditLog>>,"),
+        Copy::new().replace("src/pass/actuator.rs", "    audit: Option<Arc<AuditLog>>,", "    pub audit: Option<Arc<AuditLog>>,"),
         "Outputs' fields are public",
     );
     fails_on(
@@ -698,10 +712,14 @@ fn planted_mode_checks_are_caught() {
     let check = mode_rule;
     fails_on(
         check,
-        Copy::new().plant("src/report.rs", "use ", "fn m(mode: Mode) -> bool { matches!(mode, Mode::Enforce) }"),
-        "src/report.rs",
+        Copy::new().plant("src/pass/report.rs", "use ", "fn m(mode: Mode) -> bool { matches!(mode, Mode::Enforce) }"),
+        "src/pass/report.rs",
     );
-    fails_on(check, Copy::new().plant("src/report.rs", "use ", "fn m(mode: Mode) -> bool { mode != Mode::Observe }"), "src/report.rs");
+    fails_on(
+        check,
+        Copy::new().plant("src/pass/report.rs", "use ", "fn m(mode: Mode) -> bool { mode != Mode::Observe }"),
+        "src/pass/report.rs",
+    );
     fails_on(
         check,
         Copy::new().plant(
@@ -727,13 +745,13 @@ fn planted_mode_checks_are_caught() {
     );
     fails_on(
         check,
-        Copy::new().plant("src/page.rs", "use ", "fn m(mode: &str) -> bool { mode == \"enforce\" }"),
+        Copy::new().plant("src/pass/page.rs", "use ", "fn m(mode: &str) -> bool { mode == \"enforce\" }"),
         "the mode's name compared",
     );
     fails_on(
         check,
-        Copy::new().plant("src/mode.rs", "impl Mode {", "    pub fn acts(self) -> bool { self == Mode::Enforce }"),
-        "src/mode.rs holds",
+        Copy::new().plant("src/pass/mode.rs", "impl Mode {", "    pub fn acts(self) -> bool { self == Mode::Enforce }"),
+        "src/pass/mode.rs holds",
     );
 }
 
@@ -744,12 +762,16 @@ fn planted_code_map_drift_is_caught() {
     fails_on(code_map, copy, "does not list src/unlisted.rs");
     fails_on(
         code_map,
-        Copy::new().replace("src/decide.rs", "pub fn apply_fleet_rules", "pub fn fleet_rules"),
+        Copy::new().replace("src/pass/decide.rs", "pub fn apply_fleet_rules", "pub fn fleet_rules"),
         "holds `apply_fleet_rules()`",
     );
     fails_on(
         code_map,
-        Copy::new().replace("ARCHITECTURE.md", "`src/actuator.rs` | the act step:", "`src/actuator.rs` | the act step: `Evaluator`,"),
+        Copy::new().replace(
+            "ARCHITECTURE.md",
+            "`src/pass/actuator.rs` | the act step:",
+            "`src/pass/actuator.rs` | the act step: `Evaluator`,",
+        ),
         "holds `Evaluator`",
     );
 }

@@ -113,8 +113,8 @@ async fn start_up_calls_never_send_the_rate_limit_bypass() {
         .mount(&server)
         .await;
     let c = client(&server, RetryPolicy::none());
-    let id = coder_gpu_reclaimer::startup::connect(&c).await.unwrap();
-    assert_eq!(id.permissions, coder_gpu_reclaimer::startup::Permissions { read: true, stop: true });
+    let id = coder_gpu_reclaimer::coder::identity::connect(&c).await.unwrap();
+    assert_eq!(id.permissions, coder_gpu_reclaimer::coder::identity::Permissions { read: true, stop: true });
     assert_eq!(id.coder_version, "v2.34.3+4653f32");
     assert_eq!(id.username, "admin");
     assert_eq!(
@@ -127,12 +127,12 @@ async fn start_up_calls_never_send_the_rate_limit_bypass() {
 
 #[tokio::test]
 async fn a_token_that_may_not_stop_is_refused_in_enforce_mode_only() {
-    use coder_gpu_reclaimer::actuator::require_permissions;
-    use coder_gpu_reclaimer::mode::Mode;
+    use coder_gpu_reclaimer::pass::actuator::require_permissions;
+    use coder_gpu_reclaimer::pass::mode::Mode;
     // authcheck, not the role name, decides: a member, or an owner's token with a narrow --scope.
     let server = coder_with_user("coder/user_owner.json", false).await;
     let c = client(&server, RetryPolicy::none());
-    let id = coder_gpu_reclaimer::startup::connect(&c).await.unwrap();
+    let id = coder_gpu_reclaimer::coder::identity::connect(&c).await.unwrap();
     let err = require_permissions(Mode::Enforce, &id).unwrap_err();
     assert_eq!(err.exit_code(), 2);
     assert!(err.message().contains("may not stop workspaces") && err.message().contains("coder tokens create"), "{err}");

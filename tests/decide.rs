@@ -7,11 +7,11 @@ use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Duration, Utc};
 use coder_gpu_reclaimer::coder::types::{JobStatus, Transition, Workspace};
-use coder_gpu_reclaimer::decide::{Decision, Reason, Verdict, apply_fleet_rules, decide};
 use coder_gpu_reclaimer::gpu::GpuKey;
 use coder_gpu_reclaimer::gpu::signals::{Signal, SignalValues};
 use coder_gpu_reclaimer::gpu::window::{GpuSample, GpuWindow};
-use coder_gpu_reclaimer::policy::{Policy, ReclaimWhen, Rule};
+use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict, apply_fleet_rules, decide};
+use coder_gpu_reclaimer::pass::policy::{Policy, ReclaimWhen, Rule};
 use proptest::prelude::*;
 
 use crate::common::{WS_ID, pending_workspace, running_workspace};
@@ -218,7 +218,7 @@ fn build_states_and_rules() {
 #[test]
 fn grace_warns_first_and_activity_cancels() {
     let p = Policy {
-        thresholds: coder_gpu_reclaimer::policy::Thresholds { grace: StdDuration::from_secs(600), ..policy().thresholds },
+        thresholds: coder_gpu_reclaimer::pass::policy::Thresholds { grace: StdDuration::from_secs(600), ..policy().thresholds },
         ..policy()
     };
     let g = steady(NOTHING, Fields::All, 40);
@@ -240,7 +240,7 @@ fn grace_warns_first_and_activity_cancels() {
 
 #[test]
 fn max_lifetime_and_connected_idle_after() {
-    let t = |f: &dyn Fn(&mut coder_gpu_reclaimer::policy::Thresholds)| {
+    let t = |f: &dyn Fn(&mut coder_gpu_reclaimer::pass::policy::Thresholds)| {
         let mut p = policy();
         f(&mut p.thresholds);
         p
@@ -274,7 +274,7 @@ fn restore_autostop_reports_the_ttl_to_set_back() {
     assert_eq!(judge(&fine, &g, &p).restore_ttl_ms, None);
 }
 
-fn fleet(idles: &[i64], waiting: usize, p: &Policy) -> (Vec<Decision>, coder_gpu_reclaimer::decide::FleetOutcome) {
+fn fleet(idles: &[i64], waiting: usize, p: &Policy) -> (Vec<Decision>, coder_gpu_reclaimer::pass::decide::FleetOutcome) {
     let mut ds: Vec<Decision> = idles
         .iter()
         .enumerate()
@@ -457,7 +457,7 @@ fn an_agent_lost_for_good_stops_counting_as_demand() {
 /// is not judged, but a waiting one is still demand, wherever it is.
 #[test]
 fn no_stop_permission_skips_but_demand_counts_everywhere() {
-    use coder_gpu_reclaimer::decide::without_stop_permission;
+    use coder_gpu_reclaimer::pass::decide::without_stop_permission;
     let p = Policy { reclaim_when: ReclaimWhen::Contended, restore_autostop: Some(StdDuration::from_secs(3600)), ..policy() };
     let idle = steady(NOTHING, Fields::All, 40);
     let mut stoppable = decide(now(), &ws(mins(40)), Some(&idle), &p, None);
@@ -484,7 +484,7 @@ fn no_stop_permission_skips_but_demand_counts_everywhere() {
 #[test]
 fn prebuilds_tasks_evictions_and_coders_clock() {
     use coder_gpu_reclaimer::coder::types::{AgentStatus, PREBUILDS_USER_ID};
-    use coder_gpu_reclaimer::decide::decide_with_coder_clock;
+    use coder_gpu_reclaimer::pass::decide::decide_with_coder_clock;
     let p = policy();
     let idle = steady(NOTHING, Fields::All, 40);
 

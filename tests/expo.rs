@@ -240,9 +240,9 @@ fn virtual_gpu_series_are_read_by_the_device_not_the_pods_zeros() {
 
 #[test]
 fn stuck_counters_in_real_layout_read_as_metrics_disagree() {
-    use coder_gpu_reclaimer::decide::{Reason, Verdict, decide};
     use coder_gpu_reclaimer::gpu::window::Windows;
-    use coder_gpu_reclaimer::policy::Policy;
+    use coder_gpu_reclaimer::pass::decide::{Reason, Verdict, decide};
+    use coder_gpu_reclaimer::pass::policy::Policy;
     let interval = std::time::Duration::from_secs(60);
     let p = Policy::defaults(interval);
     let mut windows = Windows::new(chrono::Duration::hours(1), interval);

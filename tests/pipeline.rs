@@ -10,10 +10,10 @@ use std::time::Duration;
 use coder_gpu_reclaimer::app::{Application, PassReport, Role};
 use coder_gpu_reclaimer::coder::SessionToken;
 use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
-use coder_gpu_reclaimer::decide::{Decision, Reason, Verdict};
 use coder_gpu_reclaimer::gpu::exporter::ExporterTarget;
-use coder_gpu_reclaimer::mode::Mode;
-use coder_gpu_reclaimer::policy::Policy;
+use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict};
+use coder_gpu_reclaimer::pass::mode::Mode;
+use coder_gpu_reclaimer::pass::policy::Policy;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 use mocks::{Behaviour, ExporterConfig, FakeCoder, FakeExporter, Fault, Load, WorldConfig};
 use tokio::sync::watch;
@@ -67,7 +67,7 @@ impl Harness {
         Harness { coder, exporter, app, stop, _tx: tx }
     }
 
-    pub fn state(&self) -> &coder_gpu_reclaimer::report::State {
+    pub fn state(&self) -> &coder_gpu_reclaimer::pass::report::State {
         &self.app.state
     }
 

@@ -12,14 +12,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use coder_gpu_reclaimer::coder::types::Workspace;
-use coder_gpu_reclaimer::decide::{Decision, decide};
 use coder_gpu_reclaimer::duration;
-use coder_gpu_reclaimer::evaluate::merge_collection;
 use coder_gpu_reclaimer::gpu::prometheus::{DEFAULT_MAX_BODY, PrometheusOptions, PrometheusSource};
 use coder_gpu_reclaimer::gpu::window::Windows;
 use coder_gpu_reclaimer::gpu::{Collection, GpuSeries, GpuSource, Ownership};
 use coder_gpu_reclaimer::http::Tls;
-use coder_gpu_reclaimer::policy::Policy;
+use coder_gpu_reclaimer::pass::decide::{Decision, decide};
+use coder_gpu_reclaimer::pass::evaluate::merge_collection;
+use coder_gpu_reclaimer::pass::policy::Policy;
 use mocks::exporter::render_devices;
 use mocks::{Counters, Device, ExporterConfig, Holder, Load, Names, Stuck, VirtualGpus};
 

@@ -4,6 +4,7 @@
 //! route until its `Retry-After` has passed (a later pass asks again; nothing sleeps inside one),
 //! and errors that carry Coder's own `message` and `detail` plus what to do about them.
 
+pub mod identity;
 pub mod token;
 pub mod types;
 

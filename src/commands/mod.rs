@@ -2,6 +2,9 @@
 //! build the service with `app::Application::build`; `check` builds the clients alone and reports
 //! each check as a line instead of failing at the first.
 
+pub mod audit_report;
+pub mod demo;
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,13 +15,13 @@ use tokio::sync::watch;
 use crate::app::{Application, Role, coder_client, gpu_source};
 use crate::cli::OutputFormat;
 use crate::coder::CoderClient;
+use crate::coder::identity::connect;
 use crate::coder::types::Workspace;
 use crate::config::Settings;
 use crate::error::Error;
 use crate::gpu::{GpuKey, GpuSeries, GpuSource, Sources};
-use crate::metrics::Metrics;
+use crate::pass::metrics::Metrics;
 use crate::retry::RetryPolicy;
-use crate::startup::connect;
 
 /// Sets `shutdown` to true when SIGTERM or ctrl-c arrives (in a task of its own).
 pub fn spawn_signal_handler(shutdown: watch::Sender<bool>) {
@@ -162,7 +165,7 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
     };
     if let Some(id) = &identity {
         match id.token_expires_at {
-            Some(exp) if exp - chrono::Utc::now() < crate::startup::EXPIRY_WARNING => {
+            Some(exp) if exp - chrono::Utc::now() < crate::coder::identity::EXPIRY_WARNING => {
                 line(false, "token expiry", &format!("expires {exp}: create a new owner token and update the Secret"))
             }
             Some(exp) => line(true, "token expiry", &format!("expires {exp}")),
@@ -193,7 +196,7 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
         match coder.listing().await {
             Ok(listing) => {
                 match listing.clock_offset {
-                    Some(offset) if offset.num_seconds().abs() > crate::evaluate::CLOCK_SKEW_WARNING.num_seconds() => line(
+                    Some(offset) if offset.num_seconds().abs() > crate::pass::evaluate::CLOCK_SKEW_WARNING.num_seconds() => line(
                         false,
                         "clock",
                         &format!(

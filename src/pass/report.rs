@@ -7,17 +7,17 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 
-use crate::accounting::Accounting;
-use crate::actuator::{ActReport, StuckStop};
 use crate::coder::{CoderError, ErrorKind};
-use crate::decide::Verdict;
-use crate::evaluate::Evaluation;
 use crate::gpu::SourceFailure;
 use crate::gpu::window::Windows;
-use crate::metrics::{Metrics, PassLabels, SourceLabels};
-use crate::mode::Mode;
-use crate::policy::Policy;
-use crate::status::{StatusDocument, WorkspaceStatus};
+use crate::pass::accounting::Accounting;
+use crate::pass::actuator::{ActReport, StuckStop};
+use crate::pass::decide::Verdict;
+use crate::pass::evaluate::Evaluation;
+use crate::pass::metrics::{Metrics, PassLabels, SourceLabels};
+use crate::pass::mode::Mode;
+use crate::pass::policy::Policy;
+use crate::pass::status::{StatusDocument, WorkspaceStatus};
 
 /// What is wrong with the token.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,7 +62,7 @@ impl Published {
 
     /// The status page, as of the pass (its countdowns are from the pass's time).
     pub fn page(&self) -> bytes::Bytes {
-        self.page.get_or_init(|| crate::page::render(&self.doc, self.doc.generated_at).into()).clone()
+        self.page.get_or_init(|| crate::pass::page::render(&self.doc, self.doc.generated_at).into()).clone()
     }
 }
 

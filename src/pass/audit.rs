@@ -18,10 +18,10 @@ use reqwest::Url;
 use serde::Serialize;
 
 use crate::coder::types::Workspace;
-use crate::decide::Decision;
 use crate::duration::human;
 use crate::error::Error;
 use crate::http::{Tls, redact_webhook};
+use crate::pass::decide::Decision;
 
 /// What happened. The observe-mode kinds (`would_*`) are what enforce mode would have done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

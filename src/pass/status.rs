@@ -4,15 +4,15 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::accounting::AccountingSummary;
-use crate::actuator::StuckStop;
 use crate::coder::types::Workspace;
-use crate::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify_in};
 use crate::duration::human;
 use crate::gpu::GpuKey;
 use crate::gpu::signals::Signal;
 use crate::gpu::window::GpuWindow;
-use crate::policy::Policy;
+use crate::pass::accounting::AccountingSummary;
+use crate::pass::actuator::StuckStop;
+use crate::pass::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify_in};
+use crate::pass::policy::Policy;
 
 /// The latest reading of one GPU.
 #[derive(Debug, Clone, PartialEq, Serialize)]

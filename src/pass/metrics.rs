@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::decide::{Reason, Verdict};
+use crate::pass::decide::{Reason, Verdict};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PassLabels {
@@ -209,7 +209,7 @@ impl Metrics {
     }
 
     /// Adds one pass's accounting; money is in `currency`.
-    pub fn account(&self, inc: &crate::accounting::Increments, currency: &str) {
+    pub fn account(&self, inc: &crate::pass::accounting::Increments, currency: &str) {
         let t = |template: &str| TemplateLabels { template: template.into() };
         let c = |template: &str| CostLabels { template: template.into(), currency: currency.into() };
         for (template, money) in &inc.idle_cost {
@@ -243,7 +243,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accounting::Increments;
+    use crate::pass::accounting::Increments;
 
     #[test]
     fn label_values_from_outside_are_escaped() {

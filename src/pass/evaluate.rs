@@ -11,10 +11,10 @@ use chrono::{DateTime, Utc};
 
 use crate::coder::types::Workspace;
 use crate::coder::{CoderClient, CoderError};
-use crate::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide_with_coder_clock, without_stop_permission};
 use crate::gpu::window::Windows;
 use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
-use crate::policy::Policy;
+use crate::pass::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide_with_coder_clock, without_stop_permission};
+use crate::pass::policy::Policy;
 
 /// Everything one evaluation found. `decisions[i]` is about `workspaces[i]`.
 #[derive(Debug)]

@@ -9,10 +9,10 @@ use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
 
-use crate::decide::{Reason, Verdict};
 use crate::duration::human;
-use crate::mode::Mode;
-use crate::status::{StatusDocument, WorkspaceStatus};
+use crate::pass::decide::{Reason, Verdict};
+use crate::pass::mode::Mode;
+use crate::pass::status::{StatusDocument, WorkspaceStatus};
 
 /// HTML-escapes text for element content and attribute values.
 pub fn escape(s: &str) -> String {

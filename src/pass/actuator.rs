@@ -17,18 +17,18 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use tokio::sync::watch;
 
-use crate::audit::{AuditEvent, AuditKind, AuditLog, Notifier};
+use crate::coder::identity::Identity;
 use crate::coder::types::{Transition, WorkspaceBuild};
 use crate::coder::{CoderClient, ErrorKind, StopOutcome};
-use crate::decide::Verdict;
 use crate::duration::human;
 use crate::error::Error;
-use crate::evaluate::Evaluation;
-use crate::metrics::{Metrics, StopFailureLabels, StopLabels};
-use crate::mode::Mode;
+use crate::pass::audit::{AuditEvent, AuditKind, AuditLog, Notifier};
+use crate::pass::decide::Verdict;
+use crate::pass::evaluate::Evaluation;
+use crate::pass::metrics::{Metrics, StopFailureLabels, StopLabels};
+use crate::pass::mode::Mode;
+use crate::pass::stop_lifecycle::{JobChange, StopState, provisioners_answer};
 use crate::retry::RetryPolicy;
-use crate::startup::Identity;
-use crate::stop_lifecycle::{JobChange, StopState, provisioners_answer};
 
 /// How many times a stop is tried before it is abandoned (until the workspace's next build).
 pub const MAX_STOP_ATTEMPTS: u32 = 5;
@@ -523,7 +523,8 @@ impl Actuator {
                 }
             };
             let Some(t) = self.tracked.get_mut(&id) else { continue };
-            let Some(change) = crate::stop_lifecycle::observe(&t.state, &build.job, now - t.since, self.stop_timeout, t.stuck_reported)
+            let Some(change) =
+                crate::pass::stop_lifecycle::observe(&t.state, &build.job, now - t.since, self.stop_timeout, t.stuck_reported)
             else {
                 continue;
             };

@@ -10,7 +10,7 @@ use chrono::{DateTime, Duration, NaiveDate, Utc};
 use serde::Serialize;
 
 use crate::coder::types::Workspace;
-use crate::decide::{Decision, Verdict};
+use crate::pass::decide::{Decision, Verdict};
 
 /// How many of the latest completed stops the status document lists.
 pub const RECENT_STOPS: usize = 10;

@@ -18,8 +18,8 @@
 
 use chrono::{DateTime, Duration, Utc};
 
-use crate::audit::AuditKind;
 use crate::coder::types::{JobStatus, ProvisionerJob};
+use crate::pass::audit::AuditKind;
 
 /// Where a tracked stop stands.
 #[derive(Debug, Clone, PartialEq)]

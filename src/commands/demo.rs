@@ -16,13 +16,13 @@ use crate::app::{Application, Role};
 use crate::cli::DemoArgs;
 use crate::coder::SessionToken;
 use crate::config::{GpuSourceSettings, Settings};
-use crate::decide::Verdict;
 use crate::duration::human;
 use crate::error::Error;
 use crate::gpu::exporter::ExporterTarget;
 use crate::http::http_url;
-use crate::mode::Mode;
-use crate::policy::Policy;
+use crate::pass::decide::Verdict;
+use crate::pass::mode::Mode;
+use crate::pass::policy::Policy;
 
 const SCALE: f64 = 60.0;
 const INTERVAL: Duration = Duration::from_secs(1);

@@ -10,7 +10,7 @@ use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
 use crate::duration::{chrono as dur, human};
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
-use crate::policy::{Policy, ReclaimWhen, Thresholds};
+use crate::pass::policy::{Policy, ReclaimWhen, Thresholds};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
