@@ -1,5 +1,6 @@
 //! The actuator: the only code with side effects toward Coder or people (stop builds, TTL
-//! restores, warnings, webhook events, audit lines), and the one place that reads the mode.
+//! restores, warnings, webhook events, audit lines), and the one place that decides by the mode
+//! (`acts`; other modules only show it or phrase texts with it, see `mode`).
 //!
 //! It tracks every stop across passes, keyed by workspace, through the states of
 //! `stop_lifecycle` (each change one audit line): a stop build is followed until its job is
@@ -19,10 +20,12 @@ use tokio::sync::watch;
 use crate::audit::{AuditEvent, AuditKind, AuditLog, Notifier};
 use crate::coder::types::{Transition, WorkspaceBuild};
 use crate::coder::{CoderClient, ErrorKind, StopOutcome};
-use crate::decide::{Verdict, human};
+use crate::decide::Verdict;
+use crate::duration::human;
 use crate::error::Error;
 use crate::evaluate::Evaluation;
 use crate::metrics::{Metrics, StopFailureLabels, StopLabels};
+use crate::mode::Mode;
 use crate::retry::RetryPolicy;
 use crate::startup::Identity;
 use crate::stop_lifecycle::{JobChange, StopState, provisioners_answer};
@@ -41,46 +44,19 @@ pub fn require_permissions(mode: Mode, identity: &Identity) -> Result<(), Error>
     if let Some(why) = identity.cannot_read() {
         return Err(Error::Config(why));
     }
-    match (mode, identity.cannot_stop()) {
-        (_, None) => Ok(()),
-        (Mode::Enforce, Some(why)) => Err(Error::Config(why)),
-        (Mode::Observe, Some(why)) => {
+    match identity.cannot_stop() {
+        None => Ok(()),
+        Some(why) if acts(mode) => Err(Error::Config(why)),
+        Some(why) => {
             tracing::warn!(event = "permission_missing", "{why}; observe mode goes on, but --enforce would refuse to start");
             Ok(())
         }
     }
 }
 
-/// Observe (report only) or enforce (send stop builds).
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub enum Mode {
-    Observe,
-    Enforce,
-}
-
-impl Mode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Observe => "observe",
-            Mode::Enforce => "enforce",
-        }
-    }
-
-    fn describe(self) -> &'static str {
-        match self {
-            Mode::Observe => "observe mode: decisions are logged and reported, nothing is stopped (pass --enforce to act)",
-            Mode::Enforce => "enforce mode: idle workspaces are stopped with Coder stop builds",
-        }
-    }
-
-    /// The countdown of a warning, as people read it in the status API and the template's
-    /// metadata: only enforce mode promises a stop.
-    pub fn countdown(self, left: Duration) -> String {
-        match self {
-            Mode::Enforce => format!("stops in {} unless it becomes active", human(left)),
-            Mode::Observe => format!("would stop in {} unless it becomes active (observe mode: nothing is stopped)", human(left)),
-        }
-    }
+/// Whether the mode sends stop builds: the one place in the crate where the mode is checked.
+fn acts(mode: Mode) -> bool {
+    mode == Mode::Enforce
 }
 
 #[derive(Debug, Clone)]
@@ -104,19 +80,20 @@ struct TrackedStop {
     state: StopState,
 }
 
-/// Where stop events go besides the logs.
+/// Where stop events go besides the logs. Its fields are private: only the actuator writes to
+/// them.
 #[derive(Default, Clone)]
 pub struct Outputs {
-    pub audit: Option<Arc<AuditLog>>,
-    pub notifier: Option<Notifier>,
+    audit: Option<Arc<AuditLog>>,
+    notifier: Option<Notifier>,
 }
 
 impl Outputs {
-    /// Opens the audit log and builds the webhook client named in the settings.
-    pub fn open(settings: &crate::config::Settings) -> Result<Self, Error> {
+    /// Opens the audit log and builds the webhook client the settings name.
+    pub fn open(audit_log: Option<&std::path::Path>, notify_webhook: Option<reqwest::Url>, tls: &crate::http::Tls) -> Result<Self, Error> {
         Ok(Outputs {
-            audit: settings.audit_log.as_deref().map(AuditLog::open).transpose()?.map(Arc::new),
-            notifier: settings.notify_webhook.clone().map(|url| Notifier::new(url, &settings.tls)).transpose()?,
+            audit: audit_log.map(AuditLog::open).transpose()?.map(Arc::new),
+            notifier: notify_webhook.map(|url| Notifier::new(url, tls)).transpose()?,
         })
     }
 }
@@ -212,10 +189,6 @@ impl Actuator {
         }
     }
 
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
     /// The token's user changed (a rotated token of another account): its stops are ours.
     pub fn set_self_id(&mut self, id: String) {
         self.self_id = Some(id);
@@ -233,15 +206,24 @@ impl Actuator {
         self.tracked.len()
     }
 
-    fn announce(&self, event: &AuditEvent, to_audit: bool) {
-        if to_audit {
-            if let Some(a) = &self.outputs.audit {
-                a.append(event);
-            }
+    /// Writes one audit line: the one way the actuator writes to the audit log.
+    fn audit(&self, event: &AuditEvent) {
+        if let Some(a) = &self.outputs.audit {
+            a.append(event);
         }
+    }
+
+    /// Sends one event to the webhook.
+    fn notify(&self, event: &AuditEvent) {
         if let Some(n) = &self.outputs.notifier {
             n.send(event);
         }
+    }
+
+    /// An audit line and a webhook event.
+    fn announce(&self, event: &AuditEvent) {
+        self.audit(event);
+        self.notify(event);
     }
 
     /// Acts on one evaluation: announces warnings that began, sends the stops the fleet rules
@@ -250,8 +232,7 @@ impl Actuator {
     pub async fn act(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) -> ActReport {
         let now = eval.now;
         let mut report = ActReport::default();
-        // The one place the mode is checked.
-        if self.mode == Mode::Observe {
+        if !acts(self.mode) {
             self.announce_warnings(eval, AuditKind::WouldWarn);
             self.observe(eval, &mut report);
             return report;
@@ -260,6 +241,8 @@ impl Actuator {
         self.resumed(eval);
         self.follow(now, &mut report).await;
         self.reconcile(eval);
+        // A tripped breaker (`apply_fleet_rules`, which then orders no stop) holds back retries
+        // too: no stop build is sent this pass.
         if eval.fleet.breaker.is_none() {
             let candidates = self.candidates(eval);
             for c in candidates {
@@ -278,16 +261,17 @@ impl Actuator {
         for &i in &eval.new_warnings {
             let event = AuditEvent::new(kind, eval.now, self.mode.as_str(), &eval.workspaces[i], &eval.decisions[i]);
             tracing::info!(event = kind.as_str(), workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, stop_at = ?event.stop_at, "{}", event.text());
-            self.announce(&event, false);
+            self.notify(&event);
         }
     }
 
     /// Observe mode: report each would-stop once per idle episode, and would-be TTL restores.
     fn observe(&mut self, eval: &Evaluation, report: &mut ActReport) {
-        let chosen: Vec<usize> = if eval.fleet.breaker.is_none() { eval.fleet.stop_order.clone() } else { Vec::new() };
+        // A tripped breaker leaves the order empty (`apply_fleet_rules`).
+        let chosen = &eval.fleet.stop_order;
         let current: HashSet<&str> = chosen.iter().map(|&i| eval.decisions[i].workspace_id.as_str()).collect();
         self.reported.retain(|id| current.contains(id.as_str()));
-        for i in chosen {
+        for &i in chosen {
             let ws = &eval.workspaces[i];
             if !self.reported.insert(ws.id.clone()) {
                 continue;
@@ -295,7 +279,7 @@ impl Actuator {
             let event = stop_event(AuditKind::WouldStop, eval, i, self.mode);
             tracing::info!(event = "would_stop", workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, "{}", event.message);
             self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "observe" }).inc();
-            self.announce(&event, true);
+            self.announce(&event);
             report.would_stop.push(event.workspace_id);
         }
         for (ws, d) in eval.workspaces.iter().zip(&eval.decisions) {
@@ -318,9 +302,7 @@ impl Actuator {
                 ..done
             };
             tracing::info!(event = "resumed", workspace_id = %ws.id, gpu_seconds_given_back = event.gpu_seconds_given_back, "a workspace this service stopped runs again");
-            if let Some(a) = &self.outputs.audit {
-                a.append(&event);
-            }
+            self.audit(&event);
         }
         self.stopped.retain(|_, (_, at)| eval.now - *at < Duration::days(8));
     }
@@ -486,15 +468,13 @@ impl Actuator {
         let (event, attempts) = (t.event.clone(), t.attempts);
         tracing::info!(event = "stop_sent", workspace_id = %id, owner = %event.owner, reason = event.reason, build_id = %build_id, attempt = attempts, reply_lost = lost_reply, "{}", event.message);
         self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "enforce" }).inc();
-        self.announce(&event, true);
+        self.announce(&event);
         report.stops_sent.push(id);
     }
 
     /// Writes the audit line of a stop's change of state (once per change).
     fn audit_change(&self, t: &TrackedStop, kind: AuditKind, now: DateTime<Utc>) {
-        if let Some(a) = &self.outputs.audit {
-            a.append(&AuditEvent { event: kind, time: now, attempts: Some(t.attempts), ..t.event.clone() });
-        }
+        self.audit(&AuditEvent { event: kind, time: now, attempts: Some(t.attempts), ..t.event.clone() });
     }
 
     /// A refused POST or a failed stop build: back off, or abandon after the last attempt.
@@ -530,7 +510,7 @@ impl Actuator {
         let event = AuditEvent { event: AuditKind::StopAbandoned, time: now, attempts: Some(t.attempts), ..t.event };
         tracing::error!(event = "stop_abandoned", workspace_id = %id, owner = %event.owner, attempts = t.attempts, "giving up on stopping this workspace until its next build; look at its build log, the provisioners and the token's permissions in Coder");
         self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "abandoned" }).inc();
-        self.announce(&event, true);
+        self.announce(&event);
         report.abandoned.push(id.to_string());
     }
 
@@ -571,9 +551,7 @@ impl Actuator {
                     tracing::info!(event = "stop_done", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, "the workspace is stopped; its GPU is free");
                     report.stops_done.push(id.clone());
                     let done = AuditEvent { event: AuditKind::StopDone, time: now, ..t.event };
-                    if let Some(a) = &self.outputs.audit {
-                        a.append(&done);
-                    }
+                    self.audit(&done);
                     self.stopped.insert(id.clone(), (done, now));
                     continue;
                 }
@@ -648,9 +626,7 @@ impl Actuator {
                     let e = AuditEvent::new(AuditKind::RestoreTtl, eval.now, self.mode.as_str(), ws, d);
                     tracing::info!(event = "restore_ttl", workspace_id = %e.workspace_id, owner = %e.owner, ttl_ms = ttl, "set the autostop TTL back");
                     self.metrics.ttl_restores.inc();
-                    if let Some(a) = &self.outputs.audit {
-                        a.append(&e);
-                    }
+                    self.audit(&e);
                 }
                 Err(err) if matches!(err.kind, ErrorKind::Status(400) | ErrorKind::NoPermission) => {
                     tracing::warn!(event = "restore_ttl_refused", workspace_id = %ws.id, template = %ws.template_name, error = %err, "Coder refuses this workspace's autostop TTL (the template forbids a user TTL, or the token may not update it): not asked again until its template version changes; set the TTL in the template instead");

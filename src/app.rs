@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use crate::accounting::Accounting;
 use crate::actuator::require_permissions;
-use crate::actuator::{ActReport, Actuator, Mode, Outputs, StopLimits};
+use crate::actuator::{ActReport, Actuator, Outputs, StopLimits};
 use crate::coder::types::Workspace;
 use crate::coder::{ClientOptions, CoderClient, CoderError, TokenSource};
 use crate::config::{GpuSourceSettings, Settings};
@@ -23,9 +23,10 @@ use crate::gpu::exporter::{ExporterLimits, ExporterSource};
 use crate::gpu::prometheus::{PrometheusOptions, PrometheusSource};
 use crate::http::Secret;
 use crate::metrics::Metrics;
+use crate::mode::Mode;
 use crate::report::TokenProblem;
 use crate::report::{self, State};
-use crate::startup::{Identity, connect};
+use crate::startup::connect;
 
 /// What the service is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +53,6 @@ pub struct Application {
     pub evaluator: Evaluator,
     /// `None` for `plan`: nothing can act.
     pub actuator: Option<Actuator>,
-    pub identity: Identity,
     pub coder: CoderClient,
     /// How warnings are phrased in the report (plan reports as observe).
     mode: Mode,
@@ -115,7 +115,7 @@ impl Application {
         let coder = coder_client(settings, &metrics)?;
         let source = gpu_source(settings)?;
         let outputs = match role {
-            Role::Run => Some(Outputs::open(settings)?),
+            Role::Run => Some(Outputs::open(settings.audit_log.as_deref(), settings.notify_webhook.clone(), &settings.tls)?),
             Role::Plan => None,
         };
         let mode = match role {
@@ -143,7 +143,6 @@ impl Application {
             state,
             evaluator,
             actuator,
-            identity,
             coder,
             mode,
             token_checked: Instant::now(),
@@ -182,7 +181,6 @@ impl Application {
                     a.set_self_id(identity.user_id.clone());
                 }
                 self.evaluator.forget_permissions();
-                self.identity = identity;
             }
             Err(e) => tracing::warn!(event = "token_check_failed", error = %e, "cannot ask Coder about the token; trying again next pass"),
         }

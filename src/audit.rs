@@ -1,7 +1,8 @@
 //! Where stop events go besides the logs: the audit trail (one JSON line per change of a stop's
 //! state (see `stop_lifecycle`), per would-stop, TTL restore and resumed workspace, appended
 //! and flushed at once: `--audit-log`) and the webhook
-//! (a JSON event on each warning and stop, Slack-compatible `text`: `--notify-webhook`). Coder
+//! (a JSON event on each warning, each stop sent or that would be, and each abandoned stop,
+//! Slack-compatible `text`: `--notify-webhook`). Coder
 //! itself cannot message another user. Only the actuator calls these; the texts say "would"
 //! whenever the event's kind is an observe-mode one, so no text promises a stop that cannot
 //! happen. Webhook failures are logged and never block a stop.
@@ -44,7 +45,6 @@ pub enum AuditKind {
     /// Every attempt to stop failed; nothing more is tried until the workspace's next build.
     StopAbandoned,
     RestoreTtl,
-    WouldRestoreTtl,
     /// The stop build succeeded: the workspace's GPUs are free.
     StopDone,
     /// A workspace this service stopped runs again: the GPUs it gave back, for how long.
@@ -65,7 +65,6 @@ impl AuditKind {
             AuditKind::StopCanceled => "stop_canceled",
             AuditKind::StopAbandoned => "stop_abandoned",
             AuditKind::RestoreTtl => "restore_ttl",
-            AuditKind::WouldRestoreTtl => "would_restore_ttl",
             AuditKind::StopDone => "stop_done",
             AuditKind::Resumed => "resumed",
         }
@@ -92,7 +91,6 @@ impl AuditKind {
             (AuditKind::StopCanceled, _) => "had its stop canceled by a person; it is not stopped again while it stays idle".into(),
             (AuditKind::StopAbandoned, _) => "could not be stopped; the reclaimer gave up until its next build".into(),
             (AuditKind::RestoreTtl, _) => "had its autostop TTL set back".into(),
-            (AuditKind::WouldRestoreTtl, _) => "would have its autostop TTL set back (observe mode)".into(),
             (AuditKind::StopDone, _) => "is stopped; its GPU is free".into(),
             (AuditKind::Resumed, _) => "runs again".into(),
         }

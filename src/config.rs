@@ -11,14 +11,15 @@ use std::time::Duration;
 use reqwest::Url;
 use serde::Deserialize;
 
-use crate::actuator::Mode;
 use crate::cli::{CommonArgs, LogFormat, RunOptions};
 use crate::coder::SessionToken;
+use crate::coder::token::TOKEN_ADVICE;
 use crate::error::Error;
 use crate::gpu::Ownership;
 use crate::gpu::exporter::ExporterTarget;
 use crate::gpu::prometheus::PrometheusOptions;
 use crate::http::{Secret, Tls, http_url};
+use crate::mode::Mode;
 use crate::policy::{Policy, ReclaimWhen, Rule};
 use crate::retry::RetryPolicy;
 
@@ -197,7 +198,7 @@ impl Default for BodyLimits {
     /// 42 MB, an exporter of 8 GPUs about 80 KB, 7 Prometheus queries about 105 MB in all.
     fn default() -> Self {
         BodyLimits {
-            listing: 256 << 20,
+            listing: crate::coder::DEFAULT_MAX_LISTING,
             exporter: crate::gpu::exporter::DEFAULT_MAX_BODY,
             prometheus: crate::gpu::prometheus::DEFAULT_MAX_BODY,
             in_flight: crate::gpu::exporter::DEFAULT_IN_FLIGHT_BUDGET,
@@ -297,9 +298,7 @@ impl Settings {
             }
             (None, None, Some(path)) => (from_file(path)?, Some(path.clone())),
             (None, None, None) => {
-                return err(
-                    "no session token: set CODER_SESSION_TOKEN, or pass --token-file PATH (make one as an owner with `coder tokens create --lifetime 168h`)",
-                );
+                return err(format!("no session token: set CODER_SESSION_TOKEN, or pass --token-file PATH (create one {TOKEN_ADVICE})"));
             }
         };
 

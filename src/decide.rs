@@ -7,8 +7,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
-use crate::duration::chrono as dur;
-pub use crate::duration::human;
+use crate::duration::{chrono as dur, human};
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
 use crate::policy::{Policy, ReclaimWhen, Thresholds};
@@ -172,14 +171,11 @@ pub fn classify_in(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleSt
     if video || copying || power {
         return SampleState::Active;
     }
-    let compute_active = if let Some(sm) = v.get(Signal::SmActive) {
-        sm >= p.sm_active_min
-    } else if let Some(gr) = gr {
-        gr >= p.gr_engine_active_min
-    } else if let Some(u) = util {
-        u >= p.gpu_util_min
-    } else {
-        return SampleState::NoCompute;
+    let compute_active = match v.compute() {
+        Some((Signal::SmActive, sm)) => sm >= p.sm_active_min,
+        Some((Signal::GrEngineActive, gr)) => gr >= p.gr_engine_active_min,
+        Some((_, u)) => u >= p.gpu_util_min,
+        None => return SampleState::NoCompute,
     };
     let empty_memory = !ctx.shared && v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib);
     let claims_work = util.is_some_and(|u| u >= p.gpu_util_min) || gr.is_some_and(|g| g >= p.gr_engine_active_min);
@@ -206,19 +202,12 @@ fn contradiction(v: &SignalValues, p: &Policy) -> Option<&'static str> {
     if v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib) {
         return None;
     }
-    let zero = |s: Signal| v.get(s).is_some_and(|x| x <= p.about_zero);
     if let (Some(sm), Some(gr)) = (v.get(Signal::SmActive), v.get(Signal::GrEngineActive)) {
         if gr >= p.gr_engine_active_min && sm * MORE_SMS_THAN_ANY_GPU < gr {
             return Some("SM_ACTIVE reads less than one SM's share while GR_ENGINE_ACTIVE says busy (a stuck profiling counter?)");
         }
     }
-    let compute_zero = if v.get(Signal::SmActive).is_some() {
-        zero(Signal::SmActive)
-    } else if v.get(Signal::GrEngineActive).is_some() {
-        zero(Signal::GrEngineActive)
-    } else {
-        zero(Signal::GpuUtil)
-    };
+    let compute_zero = v.compute().is_some_and(|(_, x)| x <= p.about_zero);
     if compute_zero && v.get(Signal::TensorActive).is_some_and(|x| x >= p.sm_active_min) {
         return Some("the compute counter reads zero while the tensor pipes are busy (a stuck counter?)");
     }

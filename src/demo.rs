@@ -12,15 +12,16 @@ use std::time::{Duration, Instant};
 use mocks::{ExporterConfig, FakeCoder, FakeExporter, Load, WorldConfig};
 use tokio::sync::watch;
 
-use crate::actuator::Mode;
 use crate::app::{Application, Role};
 use crate::cli::DemoArgs;
 use crate::coder::SessionToken;
 use crate::config::{GpuSourceSettings, Settings};
-use crate::decide::{Verdict, human};
+use crate::decide::Verdict;
+use crate::duration::human;
 use crate::error::Error;
 use crate::gpu::exporter::ExporterTarget;
 use crate::http::http_url;
+use crate::mode::Mode;
 use crate::policy::Policy;
 
 const SCALE: f64 = 60.0;

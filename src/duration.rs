@@ -1,6 +1,6 @@
 //! Durations as people write them (`90s`, `30m`, `4h`): parsing with a sane upper bound, the
-//! serde adapter the config file and policy rules use, and rendering for people. A leaf module:
-//! it imports nothing from this crate, so `cli`, `config` and `policy` can all use it.
+//! serde adapter the config file and policy rules use, and rendering for people (`human`). A
+//! leaf module: it imports nothing from this crate, so every other module can use it.
 
 use std::time::Duration;
 

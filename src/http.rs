@@ -1,8 +1,10 @@
 //! What every outgoing HTTP client shares: parsing the URLs people configure, building clients
 //! that never follow a redirect and trust the configured extra CAs, reading bodies with a byte
-//! limit (whole, or split as they stream in), reading small secret files with a size limit, and
-//! writing URLs into logs and labels without their secrets. A leaf module: `coder/`, `gpu/` and `audit` use it; it uses nothing of this
-//! crate but `error` and `json_split`.
+//! limit (whole, or split as they stream in), the GPU sources' request preamble (`send`: no
+//! answer in words, a redirect refused), reading small secret files with a size limit, and
+//! writing URLs into logs and labels without their secrets. Below every module that talks HTTP
+//! (`coder/`, `gpu/`, `audit`, the commands); it uses nothing of this crate but `error` and
+//! `json_split`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -105,6 +107,26 @@ pub fn redirect_refused(status: u16, headers: &reqwest::header::HeaderMap) -> St
         .and_then(|u| u.host_str().map(str::to_string))
         .unwrap_or_else(|| "the same host".into());
     format!("HTTP {status}: a redirect to {target}, not followed (configure the final URL; credentials never leave the configured host)")
+}
+
+/// A redirect answer refused (as `redirect_refused` words it), or `None` for any other answer.
+pub fn refused_redirect(resp: &reqwest::Response) -> Option<String> {
+    let status = resp.status();
+    status.is_redirection().then(|| redirect_refused(status.as_u16(), resp.headers()))
+}
+
+/// Sends a request to a GPU source: no answer reads "timed out" or "no response: …" (the error
+/// chain without the URL, which may hold credentials), and a redirect is refused. The one
+/// preamble of the exporter scrape and the Prometheus query.
+pub async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, String> {
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| if e.is_timeout() { "timed out".to_string() } else { format!("no response: {}", error_chain(&e.without_url())) })?;
+    match refused_redirect(&resp) {
+        Some(refused) => Err(refused),
+        None => Ok(resp),
+    }
 }
 
 /// Why a body could not be read whole.

@@ -19,6 +19,7 @@ pub mod gpu;
 pub mod http;
 pub mod json_split;
 pub mod metrics;
+pub mod mode;
 pub mod page;
 pub mod policy;
 pub mod report;

@@ -1,14 +1,17 @@
 //! The status page at `/`: the status document as one server-rendered HTML page with no external
 //! assets and no build chain (inline CSS, inline SVG sparklines, a small inline script that
-//! reloads every 30 s). A fleet summary first, then one row per GPU workspace, what will be
-//! stopped first. Every string from Coder is escaped; nothing secret is on it (the document
-//! holds no token, and URLs are not shown).
+//! reloads every 30 s). A fleet summary first, then one row per GPU workspace, the reclaims
+//! first, in words phrased by the mode (`Mode::stop_words`: only enforce mode promises a stop).
+//! Every string from Coder is escaped; nothing secret is on it (the document holds no token, and
+//! URLs are not shown).
 
 use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
 
-use crate::decide::{Reason, Verdict, human};
+use crate::decide::{Reason, Verdict};
+use crate::duration::human;
+use crate::mode::Mode;
 use crate::status::{StatusDocument, WorkspaceStatus};
 
 /// HTML-escapes text for element content and attribute values.
@@ -27,7 +30,7 @@ pub fn escape(s: &str) -> String {
     out
 }
 
-/// The order rows are shown in: what will be stopped first.
+/// The order rows are shown in: the reclaims first, then the warned.
 fn rank(v: Verdict) -> u8 {
     match v {
         Verdict::Reclaim => 0,
@@ -40,14 +43,15 @@ fn rank(v: Verdict) -> u8 {
 }
 
 /// A verdict and its reason in words.
-fn in_words(w: &WorkspaceStatus) -> &'static str {
-    match (w.verdict, w.reason) {
-        (Verdict::Reclaim, Reason::PhantomUtilization) => "to be stopped: utilization without real GPU work",
-        (Verdict::Reclaim, Reason::MemoryHeldIdle) => "to be stopped: GPU memory held, nothing computing",
-        (Verdict::Reclaim, Reason::ConnectedButGpuIdle) => "to be stopped: GPU idle behind an open connection",
-        (Verdict::Reclaim, Reason::MaxLifetime) => "to be stopped: past its maximum lifetime",
-        (Verdict::Reclaim, _) => "to be stopped: GPU idle, nobody connected",
-        (Verdict::Warn, _) => "warned: stops unless it becomes active",
+fn in_words(w: &WorkspaceStatus, mode: Mode) -> String {
+    let stop = |why: &str| format!("{}: {why}", mode.stop_words());
+    let words = match (w.verdict, w.reason) {
+        (Verdict::Reclaim, Reason::PhantomUtilization) => return stop("utilization without real GPU work"),
+        (Verdict::Reclaim, Reason::MemoryHeldIdle) => return stop("GPU memory held, nothing computing"),
+        (Verdict::Reclaim, Reason::ConnectedButGpuIdle) => return stop("GPU idle behind an open connection"),
+        (Verdict::Reclaim, Reason::MaxLifetime) => return stop("past its maximum lifetime"),
+        (Verdict::Reclaim, _) => return stop("GPU idle, nobody connected"),
+        (Verdict::Warn, _) => mode.warned_words(),
         (Verdict::Waiting, _) => "waiting for a GPU",
         (Verdict::Unknown, Reason::AgentLost) => "unknown: its agent is gone (pod lost?), not counted as waiting",
         (Verdict::Unknown, Reason::FrozenData) => "unknown: the exporter's readings are frozen",
@@ -63,7 +67,8 @@ fn in_words(w: &WorkspaceStatus) -> &'static str {
         (Verdict::Keep, _) => "kept: not idle long enough",
         (Verdict::Skip, Reason::NoPermission) => "not judged: the token may not stop it in its organization",
         (Verdict::Skip, _) => "not judged",
-    }
+    };
+    words.to_string()
 }
 
 /// A small inline SVG of compute activity over the window (0..=100 per sample).
@@ -93,6 +98,7 @@ fn ago(seconds: Option<i64>) -> String {
 
 /// Renders the page for `doc` as of `now`.
 pub fn render(doc: &StatusDocument, now: DateTime<Utc>) -> String {
+    let mode = Mode::of_document(doc.mode);
     let gpu_rows: Vec<&WorkspaceStatus> = {
         let mut rows: Vec<&WorkspaceStatus> =
             doc.workspaces.iter().filter(|w| !(w.verdict == Verdict::Skip && w.gpus.is_empty())).collect();
@@ -171,7 +177,7 @@ h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-
                 name = escape(&w.name),
                 template = escape(&w.template),
                 msg = escape(&w.message),
-                words = in_words(w),
+                words = in_words(w, mode),
                 idle = ago(w.gpu_idle_seconds),
                 conn = ago(Some(w.connection_idle_seconds)),
                 spark = sparkline(&w.activity),
@@ -218,6 +224,55 @@ mod tests {
     #[test]
     fn escapes_what_coder_sends() {
         assert_eq!(escape(r#"<script>alert("x")</script>&'"#), "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;&#39;");
+    }
+
+    fn row(verdict: Verdict, reason: Reason, message: &str) -> WorkspaceStatus {
+        WorkspaceStatus {
+            id: "w".into(),
+            name: "w".into(),
+            owner: "o".into(),
+            template: "t".into(),
+            verdict,
+            reason,
+            message: message.into(),
+            gpu_idle_seconds: Some(600),
+            connection_idle_seconds: 600,
+            last_used_at: DateTime::UNIX_EPOCH,
+            stop_at: Some(DateTime::UNIX_EPOCH),
+            gpus: Vec::new(),
+            activity: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn only_enforce_mode_promises_a_stop() {
+        for (verdict, reason) in [(Verdict::Reclaim, Reason::Idle), (Verdict::Reclaim, Reason::MaxLifetime), (Verdict::Warn, Reason::Idle)]
+        {
+            let w = row(verdict, reason, "");
+            let observe = in_words(&w, Mode::of_document("observe"));
+            let plan = in_words(&w, Mode::of_document("plan"));
+            let enforce = in_words(&w, Mode::of_document("enforce"));
+            assert!(
+                observe.contains("would be stopped") && !observe.contains("to be stopped") && !observe.contains("stops unless"),
+                "{observe}"
+            );
+            assert_eq!(plan, observe, "plan promises nothing either");
+            assert!(!enforce.contains("would"), "{enforce}");
+        }
+    }
+
+    #[test]
+    fn the_page_in_observe_mode_promises_no_stop() {
+        for name in ["observe", "plan", "enforce"] {
+            let mut doc = StatusDocument::empty(name);
+            let left = chrono::Duration::minutes(10);
+            doc.workspaces.push(row(Verdict::Warn, Reason::Idle, &Mode::of_document(name).countdown(left)));
+            doc.workspaces.push(row(Verdict::Reclaim, Reason::Idle, "GPU idle"));
+            let page = render(&doc, DateTime::UNIX_EPOCH);
+            let promises = ["to be stopped", "stops unless", "stops in"].iter().any(|p| page.contains(p));
+            assert_eq!(promises, name == "enforce", "{name}: {page}");
+            assert_eq!(page.contains("would be stopped"), name != "enforce", "{name}: {page}");
+        }
     }
 
     #[test]

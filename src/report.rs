@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 
 use crate::accounting::Accounting;
-use crate::actuator::{ActReport, Mode, StuckStop};
+use crate::actuator::{ActReport, StuckStop};
 use crate::coder::{CoderError, ErrorKind};
 use crate::decide::Verdict;
 use crate::evaluate::Evaluation;
 use crate::gpu::SourceFailure;
 use crate::gpu::window::Windows;
 use crate::metrics::{Metrics, PassLabels, SourceLabels};
+use crate::mode::Mode;
 use crate::policy::Policy;
 use crate::status::{StatusDocument, WorkspaceStatus};
 

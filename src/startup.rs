@@ -5,6 +5,7 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::coder::token::TOKEN_ADVICE;
 use crate::coder::{CoderClient, CoderError, ErrorKind};
 use crate::error::Error;
 
@@ -25,15 +26,14 @@ pub struct Permissions {
     pub stop: bool,
 }
 
-/// How to get a token that may do what this service needs.
-pub const TOKEN_ADVICE: &str = "create one as an owner (or an organization admin, for its organization) with no --scope: \
-`coder tokens create --name gpu-reclaimer --lifetime 168h`, and update CODER_SESSION_TOKEN or the token file";
-
 impl Identity {
     /// Why this token cannot read every workspace, if it cannot.
     pub fn cannot_read(&self) -> Option<String> {
         (!self.permissions.read).then(|| {
-            format!("the token of {:?} may not read workspaces (authcheck: workspace read = false): {TOKEN_ADVICE}", self.username)
+            format!(
+                "the token of {:?} may not read workspaces (authcheck: workspace read = false): create one {TOKEN_ADVICE}",
+                self.username
+            )
         })
     }
 
@@ -41,7 +41,7 @@ impl Identity {
     pub fn cannot_stop(&self) -> Option<String> {
         (!self.permissions.stop).then(|| {
             format!(
-                "the token of {:?} may not stop workspaces (authcheck: workspace stop = false; a member, a template admin, or a token whose --scope leaves out workspace:stop): {TOKEN_ADVICE}",
+                "the token of {:?} may not stop workspaces (authcheck: workspace stop = false; a member, a template admin, or a token whose --scope leaves out workspace:stop): create one {TOKEN_ADVICE}",
                 self.username
             )
         })

@@ -7,7 +7,8 @@ use serde::Serialize;
 use crate::accounting::AccountingSummary;
 use crate::actuator::StuckStop;
 use crate::coder::types::Workspace;
-use crate::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify_in, human};
+use crate::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify_in};
+use crate::duration::human;
 use crate::gpu::GpuKey;
 use crate::gpu::signals::Signal;
 use crate::gpu::window::GpuWindow;
@@ -95,7 +96,7 @@ pub struct WorkspaceStatus {
 
 /// A sample's compute level, 0..=100, by the best compute signal it has.
 fn compute_level(v: &crate::gpu::signals::SignalValues) -> u8 {
-    let level = v.get(Signal::SmActive).or_else(|| v.get(Signal::GrEngineActive)).or_else(|| v.get(Signal::GpuUtil)).unwrap_or(0.0);
+    let level = v.compute().map_or(0.0, |(_, x)| x);
     (level.clamp(0.0, 1.0) * 100.0).round() as u8
 }
 

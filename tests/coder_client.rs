@@ -127,7 +127,8 @@ async fn start_up_calls_never_send_the_rate_limit_bypass() {
 
 #[tokio::test]
 async fn a_token_that_may_not_stop_is_refused_in_enforce_mode_only() {
-    use coder_gpu_reclaimer::actuator::{Mode, require_permissions};
+    use coder_gpu_reclaimer::actuator::require_permissions;
+    use coder_gpu_reclaimer::mode::Mode;
     // authcheck, not the role name, decides: a member, or an owner's token with a narrow --scope.
     let server = coder_with_user("coder/user_owner.json", false).await;
     let c = client(&server, RetryPolicy::none());

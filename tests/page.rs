@@ -86,6 +86,9 @@ async fn the_status_page_in_a_real_browser() {
         [r#"<td class="num countdown">10m</td>"#, r#"<td class="num countdown">9m</td>"#].iter().any(|c| dom.contains(c)),
         "the countdown of a warning: {dom}"
     );
+    // Enforce mode (the service runs `--enforce`) promises the stop; observe mode's words are
+    // unit-tested in `page.rs`.
+    assert!(dom.contains("enforce mode") && dom.contains("warned: stops unless it becomes active") && !dom.contains("would"), "{dom}");
     assert!(dom.matches(r#"<svg class="spark""#).count() >= 4, "a sparkline per row");
     assert!(dom.contains("notebook &lt;b&gt;") && !dom.contains("notebook <b>"), "names are escaped");
     assert!(dom.contains(r#"<b id="waiting">1</b>"#), "the fleet summary counts the waiting session");

@@ -7,12 +7,12 @@
 
 use std::time::Duration;
 
-use coder_gpu_reclaimer::actuator::Mode;
 use coder_gpu_reclaimer::app::{Application, PassReport, Role};
 use coder_gpu_reclaimer::coder::SessionToken;
 use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
 use coder_gpu_reclaimer::decide::{Decision, Reason, Verdict};
 use coder_gpu_reclaimer::gpu::exporter::ExporterTarget;
+use coder_gpu_reclaimer::mode::Mode;
 use coder_gpu_reclaimer::policy::Policy;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 use mocks::{Behaviour, ExporterConfig, FakeCoder, FakeExporter, Fault, Load, WorldConfig};

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::Error;
-use crate::http::{BodyError, StreamError, Tls, error_chain, read_limited, read_split, redirect_refused};
+use crate::http::{BodyError, StreamError, Tls, error_chain, read_limited, read_split, refused_redirect};
 use crate::retry::{Attempt, RetryPolicy, retry};
 pub use token::{SessionToken, TokenSource};
 use types::*;
@@ -80,11 +80,11 @@ impl CoderError {
     /// For a 401: what will fix it. A suspended (or dormant) user's tokens are refused until an
     /// admin reactivates the account (`httpmw/apikey.go`: "User is not active"); a new token of
     /// the same user does not help. Otherwise the token expired or was revoked.
-    pub fn token_advice(&self) -> &'static str {
+    pub fn token_advice(&self) -> String {
         if self.user_inactive() {
-            "the token's user is not active in Coder (suspended or dormant): an admin must reactivate the account (`coder users activate <username>`, or Users in the dashboard); a new token of that user does not help"
+            "the token's user is not active in Coder (suspended or dormant): an admin must reactivate the account (`coder users activate <username>`, or Users in the dashboard); a new token of that user does not help".into()
         } else {
-            "the session token is expired or revoked: create a new one with `coder tokens create --lifetime 168h` as an owner and update CODER_SESSION_TOKEN or the token file"
+            format!("the session token is expired or revoked: create a new one {}", token::TOKEN_ADVICE)
         }
     }
 
@@ -113,6 +113,9 @@ pub enum StopOutcome {
     BuildActive(String),
 }
 
+/// The default largest running-workspace listing (`max_listing_mib`): about 60,000 workspaces.
+pub const DEFAULT_MAX_LISTING: usize = 256 << 20;
+
 /// How the client talks to Coder, besides where and as whom.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -125,7 +128,7 @@ pub struct ClientOptions {
 
 impl ClientOptions {
     pub fn new(timeout: Duration, retry: RetryPolicy) -> Self {
-        ClientOptions { timeout, retry, tls: Tls::default(), max_listing_bytes: 256 << 20 }
+        ClientOptions { timeout, retry, tls: Tls::default(), max_listing_bytes: DEFAULT_MAX_LISTING }
     }
 }
 
@@ -401,8 +404,7 @@ impl CoderClient {
     /// redirect is refused (and names only the target's host), others are final.
     async fn status_failure<T>(&self, endpoint: &'static str, resp: reqwest::Response) -> Attempt<T, CoderError> {
         let status = resp.status();
-        if status.is_redirection() {
-            let message = redirect_refused(status.as_u16(), resp.headers());
+        if let Some(message) = refused_redirect(&resp) {
             return Attempt::Done(Err(CoderError { kind: ErrorKind::Status(status.as_u16()), endpoint, message }));
         }
         let after = retry_after(resp.headers());

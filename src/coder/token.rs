@@ -7,6 +7,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
+/// How to get a token that may do what this service needs, after "create one" or "create a new
+/// one": the one place this advice is written (a missing, rejected or too weak token).
+pub const TOKEN_ADVICE: &str = "as an owner (or an organization admin, for its organization) with no --scope: \
+`coder tokens create --name gpu-reclaimer --lifetime 168h`, and update CODER_SESSION_TOKEN or the token file";
+
 #[derive(Clone, PartialEq, Eq)]
 pub struct SessionToken(String);
 

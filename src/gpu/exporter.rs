@@ -17,7 +17,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::error::Error;
-use crate::http::{BodyBudget, Tls, error_chain, host_port, http_url, read_limited_within, redact, redirect_refused};
+use crate::http::{BodyBudget, Tls, host_port, http_url, read_limited_within, redact};
 
 /// Scrapes in flight at once: bounds sockets and memory on large fleets (each body is parsed
 /// into readings inside its task and dropped there).
@@ -170,14 +170,8 @@ fn read_exposition(
 /// One scrape: the body, at most `max_body` bytes and within the in-flight budget; a redirect
 /// is refused.
 async fn scrape(http: reqwest::Client, url: Url, max_body: usize, budget: &BodyBudget) -> Result<crate::http::BudgetedBody, String> {
-    let resp =
-        http.get(url).send().await.map_err(|e| {
-            if e.is_timeout() { "timed out".to_string() } else { format!("no response: {}", error_chain(&e.without_url())) }
-        })?;
+    let resp = crate::http::send(http.get(url)).await?;
     let status = resp.status();
-    if status.is_redirection() {
-        return Err(redirect_refused(status.as_u16(), resp.headers()));
-    }
     if !status.is_success() {
         return Err(format!("HTTP {}", status.as_u16()));
     }

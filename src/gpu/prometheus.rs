@@ -35,7 +35,7 @@ use tokio::task::JoinSet;
 
 use super::signals::{NAMES, Signal};
 use crate::error::Error;
-use crate::http::{StreamError, Tls, error_chain, host_port, read_split, redact, redirect_refused};
+use crate::http::{StreamError, Tls, host_port, read_split, redact};
 use crate::json_split::Splitter;
 
 use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, SourceFailure, merge_device_level};
@@ -470,15 +470,8 @@ async fn query_range(q: Query, spec: QuerySpec, query: String, range: (i64, i64,
     let (start, end, step) = range;
     let url = format!("{}/api/v1/query_range", q.base);
     let params = [("query", query), ("start", start.to_string()), ("end", end.to_string()), ("step", format!("{step}s"))];
-    let resp =
-        q.http.get(&url).headers(q.headers).query(&params).send().await.map_err(|e| {
-            if e.is_timeout() { "timed out".to_string() } else { format!("no response: {}", error_chain(&e.without_url())) }
-        })?;
-    let status = resp.status();
-    if status.is_redirection() {
-        return Err(redirect_refused(status.as_u16(), resp.headers()));
-    }
-    let status = status.as_u16();
+    let resp = crate::http::send(q.http.get(&url).headers(q.headers).query(&params)).await?;
+    let status = resp.status().as_u16();
     let mut on_series = |bytes: &[u8]| {
         let series = parse_series(status, bytes)?;
         let mut fold = fold.lock().unwrap_or_else(|p| p.into_inner());

@@ -138,7 +138,7 @@ pub fn lookup(name: &str) -> Option<Mapping> {
 }
 
 /// One reading of every signal of one GPU, in the canonical units; absent signals are `None`.
-/// Stored as `f32` with NaN for "absent" (28 bytes, not 112): windows hold tens of samples per
+/// Stored as `f32` with NaN for "absent" (36 bytes, not 144): windows hold tens of samples per
 /// GPU, and f32 is exact enough for ratios, MiB and watts.
 #[derive(Debug, Clone, Copy)]
 pub struct SignalValues([f32; SIGNAL_COUNT]);
@@ -159,6 +159,12 @@ impl SignalValues {
     pub fn get(&self, s: Signal) -> Option<f64> {
         let v = self.0[s.index()];
         (!v.is_nan()).then_some(f64::from(v))
+    }
+
+    /// The best compute signal the sample has, and its value: SM_ACTIVE, else GR_ENGINE_ACTIVE,
+    /// else utilization. The one statement of that rule (decisions, contradictions, sparklines).
+    pub fn compute(&self) -> Option<(Signal, f64)> {
+        [Signal::SmActive, Signal::GrEngineActive, Signal::GpuUtil].into_iter().find_map(|s| self.get(s).map(|v| (s, v)))
     }
     /// Records a finite, non-negative value (anything else is no reading).
     pub fn set(&mut self, s: Signal, v: f64) {

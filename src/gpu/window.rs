@@ -1,5 +1,5 @@
 //! Per-workspace, per-GPU windows of samples over time, and the figures the decisions need:
-//! latest and max per signal over a span, sample count, first and last sample, the longest gap,
+//! the latest value per signal, the sample count over a span, first and last sample, the longest gap,
 //! since when a GPU has been continuously not compute-active, and since when its energy counter
 //! has not risen (frozen data). Readings taken between passes (`--sample-interval`) are merged
 //! into one sample per pass, each signal's highest value kept, so a burst seen by any reading
@@ -113,10 +113,6 @@ impl GpuWindow {
 
     pub fn count_since(&self, t: DateTime<Utc>) -> usize {
         self.since(t).count()
-    }
-
-    pub fn max_since(&self, signal: Signal, t: DateTime<Utc>) -> Option<f64> {
-        self.since(t).filter_map(|s| s.values.get(signal)).reduce(f64::max)
     }
 
     pub fn latest_value(&self, signal: Signal) -> Option<f64> {
@@ -412,7 +408,7 @@ mod tests {
     fn duplicate_and_older_samples_are_ignored() {
         let w = window(&[(0, 0.0), (60, 0.5), (60, 0.9), (30, 0.9)]);
         assert_eq!(w.samples.len(), 2);
-        assert_eq!(w.max_since(Signal::GpuUtil, t(0)), Some(0.5));
+        assert_eq!(w.latest_value(Signal::GpuUtil), Some(0.5));
     }
 
     /// One GPU's series with one idle point at `at`.
