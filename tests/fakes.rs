@@ -16,6 +16,12 @@ fn fast(gpus: usize) -> WorldConfig {
     WorldConfig { gpus, scale: 600.0, ..WorldConfig::default() }
 }
 
+/// `GET` a Coder route of the fake as `token`, its JSON answer.
+async fn get_json(c: &FakeCoder, path: &str, token: &str) -> Value {
+    let resp = reqwest::Client::new().get(format!("{}{path}", c.url())).header("Coder-Session-Token", token).send().await.unwrap();
+    resp.json().await.unwrap()
+}
+
 async fn settle() {
     tokio::time::sleep(Duration::from_millis(150)).await;
 }
@@ -98,15 +104,7 @@ async fn extend_and_ttl_follow_coders_rules() {
     assert_eq!(r.json::<Value>().await.unwrap()["validations"][0]["detail"], "time until shutdown must be at least one minute");
     assert_eq!(put("ttl", json!({"ttl_ms": 31i64 * 24 * 3_600_000})).await.unwrap().status(), StatusCode::BAD_REQUEST);
     assert_eq!(put("ttl", json!({"ttl_ms": null})).await.unwrap().status(), StatusCode::NO_CONTENT);
-    let ws: Value = http
-        .get(format!("{}/api/v2/workspaces/{a}", c.url()))
-        .header("Coder-Session-Token", &alice)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ws = get_json(&c, &format!("/api/v2/workspaces/{a}"), &alice).await;
     assert!(ws.get("ttl_ms").is_none(), "omitted once autostop is off");
     assert!(ws["latest_build"]["deadline"].is_null());
     let r = put("extend", json!({"deadline": later})).await.unwrap();
@@ -181,15 +179,7 @@ async fn organizations_the_reaper_cancel_and_suspension_behave_as_coderd_does() 
         http.post(format!("{}{path}", c.url())).header("Coder-Session-Token", token.to_string()).json(&body).send()
     };
     // A template admin reads the other organization's workspaces but may not stop them.
-    let listed: Value = http
-        .get(format!("{}/api/v2/workspaces?q=status:running", c.url()))
-        .header("Coder-Session-Token", &org_admin)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = get_json(&c, "/api/v2/workspaces?q=status:running", &org_admin).await;
     assert_eq!(listed["count"], 2, "{listed}");
     let names: Vec<&str> = listed["workspaces"].as_array().unwrap().iter().filter_map(|w| w["organization_name"].as_str()).collect();
     assert!(names.contains(&"research") && names.contains(&"coder"), "{names:?}");
@@ -221,15 +211,7 @@ async fn organizations_the_reaper_cancel_and_suspension_behave_as_coderd_does() 
         post(format!("/api/v2/workspaces/{a}/builds"), &owner, json!({"transition": "stop"})).await.unwrap().json().await.unwrap();
     let build = stop["id"].as_str().unwrap().to_string();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let reaped: Value = http
-        .get(format!("{}/api/v2/workspacebuilds/{build}", c.url()))
-        .header("Coder-Session-Token", &owner)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let reaped = get_json(&c, &format!("/api/v2/workspacebuilds/{build}"), &owner).await;
     assert_eq!((reaped["status"].as_str(), reaped["job"]["status"].as_str()), (Some("failed"), Some("failed")), "{reaped}");
     assert_eq!(reaped["job"]["error"], "Coder: Build has been detected as pending for 10 minutes and has been terminated by the reaper.");
     assert!(c.with(|w| w.gpu_holders.contains(&Some(a))), "a reaped stop leaves the pod and its GPU");

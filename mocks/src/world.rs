@@ -935,6 +935,14 @@ impl World {
         if let Some((prefix, _)) = pod.name.rsplit_once('-') {
             pod.name = format!("{prefix}-{suffix}");
         }
+        self.pod_gone(wi, freed, "pod_evicted", "a new pod waits for a GPU");
+    }
+
+    /// What follows a pod's end: its agent is `disconnected` from now on, its GPU (if it had one)
+    /// is free, and both are logged.
+    fn pod_gone(&mut self, wi: usize, freed: Option<usize>, kind: &'static str, detail: &str) {
+        let now = self.now();
+        let ws = &mut self.workspaces[wi];
         if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()) {
             agent.disconnected_at = Some(now);
             agent.online = false;
@@ -942,9 +950,9 @@ impl World {
         let name = ws.name.clone();
         if let Some(g) = freed {
             self.gpu_holders[g] = None;
-            self.log(&name, "gpu_released", format!("GPU {g} is free (pod evicted)"));
+            self.log(&name, "gpu_released", format!("GPU {g} is free ({kind})"));
         }
-        self.log(&name, "pod_evicted", "a new pod waits for a GPU".into());
+        self.log(&name, kind, detail.into());
     }
 
     /// The pod is gone for good: a bare pod (no Deployment) evicted, or its node lost. Its GPU is
@@ -952,19 +960,8 @@ impl World {
     /// still `running` in Coder (`reference/coder/NOTES.md` section 15).
     pub fn lose_pod(&mut self, ws_id: Uuid) {
         let Some(wi) = self.ws_index(ws_id) else { return };
-        let now = self.now();
-        let ws = &mut self.workspaces[wi];
-        let freed = ws.pod.take().and_then(|p| p.gpu);
-        if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()) {
-            agent.disconnected_at = Some(now);
-            agent.online = false;
-        }
-        let name = ws.name.clone();
-        if let Some(g) = freed {
-            self.gpu_holders[g] = None;
-            self.log(&name, "gpu_released", format!("GPU {g} is free (pod lost)"));
-        }
-        self.log(&name, "pod_lost", "nothing recreates it".into());
+        let freed = self.workspaces[wi].pod.take().and_then(|p| p.gpu);
+        self.pod_gone(wi, freed, "pod_lost", "nothing recreates it");
     }
 
     /// Makes the next stop build of this workspace fail (its job ends `failed`).

@@ -309,7 +309,7 @@ impl Actuator {
 
     /// Drops tracking of workspaces that got a new build (a new session: start afresh), of
     /// canceled stops whose workspace is active again (a new idle episode may stop it), and of
-    /// settled stops whose workspace has not been seen running for a day.
+    /// any other stop whose workspace has not been seen running for a day.
     fn reconcile(&mut self, eval: &Evaluation) {
         let listed: HashMap<&str, (&str, bool)> = eval
             .workspaces
@@ -321,10 +321,9 @@ impl Actuator {
         self.tracked.retain(|id, t| match listed.get(id.as_str()) {
             Some((build, _)) if *build != t.session => false,
             Some((_, eligible)) => *eligible || t.state != StopState::Canceled,
-            None => {
-                !matches!(t.state, StopState::Abandoned | StopState::Canceled | StopState::Reaped { .. })
-                    || now - t.since < Duration::days(1)
-            }
+            // Not listed running: followed while in flight; otherwise kept a day (a retry of a
+            // failed or reaped stop checks the workspace first).
+            None => t.state.in_flight().is_some() || now - t.since < Duration::days(1),
         });
     }
 
@@ -488,7 +487,14 @@ impl Actuator {
             return;
         }
         let delay = crate::duration::chrono(self.backoff.delay_for_attempt(t.attempts));
-        t.state = StopState::Failed { retry_at: now + delay, build_id: failed_build };
+        // A refused POST for a workspace whose stop build had failed (or was reaped) keeps that
+        // build: the retry checks that nobody built or used the workspace since.
+        let previous = match &t.state {
+            StopState::Failed { build_id, .. } => build_id.clone(),
+            StopState::Reaped { build_id, .. } => Some(build_id.clone()),
+            _ => None,
+        };
+        t.state = StopState::Failed { retry_at: now + delay, build_id: failed_build.or(previous) };
         t.since = now;
         let t = t.clone();
         tracing::info!(event = "stop_retry_scheduled", workspace_id = %id, attempt = t.attempts, retry_in = %human(delay), error = %error, "the stop did not happen; trying again later");
