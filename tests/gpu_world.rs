@@ -38,15 +38,18 @@ async fn reason_of(addr: &str, id: Uuid) -> (String, String) {
 #[tokio::test]
 async fn a_bursty_workload_is_never_stopped_while_an_idle_one_beside_it_is() {
     let coder = FakeCoder::start(world(2)).await.unwrap();
-    // 1 s of compute every 5 s; the exporter collects every second.
-    let bursty = Load::Bursty { period: Duration::from_secs(5), busy: Duration::from_secs(1) };
+    // 2 s of compute every 5 s (twice the sampling step, so a sample always lands in a burst);
+    // the exporter collects every second.
+    let bursty = Load::Bursty { period: Duration::from_secs(5), busy: Duration::from_secs(2) };
     let (notebook, a) = on_gpu(&coder, "notebook", bursty).await;
     let (idle, b) = on_gpu(&coder, "idle", Load::MemoryOnly).await;
     let collect = |c: &mut ExporterConfig| c.collect_interval = Duration::from_secs(1);
     let (ea, eb) = (exporter_for(&coder, a, collect).await, exporter_for(&coder, b, collect).await);
-    // idle_after is three bursts long: a busy machine that delays a sample or two (CI runs many
-    // tests at once) must not read as a missed burst.
-    let args = ["--interval", "4s", "--sample-interval", "1s", "--idle-after", "16s"];
+    // Passes every 5 s keep one phase of the 5 s cycle: three times in five they never see a
+    // burst, and without sampling the notebook is stopped (checked by hand with
+    // --sample-interval 5s). idle_after is three bursts long: a busy machine that delays a sample
+    // (CI runs many tests at once) must not read as a missed burst.
+    let args = ["--interval", "5s", "--sample-interval", "1s", "--idle-after", "15s"];
     let svc = Service::start(&coder, &[ea.url(), eb.url()], &coder.owner_token(), &args);
     until_with(&coder, Some(&svc), "the idle one is stopped", Duration::from_secs(60), |w| !holds_gpu(w, idle)).await;
     // Half a minute more of passes and samples: the bursts keep the notebook from being stopped.
