@@ -128,11 +128,7 @@ impl Application {
             metrics.token_expiry.set(exp.timestamp() as f64);
         }
         let state = Arc::new(State::new(metrics.clone(), mode, settings.interval));
-        let limits = StopLimits {
-            interval: settings.interval,
-            max_stops_per_pass: settings.policy.max_stops_per_pass,
-            stop_timeout: settings.policy.stop_timeout,
-        };
+        let limits = StopLimits { interval: settings.interval, stop_timeout: settings.policy.stop_timeout };
         let actuator = outputs.map(|outputs| Actuator::new(mode, coder.clone(), metrics, outputs, limits, Some(identity.user_id.clone())));
         let evaluator = Evaluator::new(coder.clone(), source, settings.policy.clone(), settings.interval);
         let sample_interval = match settings.gpu {

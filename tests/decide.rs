@@ -310,11 +310,11 @@ fn the_cap_and_the_breaker() {
     idles.extend([0; 5]);
     let (_, out) = fleet(&idles, 0, &p);
     assert_eq!(out.stop_order, vec![1, 2], "longest idle first");
-    assert_eq!((out.deferred, out.breaker.is_none()), (1, true));
+    assert_eq!((out.stop_slots, out.deferred, out.breaker.is_none()), (2, 1, true), "two stop slots, one reclaim deferred");
     // 4 of 5 idle at once: a broken exporter reads as zeros. Nothing is stopped.
     let (ds, out) = fleet(&[40, 41, 42, 43, 0], 0, &policy());
     assert_eq!(ds.iter().filter(|d| d.verdict == Verdict::Reclaim).count(), 4);
-    assert!(out.stop_order.is_empty());
+    assert!(out.stop_order.is_empty() && out.stop_slots == 0, "no stop build, not even a retry");
     assert!(out.breaker.as_deref().unwrap().starts_with("4 of 5 GPU workspaces are reclaimable at once"));
     // Fewer than 4 GPU workspaces: the breaker does not apply.
     let (_, out) = fleet(&[40, 41, 42], 0, &policy());

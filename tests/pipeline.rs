@@ -2,7 +2,7 @@
 //! stateful fakes: observe sends no stop and promises none, enforce sends exactly one per
 //! reclaimable workspace, a 409 is decided again next pass, no double stop across passes, a
 //! refused stop backs off and is abandoned, a lost reply counts once, a repeated listing entry,
-//! the cap, the breaker, a failed listing, a failed stop build, the audit log and webhook, and
+//! the cap (retries included), the breaker, a failed listing, a failed stop build, the audit log and webhook, and
 //! what the status API and /metrics serve.
 
 use std::time::Duration;
@@ -215,6 +215,35 @@ async fn the_cap_limits_stops_per_pass() {
     }
     assert!(per_pass.iter().all(|n| *n <= 1), "{per_pass:?}");
     assert_eq!(per_pass.iter().sum::<usize>(), 3, "{per_pass:?}");
+}
+
+#[tokio::test]
+async fn the_cap_counts_retries_of_failed_stops() {
+    let mut h = Harness::new(6, Mode::Enforce, |p| {
+        p.max_stops_per_pass = 1;
+        p.max_idle_fraction = 1.0;
+    })
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let id = h.workspace("alice", &format!("w{i}"), Load::Idle).await;
+        h.coder.with(|w| w.fail_next_stop(id));
+        ids.push(id);
+    }
+    // Each first stop build fails: its retry (the workspace is no longer listed running) and the
+    // next reclaim in the stop order share the pass's one stop slot.
+    let mut per_pass = Vec::new();
+    for _ in 0..60 {
+        let before = h.posts();
+        h.pass().await;
+        per_pass.push(h.posts() - before);
+        if ids.iter().all(|&id| h.stops_by_admin(id) >= 2) {
+            break;
+        }
+    }
+    assert!(per_pass.iter().all(|n| *n <= 1), "at most one stop build per pass, retries included: {per_pass:?}");
+    let stops: Vec<usize> = ids.iter().map(|&id| h.stops_by_admin(id)).collect();
+    assert_eq!(stops, [2, 2, 2], "each failed stop was retried once: {per_pass:?}");
 }
 
 #[tokio::test]

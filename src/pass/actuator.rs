@@ -103,7 +103,6 @@ impl Outputs {
 pub struct StopLimits {
     /// Between passes: a failed stop's first retry waits this long.
     pub interval: std::time::Duration,
-    pub max_stops_per_pass: usize,
     /// A stop build pending longer than this (no provisioner took it) is reported as stuck.
     pub stop_timeout: std::time::Duration,
 }
@@ -146,7 +145,6 @@ pub struct Actuator {
     metrics: Arc<Metrics>,
     outputs: Outputs,
     backoff: RetryPolicy,
-    max_stops_per_pass: usize,
     stop_timeout: Duration,
     /// The token's user: stop builds it initiated are ours (a lost reply is recognised by it).
     self_id: Option<String>,
@@ -179,7 +177,6 @@ impl Actuator {
             metrics,
             outputs,
             backoff,
-            max_stops_per_pass: limits.max_stops_per_pass,
             stop_timeout: crate::duration::chrono(limits.stop_timeout),
             self_id,
             tracked: HashMap::new(),
@@ -241,17 +238,12 @@ impl Actuator {
         self.resumed(eval);
         self.follow(now, &mut report).await;
         self.reconcile(eval);
-        // A tripped breaker (`apply_fleet_rules`, which then orders no stop) holds back retries
-        // too: no stop build is sent this pass.
-        if eval.fleet.breaker.is_none() {
-            let candidates = self.candidates(eval);
-            for c in candidates {
-                if *shutdown.borrow() {
-                    tracing::info!(event = "stop_skipped_shutdown", workspace_id = %c.event.workspace_id, "shutting down: no new stop");
-                    break;
-                }
-                self.stop(now, c, &mut report).await;
+        for c in self.candidates(eval) {
+            if *shutdown.borrow() {
+                tracing::info!(event = "stop_skipped_shutdown", workspace_id = %c.event.workspace_id, "shutting down: no new stop");
+                break;
             }
+            self.stop(now, c, &mut report).await;
         }
         self.restore_ttls(eval, shutdown).await;
         report
@@ -327,11 +319,11 @@ impl Actuator {
         });
     }
 
-    /// The stops to attempt this pass, at most the cap: workspaces the fleet rules chose that
-    /// have no stop in flight, backing off, canceled or abandoned; then stops of workspaces no
-    /// longer listed as running (their latest build is our failed stop, so they have no
-    /// decision this pass): due retries of failed stop builds, and reaped stops once
-    /// provisioners answer again.
+    /// The stops to attempt this pass, in the fleet rules' stop slots (none while the breaker
+    /// holds): first the stop order as given, less workspaces with a stop in flight, backing off,
+    /// canceled or abandoned; then, in the slots left, stops of workspaces no longer listed as
+    /// running (their latest build is our failed stop, so they have no decision this pass): due
+    /// retries of failed stop builds, and reaped stops once provisioners answer again.
     fn candidates(&self, eval: &Evaluation) -> Vec<Candidate> {
         let mut out = Vec::new();
         for &i in &eval.fleet.stop_order {
@@ -351,24 +343,23 @@ impl Actuator {
                 });
             }
         }
+        let slots_left = eval.fleet.stop_slots.saturating_sub(out.len());
         let listed: HashSet<&str> = eval.workspaces.iter().map(|w| w.id.as_str()).collect();
         let completed = || eval.workspaces.iter().map(|w| (w.organization_id.as_str(), w.latest_build.job.completed_at));
-        for (id, t) in &self.tracked {
+        let retries = self.tracked.iter().filter(|(id, t)| {
             let due = match &t.state {
                 StopState::Failed { retry_at, build_id: Some(_) } => *retry_at <= eval.now,
                 StopState::Reaped { at, .. } => !t.resent_after_reap && provisioners_answer(&t.organization, *at, completed()),
                 _ => false,
             };
-            if due && !listed.contains(id.as_str()) {
-                out.push(Candidate {
-                    event: AuditEvent { time: eval.now, ..t.event.clone() },
-                    session: t.session.clone(),
-                    organization: t.organization.clone(),
-                    last_used_at: t.last_used_at,
-                });
-            }
-        }
-        out.truncate(self.max_stops_per_pass);
+            due && !listed.contains(id.as_str())
+        });
+        out.extend(retries.take(slots_left).map(|(_, t)| Candidate {
+            event: AuditEvent { time: eval.now, ..t.event.clone() },
+            session: t.session.clone(),
+            organization: t.organization.clone(),
+            last_used_at: t.last_used_at,
+        }));
         out
     }
 

@@ -559,8 +559,13 @@ fn idle_reason(idle_since: DateTime<Utc>, windows: &[&GpuWindow], policy: &Polic
 /// What the fleet-level step decided beyond each verdict.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct FleetOutcome {
-    /// Indices into the decisions to stop this pass, longest GPU-idle first, at most the cap.
+    /// Indices into the decisions to stop this pass, longest GPU-idle first: the first
+    /// `stop_slots` reclaims.
     pub stop_order: Vec<usize>,
+    /// How many stop builds this pass may send, retries of earlier stops included:
+    /// `max_stops_per_pass`, none while the breaker holds. The stop order takes them first; the
+    /// actuator gives the rest to due retries. The one place the cap is applied.
+    pub stop_slots: usize,
     /// Reclaims left for a later pass by `max_stops_per_pass`.
     pub deferred: usize,
     /// Set when the circuit breaker refuses every stop this pass, with the reason.
@@ -601,7 +606,8 @@ pub fn apply_fleet_rules(decisions: &mut [Decision], policy: &Policy) -> FleetOu
         ));
         return out;
     }
-    out.deferred = reclaim.len().saturating_sub(policy.max_stops_per_pass);
-    out.stop_order = reclaim.into_iter().take(policy.max_stops_per_pass).collect();
+    out.stop_slots = policy.max_stops_per_pass;
+    out.deferred = reclaim.len().saturating_sub(out.stop_slots);
+    out.stop_order = reclaim.into_iter().take(out.stop_slots).collect();
     out
 }
