@@ -146,7 +146,7 @@ async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>
     tokio::time::sleep(Duration::from_millis(50)).await;
     let bytes = received.load(Ordering::Relaxed) - bytes0;
     let mut verdicts = std::collections::BTreeMap::new();
-    for d in &report.decisions {
+    for d in report.judged.iter().map(|j| &j.decision) {
         *verdicts
             .entry(serde_json::to_value(d.verdict).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default())
             .or_insert(0usize) += 1;

@@ -10,7 +10,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::coder::identity::connect;
-use crate::coder::types::Workspace;
 use crate::coder::{ClientOptions, CoderClient, CoderError, TokenSource};
 use crate::config::{GpuSourceSettings, Settings};
 use crate::error::Error;
@@ -21,8 +20,8 @@ use crate::http::Secret;
 use crate::pass::accounting::Accounting;
 use crate::pass::actuator::require_permissions;
 use crate::pass::actuator::{ActReport, Actuator, Outputs, StopLimits};
-use crate::pass::decide::{Decision, FleetOutcome};
-use crate::pass::evaluate::Evaluator;
+use crate::pass::decide::FleetOutcome;
+use crate::pass::evaluate::{Evaluator, Judged};
 use crate::pass::metrics::Metrics;
 use crate::pass::mode::Mode;
 use crate::pass::report::TokenProblem;
@@ -40,8 +39,8 @@ pub enum Role {
 /// Everything one pass produced.
 #[derive(Debug)]
 pub struct PassReport {
-    pub workspaces: Vec<Workspace>,
-    pub decisions: Vec<Decision>,
+    /// The running workspaces, each with its decision; `fleet`'s indices are into it.
+    pub judged: Vec<Judged>,
     pub fleet: FleetOutcome,
     /// GPU source requests made this pass.
     pub gpu_requests: usize,
@@ -210,7 +209,7 @@ impl Application {
             stuck,
             &mut self.accounting,
         );
-        Ok(PassReport { workspaces: eval.workspaces, decisions: eval.decisions, fleet: eval.fleet, gpu_requests: eval.gpu_requests, acted })
+        Ok(PassReport { judged: eval.judged, fleet: eval.fleet, gpu_requests: eval.gpu_requests, acted })
     }
 
     /// Runs a pass every interval until shutdown. A pass in progress at shutdown may finish its

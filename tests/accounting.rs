@@ -5,13 +5,14 @@ use chrono::{DateTime, Duration, Utc};
 use coder_gpu_reclaimer::coder::types::Workspace;
 use coder_gpu_reclaimer::pass::accounting::{Accounting, Increments};
 use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict};
+use coder_gpu_reclaimer::pass::evaluate::Judged;
 
 use crate::common::running_workspace;
 
 const A: &str = "0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70";
 const B: &str = "5d3e1f0a-2b4c-4d6e-8f10-3a5b7c9d1e2f";
 /// Both workspaces' GPUs cost 1.20 per GPU-hour (`gpu_hour_price`).
-const PRICES: &[Option<f64>] = &[Some(1.2), Some(1.2)];
+const PRICE: Option<f64> = Some(1.2);
 
 fn t(secs: i64) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339("2026-11-29T10:00:00Z").unwrap().with_timezone(&Utc) + Duration::seconds(secs)
@@ -36,6 +37,11 @@ fn decision(id: &str, verdict: Verdict, reason: Reason, gpu_idle: Option<i64>) -
     }
 }
 
+/// The workspace `d` is about, judged with `gpus` GPUs at `price` per GPU-hour.
+fn judged(d: &Decision, gpus: u64, price: Option<f64>) -> Judged {
+    Judged { workspace: ws(&d.workspace_id), decision: d.clone(), gpus, price }
+}
+
 #[test]
 fn a_scripted_story_gives_exact_figures() {
     let mut acc = Accounting::priced("EUR");
@@ -51,33 +57,21 @@ fn a_scripted_story_gives_exact_figures() {
         total.given_back_cost.extend(inc.given_back_cost);
     };
     // 10:00 A idle on 1 GPU, B waits; 10:01 the same.
-    add(acc.pass(t(0), &[ws(A), ws(B)], &[idle_a.clone(), waiting_b.clone()], &[1, 0], PRICES, &[]));
-    add(acc.pass(t(60), &[ws(A), ws(B)], &[idle_a, waiting_b.clone()], &[1, 0], PRICES, &[]));
+    add(acc.pass(t(0), &[judged(&idle_a, 1, PRICE), judged(&waiting_b, 0, PRICE)], &[]));
+    add(acc.pass(t(60), &[judged(&idle_a, 1, PRICE), judged(&waiting_b, 0, PRICE)], &[]));
     assert_eq!(acc.summary(t(60)).waiting, 1);
     assert_eq!(acc.summary(t(60)).longest_wait_seconds, 60);
     // 10:02 A's stop build completed (A is no longer listed as running).
-    add(acc.pass(t(120), &[ws(B)], &[waiting_b], &[0], PRICES, &[A.to_string()]));
+    add(acc.pass(t(120), &[judged(&waiting_b, 0, PRICE)], &[A.to_string()]));
     // 10:03 B has its GPU and computes; A's GPU has been given back for a minute.
-    add(acc.pass(t(180), &[ws(B)], &[decision(B, Verdict::Keep, Reason::GpuActive, Some(0))], &[1], PRICES, &[]));
+    let working_b = judged(&decision(B, Verdict::Keep, Reason::GpuActive, Some(0)), 1, PRICE);
+    add(acc.pass(t(180), std::slice::from_ref(&working_b), &[]));
     // 10:05 still: two more minutes given back.
-    add(acc.pass(t(300), &[ws(B)], &[decision(B, Verdict::Keep, Reason::GpuActive, Some(0))], &[1], PRICES, &[]));
+    add(acc.pass(t(300), std::slice::from_ref(&working_b), &[]));
     // 10:06 A runs again: giving back ends (this minute is not counted: A was listed running).
-    add(acc.pass(
-        t(360),
-        &[ws(A), ws(B)],
-        &[decision(A, Verdict::Keep, Reason::WarmingUp, None), decision(B, Verdict::Keep, Reason::GpuActive, Some(0))],
-        &[1, 1],
-        PRICES,
-        &[],
-    ));
-    add(acc.pass(
-        t(420),
-        &[ws(A), ws(B)],
-        &[decision(A, Verdict::Keep, Reason::WarmingUp, None), decision(B, Verdict::Keep, Reason::GpuActive, Some(0))],
-        &[1, 1],
-        PRICES,
-        &[],
-    ));
+    let warming_a = judged(&decision(A, Verdict::Keep, Reason::WarmingUp, None), 1, PRICE);
+    add(acc.pass(t(360), &[warming_a.clone(), working_b.clone()], &[]));
+    add(acc.pass(t(420), &[warming_a, working_b], &[]));
 
     assert_eq!(total.idle_gpu_seconds, vec![("gpu-a10g".to_string(), 60.0)], "one minute of one idle GPU");
     assert_eq!(total.gpus_reclaimed, vec![("gpu-a10g".to_string(), 1)]);
@@ -103,8 +97,9 @@ fn a_scripted_story_gives_exact_figures() {
 fn without_prices_there_is_no_money() {
     let mut acc = Accounting::default();
     let idle = decision(A, Verdict::Keep, Reason::NotIdleLongEnough, Some(600));
-    acc.pass(t(0), &[ws(A)], std::slice::from_ref(&idle), &[1], &[None], &[]);
-    let inc = acc.pass(t(60), &[ws(A)], &[idle], &[1], &[None], &[]);
+    let idle = [judged(&idle, 1, None)];
+    acc.pass(t(0), &idle, &[]);
+    let inc = acc.pass(t(60), &idle, &[]);
     assert!(inc.idle_cost.is_empty() && acc.summary(t(60)).cost.is_none());
 }
 
@@ -112,8 +107,9 @@ fn without_prices_there_is_no_money() {
 fn a_service_that_was_down_does_not_count_the_gap() {
     let mut acc = Accounting::default();
     let idle = decision(A, Verdict::Keep, Reason::NotIdleLongEnough, Some(86_400));
-    acc.pass(t(0), &[ws(A)], std::slice::from_ref(&idle), &[2], PRICES, &[]);
-    let inc = acc.pass(t(3600), &[ws(A)], &[idle], &[2], PRICES, &[]);
+    let idle = [judged(&idle, 2, PRICE)];
+    acc.pass(t(0), &idle, &[]);
+    let inc = acc.pass(t(3600), &idle, &[]);
     assert_eq!(inc.idle_gpu_seconds, vec![("gpu-a10g".to_string(), 600.0)], "at most 5 minutes a pass, times 2 GPUs");
 }
 
@@ -123,11 +119,11 @@ fn a_service_that_was_down_does_not_count_the_gap() {
 fn a_stop_that_completes_passes_later_is_counted() {
     let mut acc = Accounting::default();
     let idle = decision(A, Verdict::Reclaim, Reason::Idle, Some(3600));
-    acc.pass(t(0), &[ws(A)], std::slice::from_ref(&idle), &[2], &[None], &[]);
+    acc.pass(t(0), &[judged(&idle, 2, None)], &[]);
     for m in 1..5 {
-        acc.pass(t(60 * m), &[], &[], &[], &[], &[]); // stopping: not listed
+        acc.pass(t(60 * m), &[], &[]); // stopping: not listed
     }
-    let inc = acc.pass(t(300), &[], &[], &[], &[], &[A.to_string()]);
+    let inc = acc.pass(t(300), &[], &[A.to_string()]);
     assert_eq!(inc.gpus_reclaimed, vec![("gpu-a10g".to_string(), 2)]);
     assert_eq!(acc.summary(t(300)).recent_stops.len(), 1);
 }

@@ -96,7 +96,7 @@ impl Harness {
 
     /// Evaluates only: decisions, no action (as `plan` does).
     pub async fn evaluate(&mut self) -> Vec<Decision> {
-        self.app.evaluator.evaluate().await.map_err(|(e, _)| e).unwrap().decisions
+        self.app.evaluator.evaluate().await.map_err(|(e, _)| e).unwrap().judged.into_iter().map(|j| j.decision).collect()
     }
 
     pub fn posts(&self) -> usize {
@@ -359,7 +359,7 @@ async fn a_workspace_restarted_right_after_its_stop_is_not_stopped_again() {
     let mut verdicts = Vec::new();
     for _ in 0..6 {
         let r = h.pass().await;
-        if let Some(d) = r.decisions.iter().find(|d| d.workspace_id == a.to_string()) {
+        if let Some(d) = r.judged.iter().map(|j| &j.decision).find(|d| d.workspace_id == a.to_string()) {
             verdicts.push(d.reason);
         }
         let doc = h.state().status();
@@ -552,7 +552,7 @@ async fn observe_mode_never_tells_anyone_a_stop_will_happen() {
     let mut would_stop = 0;
     for _ in 0..40 {
         let r = h.pass().await;
-        if verdict(&r.decisions, a).0 == Verdict::Warn {
+        if r.judged.iter().any(|j| j.workspace.id == a.to_string() && j.decision.verdict == Verdict::Warn) {
             let doc = h.state().status();
             warned_message = doc.workspaces.iter().find(|w| w.id == a.to_string()).map(|w| w.message.clone());
         }
@@ -589,7 +589,7 @@ async fn a_workspace_listed_twice_is_judged_and_stopped_once() {
     let mut sizes = Vec::new();
     for _ in 0..20 {
         let r = h.pass().await;
-        sizes.push(r.decisions.len());
+        sizes.push(r.judged.len());
         if h.stops_by_admin(a) > 0 {
             break;
         }

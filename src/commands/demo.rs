@@ -163,7 +163,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
 
         let report = app.pass(&stop_rx).await.map_err(runtime)?;
         let names: HashMap<&str, String> =
-            report.workspaces.iter().map(|w| (w.id.as_str(), format!("{} ({})", w.name, w.owner_name))).collect();
+            report.judged.iter().map(|j| (j.workspace.id.as_str(), format!("{} ({})", j.workspace.name, j.workspace.owner_name))).collect();
         let events: Vec<String> = coder.with(|w| {
             w.events[seen_events..]
                 .iter()
@@ -175,7 +175,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
         for e in events {
             tl.line(&e);
         }
-        for d in &report.decisions {
+        for d in report.judged.iter().map(|j| &j.decision) {
             let key = (d.verdict, d.reason.as_str());
             let changed = last.get(&d.workspace_id) != Some(&key);
             if changed || args.verbose {

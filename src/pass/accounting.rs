@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use chrono::{DateTime, Duration, NaiveDate, Utc};
 use serde::Serialize;
 
-use crate::coder::types::Workspace;
-use crate::pass::decide::{Decision, Verdict};
+use crate::pass::decide::Verdict;
+use crate::pass::evaluate::Judged;
 
 /// How many of the latest completed stops the status document lists.
 pub const RECENT_STOPS: usize = 10;
@@ -125,23 +125,14 @@ impl Accounting {
         Accounting { currency: Some(currency.to_string()), ..Accounting::default() }
     }
 
-    /// Accounts one pass. `gpus[i]` is how many GPUs `workspaces[i]` holds (series seen) and
-    /// `prices[i]` what one of its GPU-hours costs; `stops_done` are the workspaces whose stop
-    /// build completed this pass.
-    pub fn pass(
-        &mut self,
-        now: DateTime<Utc>,
-        workspaces: &[Workspace],
-        decisions: &[Decision],
-        gpus: &[u64],
-        prices: &[Option<f64>],
-        stops_done: &[String],
-    ) -> Increments {
+    /// Accounts one pass: the running workspaces as judged (each with how many GPUs it holds and
+    /// what one of its GPU-hours costs), and the workspaces whose stop build completed this pass.
+    pub fn pass(&mut self, now: DateTime<Utc>, judged: &[Judged], stops_done: &[String]) -> Increments {
         let dt = self.last_pass.map_or(Duration::zero(), |t| (now - t).clamp(Duration::zero(), MAX_PASS_GAP));
         let secs = dt.num_milliseconds() as f64 / 1000.0;
         self.last_pass = Some(now);
         let mut inc = Increments::default();
-        let listed: HashMap<&str, usize> = workspaces.iter().enumerate().map(|(i, w)| (w.id.as_str(), i)).collect();
+        let listed: HashMap<&str, &Judged> = judged.iter().map(|j| (j.workspace.id.as_str(), j)).collect();
         let day = self.days.entry(now.date_naive()).or_default();
 
         // Given back until the workspace runs again.
@@ -190,7 +181,8 @@ impl Accounting {
         }
 
         // Idle GPU time, and who waits.
-        for (((w, d), &n), &price) in workspaces.iter().zip(decisions).zip(gpus).zip(prices) {
+        for Judged { workspace: w, decision: d, gpus: n, price } in judged {
+            let (n, price) = (*n, *price);
             if n > 0 {
                 let seen = Seen {
                     template: w.template_name.clone(),
@@ -221,7 +213,7 @@ impl Accounting {
         let mut ended = Vec::new();
         for (id, since) in &self.waiting_since {
             match listed.get(id.as_str()) {
-                Some(&i) if decisions[i].verdict != Verdict::Waiting && gpus[i] > 0 => {
+                Some(j) if j.decision.verdict != Verdict::Waiting && j.gpus > 0 => {
                     inc.waits_ended.push((now - *since).num_milliseconds() as f64 / 1000.0);
                     ended.push(id.clone());
                 }

@@ -24,7 +24,7 @@ use crate::duration::human;
 use crate::error::Error;
 use crate::pass::audit::{AuditEvent, AuditKind, AuditLog, Notifier};
 use crate::pass::decide::Verdict;
-use crate::pass::evaluate::Evaluation;
+use crate::pass::evaluate::{Evaluation, Judged};
 use crate::pass::metrics::{Metrics, StopFailureLabels, StopLabels};
 use crate::pass::mode::Mode;
 use crate::pass::stop_lifecycle::{JobChange, StopState, provisioners_answer};
@@ -250,8 +250,8 @@ impl Actuator {
     }
 
     fn announce_warnings(&self, eval: &Evaluation, kind: AuditKind) {
-        for &i in &eval.new_warnings {
-            let event = AuditEvent::new(kind, eval.now, self.mode.as_str(), &eval.workspaces[i], &eval.decisions[i]);
+        for j in eval.new_warnings() {
+            let event = AuditEvent::new(kind, eval.now, self.mode.as_str(), &j.workspace, &j.decision);
             tracing::info!(event = kind.as_str(), workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, stop_at = ?event.stop_at, "{}", event.text());
             self.notify(&event);
         }
@@ -260,21 +260,19 @@ impl Actuator {
     /// Observe mode: report each would-stop once per idle episode, and would-be TTL restores.
     fn observe(&mut self, eval: &Evaluation, report: &mut ActReport) {
         // A tripped breaker leaves the order empty (`apply_fleet_rules`).
-        let chosen = &eval.fleet.stop_order;
-        let current: HashSet<&str> = chosen.iter().map(|&i| eval.decisions[i].workspace_id.as_str()).collect();
+        let current: HashSet<&str> = eval.stop_order().map(|j| j.workspace.id.as_str()).collect();
         self.reported.retain(|id| current.contains(id.as_str()));
-        for &i in chosen {
-            let ws = &eval.workspaces[i];
-            if !self.reported.insert(ws.id.clone()) {
+        for j in eval.stop_order() {
+            if !self.reported.insert(j.workspace.id.clone()) {
                 continue;
             }
-            let event = stop_event(AuditKind::WouldStop, eval, i, self.mode);
+            let event = stop_event(AuditKind::WouldStop, eval, j, self.mode);
             tracing::info!(event = "would_stop", workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, "{}", event.message);
             self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "observe" }).inc();
             self.announce(&event);
             report.would_stop.push(event.workspace_id);
         }
-        for (ws, d) in eval.workspaces.iter().zip(&eval.decisions) {
+        for Judged { workspace: ws, decision: d, .. } in &eval.judged {
             if let Some(ttl) = d.restore_ttl_ms {
                 tracing::info!(event = "would_restore_ttl", workspace_id = %ws.id, owner = %ws.owner_name, ttl_ms = ttl, "would set the autostop TTL back");
             }
@@ -284,7 +282,7 @@ impl Actuator {
     /// Workspaces this service stopped that run again: one `resumed` audit line each, with the
     /// GPU-seconds they gave back. Forgotten after 8 days (deleted, or never started again).
     fn resumed(&mut self, eval: &Evaluation) {
-        for ws in &eval.workspaces {
+        for ws in eval.workspaces() {
             let Some((done, at)) = self.stopped.remove(&ws.id) else { continue };
             let gpus = done.gpus.unwrap_or(0);
             let event = AuditEvent {
@@ -304,10 +302,9 @@ impl Actuator {
     /// any other stop whose workspace has not been seen running for a day.
     fn reconcile(&mut self, eval: &Evaluation) {
         let listed: HashMap<&str, (&str, bool)> = eval
-            .workspaces
+            .judged
             .iter()
-            .zip(&eval.decisions)
-            .map(|(w, d)| (w.id.as_str(), (w.latest_build.id.as_str(), d.is_stop_eligible())))
+            .map(|j| (j.workspace.id.as_str(), (j.workspace.latest_build.id.as_str(), j.decision.is_stop_eligible())))
             .collect();
         let now = eval.now;
         self.tracked.retain(|id, t| match listed.get(id.as_str()) {
@@ -326,15 +323,15 @@ impl Actuator {
     /// retries of failed stop builds, and reaped stops once provisioners answer again.
     fn candidates(&self, eval: &Evaluation) -> Vec<Candidate> {
         let mut out = Vec::new();
-        for &i in &eval.fleet.stop_order {
-            let ws = &eval.workspaces[i];
+        for j in eval.stop_order() {
+            let ws = &j.workspace;
             let due = match self.tracked.get(&ws.id).map(|t| &t.state) {
                 None => true,
                 Some(StopState::Failed { retry_at, .. }) => *retry_at <= eval.now,
                 Some(_) => false,
             };
             if due {
-                let event = stop_event(AuditKind::StopSent, eval, i, self.mode);
+                let event = stop_event(AuditKind::StopSent, eval, j, self.mode);
                 out.push(Candidate {
                     event,
                     session: ws.latest_build.id.clone(),
@@ -344,8 +341,8 @@ impl Actuator {
             }
         }
         let slots_left = eval.fleet.stop_slots.saturating_sub(out.len());
-        let listed: HashSet<&str> = eval.workspaces.iter().map(|w| w.id.as_str()).collect();
-        let completed = || eval.workspaces.iter().map(|w| (w.organization_id.as_str(), w.latest_build.job.completed_at));
+        let listed: HashSet<&str> = eval.workspaces().map(|w| w.id.as_str()).collect();
+        let completed = || eval.workspaces().map(|w| (w.organization_id.as_str(), w.latest_build.job.completed_at));
         let retries = self.tracked.iter().filter(|(id, t)| {
             let due = match &t.state {
                 StopState::Failed { retry_at, build_id: Some(_) } => *retry_at <= eval.now,
@@ -604,7 +601,7 @@ impl Actuator {
     /// forbids a user autostop TTL; 403/404: the token may not update the workspace) is not
     /// asked for again until the workspace's template version changes.
     async fn restore_ttls(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) {
-        for (ws, d) in eval.workspaces.iter().zip(&eval.decisions) {
+        for Judged { workspace: ws, decision: d, .. } in &eval.judged {
             let Some(ttl) = d.restore_ttl_ms else { continue };
             if *shutdown.borrow() || d.verdict == Verdict::Reclaim {
                 continue;
@@ -629,19 +626,18 @@ impl Actuator {
                 }
             }
         }
-        let listed: HashSet<&str> = eval.workspaces.iter().map(|w| w.id.as_str()).collect();
+        let listed: HashSet<&str> = eval.workspaces().map(|w| w.id.as_str()).collect();
         self.ttl_refused.retain(|id, _| listed.contains(id.as_str()));
     }
 }
 
-/// The audit event of a stop (or would-stop) of `eval.workspaces[i]`: its decision, how many
-/// GPUs it holds and what one of its GPU-hours costs.
-fn stop_event(kind: AuditKind, eval: &Evaluation, i: usize, mode: Mode) -> AuditEvent {
-    let price = eval.prices.get(i).copied().flatten();
+/// The audit event of a stop (or would-stop) of a judged workspace: its decision, how many GPUs
+/// it holds and what one of its GPU-hours costs.
+fn stop_event(kind: AuditKind, eval: &Evaluation, j: &Judged, mode: Mode) -> AuditEvent {
     AuditEvent {
-        gpus: eval.gpus.get(i).copied(),
-        gpu_hour_price: price,
-        currency: price.and(eval.currency.clone()),
-        ..AuditEvent::new(kind, eval.now, mode.as_str(), &eval.workspaces[i], &eval.decisions[i])
+        gpus: Some(j.gpus),
+        gpu_hour_price: j.price,
+        currency: j.price.and(eval.currency.clone()),
+        ..AuditEvent::new(kind, eval.now, mode.as_str(), &j.workspace, &j.decision)
     }
 }

@@ -16,15 +16,28 @@ use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
 use crate::pass::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide_with_coder_clock, without_stop_permission};
 use crate::pass::policy::Policy;
 
-/// Everything one evaluation found. `decisions[i]` is about `workspaces[i]`.
+/// One running workspace as the pass judged it: its listing entry, its decision, and what its
+/// GPUs are.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    pub workspace: Workspace,
+    pub decision: Decision,
+    /// How many GPUs report for it.
+    pub gpus: u64,
+    /// The price of one of its GPU-hours (`gpu_hour_price` for its GPUs' model), when set.
+    pub price: Option<f64>,
+}
+
+/// Everything one evaluation found.
 #[derive(Debug)]
 pub struct Evaluation {
     pub now: DateTime<Utc>,
     pub started: Instant,
-    pub workspaces: Vec<Workspace>,
-    pub decisions: Vec<Decision>,
+    /// The running workspaces, in listing order, each with its decision.
+    pub judged: Vec<Judged>,
+    /// The fleet rules' outcome; its indices are into `judged`.
     pub fleet: FleetOutcome,
-    /// Indices of the workspaces whose warning (grace) began this pass.
+    /// Indices into `judged` of the workspaces whose warning (grace) began this pass.
     pub new_warnings: Vec<usize>,
     /// GPU source requests made this pass.
     pub gpu_requests: usize,
@@ -34,12 +47,30 @@ pub struct Evaluation {
     /// Coder's clock minus this machine's (from the listing's `Date` header); Coder's
     /// timestamps were judged by it.
     pub coder_clock_offset: Option<chrono::Duration>,
-    /// How many GPUs report for each workspace (`gpus[i]` for `workspaces[i]`).
-    pub gpus: Vec<u64>,
-    /// The price of one of its GPU-hours (`gpu_hour_price` for its GPUs' model), when set.
-    pub prices: Vec<Option<f64>>,
-    /// The currency of `prices`, when GPU time is priced.
+    /// The currency of the prices, when GPU time is priced.
     pub currency: Option<String>,
+}
+
+impl Evaluation {
+    /// The workspaces the fleet rules chose to stop this pass, in their order.
+    pub fn stop_order(&self) -> impl Iterator<Item = &Judged> {
+        self.fleet.stop_order.iter().filter_map(|&i| self.judged.get(i))
+    }
+
+    /// The workspaces whose warning (grace) began this pass.
+    pub fn new_warnings(&self) -> impl Iterator<Item = &Judged> {
+        self.new_warnings.iter().filter_map(|&i| self.judged.get(i))
+    }
+
+    /// The running workspaces' listing entries.
+    pub fn workspaces(&self) -> impl Iterator<Item = &Workspace> {
+        self.judged.iter().map(|j| &j.workspace)
+    }
+
+    /// The decisions, in listing order.
+    pub fn decisions(&self) -> impl Iterator<Item = &Decision> {
+        self.judged.iter().map(|j| &j.decision)
+    }
 }
 
 /// A clock difference larger than this is logged (`clock_skew`): decisions correct for it, but
@@ -218,22 +249,25 @@ impl Evaluator {
             .collect();
         self.warnings =
             decisions.iter().filter(|d| d.is_stop_eligible()).filter_map(|d| d.stop_at.map(|t| (d.workspace_id.clone(), t))).collect();
-        let gpus = workspaces.iter().map(|w| self.windows.get(&w.id).map_or(0, |g| g.len() as u64)).collect();
-        let model = |id: &str| self.windows.get(id).and_then(|g| g.iter().find_map(|w| w.model.as_deref()));
-        let prices = workspaces.iter().map(|w| self.policy.gpu_hour_price_for(model(&w.id))).collect();
+        let judged = workspaces
+            .into_iter()
+            .zip(decisions)
+            .map(|(workspace, decision)| {
+                let windows = self.windows.get(&workspace.id);
+                let model = windows.and_then(|g| g.iter().find_map(|w| w.model.as_deref()));
+                Judged { gpus: windows.map_or(0, |g| g.len() as u64), price: self.policy.gpu_hour_price_for(model), workspace, decision }
+            })
+            .collect();
         Ok(Evaluation {
             now,
             started,
-            workspaces,
-            decisions,
+            judged,
             fleet,
             new_warnings,
             gpu_requests: collection.requests,
             source_failures: collection.failures,
             duplicates,
             coder_clock_offset: listing.clock_offset,
-            gpus,
-            prices,
             currency: self.policy.prices_gpu_time().then(|| self.policy.currency.clone()),
         })
     }

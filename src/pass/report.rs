@@ -13,7 +13,7 @@ use crate::gpu::window::Windows;
 use crate::pass::accounting::Accounting;
 use crate::pass::actuator::{ActReport, StuckStop};
 use crate::pass::decide::Verdict;
-use crate::pass::evaluate::Evaluation;
+use crate::pass::evaluate::{Evaluation, Judged};
 use crate::pass::metrics::{Metrics, PassLabels, SourceLabels};
 use crate::pass::mode::Mode;
 use crate::pass::policy::Policy;
@@ -217,8 +217,7 @@ pub fn publish(
             "the workspace listing repeated entries; each workspace is judged once"
         );
     }
-    let decisions = &eval.decisions;
-    let count = |v: Verdict| decisions.iter().filter(|d| d.verdict == v).count();
+    let count = |v: Verdict| eval.decisions().filter(|d| d.verdict == v).count();
     if let Some(why) = &eval.fleet.breaker {
         tracing::warn!(
             event = "breaker_tripped",
@@ -228,8 +227,8 @@ pub fn publish(
         );
         metrics.breaker_trips.inc();
     }
-    metrics.set_verdicts(decisions.iter().map(|d| (d.verdict, d.reason)));
-    let inc = accounting.pass(eval.now, &eval.workspaces, decisions, &eval.gpus, &eval.prices, &acted.stops_done);
+    metrics.set_verdicts(eval.decisions().map(|d| (d.verdict, d.reason)));
+    let inc = accounting.pass(eval.now, &eval.judged, &acted.stops_done);
     metrics.account(&inc, &policy.currency);
     if let Some(offset) = eval.coder_clock_offset {
         metrics.coder_clock_offset.set(offset.num_milliseconds() as f64 / 1000.0);
@@ -247,10 +246,9 @@ pub fn publish(
         stuck_stops,
         notes: Vec::new(),
         workspaces: eval
-            .workspaces
+            .judged
             .iter()
-            .zip(decisions)
-            .map(|(ws, d)| {
+            .map(|Judged { workspace: ws, decision: d, .. }| {
                 let mut entry = WorkspaceStatus::new(ws, d, windows.get(&ws.id), policy);
                 if let (Verdict::Warn, Some(stop_at)) = (d.verdict, d.stop_at) {
                     entry.message = format!("{}; {}", entry.message, mode.countdown(stop_at - eval.now));
@@ -266,7 +264,7 @@ pub fn publish(
     }
     tracing::info!(
         event = "pass",
-        workspaces = eval.workspaces.len(),
+        workspaces = eval.judged.len(),
         reclaim = count(Verdict::Reclaim),
         warn = count(Verdict::Warn),
         waiting = count(Verdict::Waiting),
