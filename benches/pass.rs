@@ -52,8 +52,8 @@ async fn measure(n: usize, port: u16) {
         }
         let report = app.pass(&rx).await.expect("pass");
         walls.push(t.elapsed().as_secs_f64());
-        requests = 1 + report.gpu_requests * (1 + SAMPLES_BETWEEN_PASSES);
-        assert_eq!(report.judged.len(), n);
+        requests = 1 + report.eval.gpu_requests * (1 + SAMPLES_BETWEEN_PASSES);
+        assert_eq!(report.eval.judged.len(), n);
     }
     let cpu = (synthetic::cpu_seconds() - cpu0) / PASSES as f64;
     walls.sort_by(f64::total_cmp);

@@ -146,14 +146,14 @@ async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>
     tokio::time::sleep(Duration::from_millis(50)).await;
     let bytes = received.load(Ordering::Relaxed) - bytes0;
     let mut verdicts = std::collections::BTreeMap::new();
-    for d in report.judged.iter().map(|j| &j.decision) {
+    for d in report.eval.decisions() {
         *verdicts
             .entry(serde_json::to_value(d.verdict).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default())
             .or_insert(0usize) += 1;
     }
     println!(
         "{n:>6} GPUs | {label:<14} | {:>2} queries | {:>9.1} KB received | wall {:>6.0} ms | CPU {:>6.0} ms | peak RSS {:>5.1} MiB | {verdicts:?}",
-        report.gpu_requests,
+        report.eval.gpu_requests,
         bytes as f64 / 1e3,
         wall * 1e3,
         cpu * 1e3,

@@ -20,12 +20,10 @@ use crate::http::Secret;
 use crate::pass::accounting::Accounting;
 use crate::pass::actuator::require_permissions;
 use crate::pass::actuator::{ActReport, Actuator, Outputs, StopLimits};
-use crate::pass::decide::FleetOutcome;
-use crate::pass::evaluate::{Evaluator, Judged};
+use crate::pass::evaluate::Evaluator;
 use crate::pass::metrics::Metrics;
 use crate::pass::mode::Mode;
-use crate::pass::report::TokenProblem;
-use crate::pass::report::{self, State};
+use crate::pass::report::{self, PassOutcome, State, TokenProblem};
 
 /// What the service is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,24 +34,13 @@ pub enum Role {
     Run,
 }
 
-/// Everything one pass produced.
-#[derive(Debug)]
-pub struct PassReport {
-    /// The running workspaces, each with its decision; `fleet`'s indices are into it.
-    pub judged: Vec<Judged>,
-    pub fleet: FleetOutcome,
-    /// GPU source requests made this pass.
-    pub gpu_requests: usize,
-    pub acted: ActReport,
-}
-
 pub struct Application {
     pub state: Arc<State>,
     pub evaluator: Evaluator,
     /// `None` for `plan`: nothing can act.
     pub actuator: Option<Actuator>,
     pub coder: CoderClient,
-    /// How warnings are phrased in the report (plan reports as observe).
+    /// What the token must be allowed to do (`plan` observes).
     mode: Mode,
     /// When the token was last asked about (expiry, permissions).
     token_checked: Instant,
@@ -183,7 +170,7 @@ impl Application {
 
     /// One pass: evaluate, act (when there is an actuator), report. Fails only when the listing
     /// fails; then nothing was decided and nothing is stopped.
-    pub async fn pass(&mut self, shutdown: &watch::Receiver<bool>) -> Result<PassReport, CoderError> {
+    pub async fn pass(&mut self, shutdown: &watch::Receiver<bool>) -> Result<PassOutcome, CoderError> {
         self.refresh_token().await;
         let eval = match self.evaluator.evaluate().await {
             Ok(e) => e,
@@ -192,24 +179,17 @@ impl Application {
                 return Err(error);
             }
         };
-        let acted = match &mut self.actuator {
-            Some(actuator) => actuator.act(&eval, shutdown).await,
-            None => ActReport::default(),
+        let pass = match &mut self.actuator {
+            Some(actuator) => PassOutcome {
+                acted: actuator.act(&eval, shutdown).await,
+                tracked_stops: actuator.tracked_count(),
+                stuck_stops: actuator.stuck_stops(),
+                eval,
+            },
+            None => PassOutcome { eval, acted: ActReport::default(), tracked_stops: 0, stuck_stops: Vec::new() },
         };
-        let in_flight = self.actuator.as_ref().map_or(0, Actuator::tracked_count);
-        let stuck = self.actuator.as_ref().map(Actuator::stuck_stops).unwrap_or_default();
-        report::publish(
-            &self.state,
-            &eval,
-            self.evaluator.windows(),
-            self.evaluator.policy(),
-            self.mode,
-            &acted,
-            in_flight,
-            stuck,
-            &mut self.accounting,
-        );
-        Ok(PassReport { judged: eval.judged, fleet: eval.fleet, gpu_requests: eval.gpu_requests, acted })
+        report::publish(&self.state, &pass, &self.evaluator, &mut self.accounting);
+        Ok(pass)
     }
 
     /// Runs a pass every interval until shutdown. A pass in progress at shutdown may finish its

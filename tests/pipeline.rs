@@ -7,13 +7,14 @@
 
 use std::time::Duration;
 
-use coder_gpu_reclaimer::app::{Application, PassReport, Role};
+use coder_gpu_reclaimer::app::{Application, Role};
 use coder_gpu_reclaimer::coder::SessionToken;
 use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
 use coder_gpu_reclaimer::gpu::exporter::ExporterTarget;
 use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict};
 use coder_gpu_reclaimer::pass::mode::Mode;
 use coder_gpu_reclaimer::pass::policy::Policy;
+use coder_gpu_reclaimer::pass::report::PassOutcome;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 use mocks::{Behaviour, ExporterConfig, FakeCoder, FakeExporter, Fault, Load, WorldConfig};
 use tokio::sync::watch;
@@ -88,7 +89,7 @@ impl Harness {
     }
 
     /// One full pass (evaluate, act, report), then an interval's sleep.
-    pub async fn pass(&mut self) -> PassReport {
+    pub async fn pass(&mut self) -> PassOutcome {
         let r = self.app.pass(&self.stop).await.unwrap();
         tokio::time::sleep(INTERVAL).await;
         r
@@ -255,7 +256,7 @@ async fn the_breaker_holds_when_every_exporter_reads_zero() {
     h.exporter.set(|c| c.behaviour = Behaviour::AllZero);
     let mut tripped = 0;
     for _ in 0..16 {
-        tripped += usize::from(h.pass().await.fleet.breaker.is_some());
+        tripped += usize::from(h.pass().await.eval.fleet.breaker.is_some());
     }
     assert!(tripped > 0, "the breaker tripped");
     assert_eq!(h.posts(), 0, "a broken exporter stops nobody");
@@ -359,7 +360,7 @@ async fn a_workspace_restarted_right_after_its_stop_is_not_stopped_again() {
     let mut verdicts = Vec::new();
     for _ in 0..6 {
         let r = h.pass().await;
-        if let Some(d) = r.judged.iter().map(|j| &j.decision).find(|d| d.workspace_id == a.to_string()) {
+        if let Some(d) = r.eval.decisions().find(|d| d.workspace_id == a.to_string()) {
             verdicts.push(d.reason);
         }
         let doc = h.state().status();
@@ -552,7 +553,7 @@ async fn observe_mode_never_tells_anyone_a_stop_will_happen() {
     let mut would_stop = 0;
     for _ in 0..40 {
         let r = h.pass().await;
-        if r.judged.iter().any(|j| j.workspace.id == a.to_string() && j.decision.verdict == Verdict::Warn) {
+        if r.eval.decisions().any(|d| d.workspace_id == a.to_string() && d.verdict == Verdict::Warn) {
             let doc = h.state().status();
             warned_message = doc.workspaces.iter().find(|w| w.id == a.to_string()).map(|w| w.message.clone());
         }
@@ -589,7 +590,7 @@ async fn a_workspace_listed_twice_is_judged_and_stopped_once() {
     let mut sizes = Vec::new();
     for _ in 0..20 {
         let r = h.pass().await;
-        sizes.push(r.judged.len());
+        sizes.push(r.eval.judged.len());
         if h.stops_by_admin(a) > 0 {
             break;
         }

@@ -161,9 +161,9 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
             _ => {}
         }
 
-        let report = app.pass(&stop_rx).await.map_err(runtime)?;
+        let pass = app.pass(&stop_rx).await.map_err(runtime)?;
         let names: HashMap<&str, String> =
-            report.judged.iter().map(|j| (j.workspace.id.as_str(), format!("{} ({})", j.workspace.name, j.workspace.owner_name))).collect();
+            pass.eval.workspaces().map(|w| (w.id.as_str(), format!("{} ({})", w.name, w.owner_name))).collect();
         let events: Vec<String> = coder.with(|w| {
             w.events[seen_events..]
                 .iter()
@@ -175,7 +175,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
         for e in events {
             tl.line(&e);
         }
-        for d in report.judged.iter().map(|j| &j.decision) {
+        for d in pass.eval.decisions() {
             let key = (d.verdict, d.reason.as_str());
             let changed = last.get(&d.workspace_id) != Some(&key);
             if changed || args.verbose {
@@ -190,7 +190,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
                 a_waited_again += 1;
             }
         }
-        for id in &report.acted.stops_sent {
+        for id in &pass.acted.stops_sent {
             stopped_a |= *id == a.to_string();
             let who = names.get(id.as_str()).cloned().unwrap_or_default();
             tl.line(&format!("  ACTION    stop build sent for {who} (POST /api/v2/workspaces/{{id}}/builds, 201)"));

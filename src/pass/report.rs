@@ -9,14 +9,12 @@ use chrono::Utc;
 
 use crate::coder::{CoderError, ErrorKind};
 use crate::gpu::SourceFailure;
-use crate::gpu::window::Windows;
 use crate::pass::accounting::Accounting;
 use crate::pass::actuator::{ActReport, StuckStop};
 use crate::pass::decide::Verdict;
-use crate::pass::evaluate::{Evaluation, Judged};
+use crate::pass::evaluate::{Evaluation, Evaluator, Judged};
 use crate::pass::metrics::{Metrics, PassLabels, SourceLabels};
 use crate::pass::mode::Mode;
-use crate::pass::policy::Policy;
 use crate::pass::status::{StatusDocument, WorkspaceStatus};
 
 /// What is wrong with the token.
@@ -76,6 +74,8 @@ impl std::ops::Deref for Published {
 /// What the loop and the HTTP server share.
 pub struct State {
     pub metrics: Arc<Metrics>,
+    /// The mode the documents are phrased in (`plan` shows observe's words).
+    mode: Mode,
     status: RwLock<Arc<Published>>,
     last_good_pass: Mutex<Option<Instant>>,
     /// The end of the latest pass, good or failed (or the start): the loop is alive.
@@ -89,6 +89,7 @@ impl State {
     pub fn new(metrics: Arc<Metrics>, mode: Mode, interval: Duration) -> Self {
         State {
             metrics,
+            mode,
             status: RwLock::new(Arc::new(Published::new(StatusDocument::empty(mode.as_str())))),
             last_good_pass: Mutex::new(None),
             last_pass_end: Mutex::new(Instant::now()),
@@ -195,19 +196,23 @@ pub fn failed_pass(state: &State, error: &CoderError, failures: &[SourceFailure]
     state.mark_pass_end();
 }
 
-/// Publishes one pass. `mode` phrases warning countdowns (plan reports as observe).
-#[allow(clippy::too_many_arguments)]
-pub fn publish(
-    state: &State,
-    eval: &Evaluation,
-    windows: &Windows,
-    policy: &Policy,
-    mode: Mode,
-    acted: &ActReport,
-    in_flight: usize,
-    stuck_stops: Vec<StuckStop>,
-    accounting: &mut Accounting,
-) {
+/// What one pass produced: what evaluate found and what act did (nothing for `plan`), with the
+/// stops the actuator tracks after it. `publish` shows it; `Application::pass` returns it.
+#[derive(Debug)]
+pub struct PassOutcome {
+    pub eval: Evaluation,
+    pub acted: ActReport,
+    /// Stops tracked after the pass: in flight, backing off or abandoned.
+    pub tracked_stops: usize,
+    /// Stop builds reported stuck and still pending.
+    pub stuck_stops: Vec<StuckStop>,
+}
+
+/// Publishes one pass: `judged_by` is the evaluator whose windows and policy it was judged with
+/// (each workspace's GPUs are shown from them); `accounting` adds the pass's figures.
+pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, accounting: &mut Accounting) {
+    let PassOutcome { eval, acted, tracked_stops, stuck_stops } = pass;
+    let (windows, policy, mode) = (judged_by.windows(), judged_by.policy(), state.mode);
     let metrics = &state.metrics;
     scrape_failures(metrics, &eval.source_failures);
     if eval.duplicates > 0 {
@@ -243,7 +248,7 @@ pub fn publish(
         breaker: eval.fleet.breaker.clone(),
         coder_clock_offset_seconds: eval.coder_clock_offset.map(|o| o.num_seconds()),
         accounting: accounting.summary(eval.now),
-        stuck_stops,
+        stuck_stops: stuck_stops.clone(),
         notes: Vec::new(),
         workspaces: eval
             .judged
@@ -270,7 +275,7 @@ pub fn publish(
         waiting = count(Verdict::Waiting),
         unknown = count(Verdict::Unknown),
         stops_sent = acted.stops_sent.len(),
-        in_flight,
+        in_flight = tracked_stops,
         duration_ms = eval.started.elapsed().as_millis() as u64,
         "pass done"
     );
