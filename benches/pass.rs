@@ -50,10 +50,10 @@ async fn measure(n: usize, port: u16) {
         for _ in 0..SAMPLES_BETWEEN_PASSES {
             app.evaluator.sample().await;
         }
-        let report = app.pass(&rx).await.expect("pass");
+        let pass = app.pass(&rx).await.expect("pass");
         walls.push(t.elapsed().as_secs_f64());
-        requests = 1 + report.eval.gpu_requests * (1 + SAMPLES_BETWEEN_PASSES);
-        assert_eq!(report.eval.judged.len(), n);
+        requests = 1 + pass.eval.gpu_requests * (1 + SAMPLES_BETWEEN_PASSES);
+        assert_eq!(pass.eval.judged.len(), n);
     }
     let cpu = (synthetic::cpu_seconds() - cpu0) / PASSES as f64;
     walls.sort_by(f64::total_cmp);
@@ -76,7 +76,9 @@ fn main() {
         _ => {}
     }
     let exe = std::env::current_exe().expect("exe");
-    println!("one pass (3 samples between passes, then gather, merge, decide, report) in observe mode; fake servers in a child process");
+    println!(
+        "one pass (3 samples between passes, then gather, merge, decide, act, publish) in observe mode; fake servers in a child process"
+    );
     for n in [1_000usize, 10_000] {
         let mut server = Command::new(&exe).args(["--serve", &n.to_string()]).stdout(Stdio::piped()).spawn().expect("server");
         let mut port = String::new();

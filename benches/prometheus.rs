@@ -139,21 +139,21 @@ async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>
     let bytes0 = received.load(Ordering::Relaxed);
     let cpu0 = synthetic::cpu_seconds();
     let t = Instant::now();
-    let report = app.pass(rx).await.expect("pass");
+    let pass = app.pass(rx).await.expect("pass");
     let wall = t.elapsed().as_secs_f64();
     let cpu = synthetic::cpu_seconds() - cpu0;
     // The proxy counts a chunk after relaying it: give the last one a moment.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let bytes = received.load(Ordering::Relaxed) - bytes0;
     let mut verdicts = std::collections::BTreeMap::new();
-    for d in report.eval.decisions() {
+    for d in pass.eval.decisions() {
         *verdicts
             .entry(serde_json::to_value(d.verdict).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default())
             .or_insert(0usize) += 1;
     }
     println!(
         "{n:>6} GPUs | {label:<14} | {:>2} queries | {:>9.1} KB received | wall {:>6.0} ms | CPU {:>6.0} ms | peak RSS {:>5.1} MiB | {verdicts:?}",
-        report.eval.gpu_requests,
+        pass.eval.gpu_requests,
         bytes as f64 / 1e3,
         wall * 1e3,
         cpu * 1e3,

@@ -1,7 +1,7 @@
 //! The one way to build the service from `Settings` (in the spirit of zero-to-production's
 //! `Application::build`), used by `run`, `plan`, `demo`, the in-process tests and the pass
 //! benchmark. A pass is three named steps: evaluate (a plain value), act (the actuator; `plan`
-//! has none), report (status document, metrics, log line).
+//! has none), publish (status document, metrics, accounting, log line).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,11 +19,11 @@ use crate::gpu::prometheus::{PrometheusOptions, PrometheusSource};
 use crate::http::Secret;
 use crate::pass::accounting::Accounting;
 use crate::pass::actuator::require_permissions;
-use crate::pass::actuator::{ActReport, Actuator, Outputs, StopLimits};
+use crate::pass::actuator::{Acted, Actuator, Outputs, StopLimits};
 use crate::pass::evaluate::Evaluator;
 use crate::pass::metrics::Metrics;
 use crate::pass::mode::Mode;
-use crate::pass::report::{self, PassOutcome, State, TokenProblem};
+use crate::pass::publish::{self, PassOutcome, State, TokenProblem};
 
 /// What the service is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,14 +168,14 @@ impl Application {
         }
     }
 
-    /// One pass: evaluate, act (when there is an actuator), report. Fails only when the listing
+    /// One pass: evaluate, act (when there is an actuator), publish. Fails only when the listing
     /// fails; then nothing was decided and nothing is stopped.
     pub async fn pass(&mut self, shutdown: &watch::Receiver<bool>) -> Result<PassOutcome, CoderError> {
         self.refresh_token().await;
         let eval = match self.evaluator.evaluate().await {
             Ok(e) => e,
             Err((error, failures)) => {
-                report::failed_pass(&self.state, &error, &failures);
+                publish::failed_pass(&self.state, &error, &failures);
                 return Err(error);
             }
         };
@@ -186,9 +186,9 @@ impl Application {
                 stuck_stops: actuator.stuck_stops(),
                 eval,
             },
-            None => PassOutcome { eval, acted: ActReport::default(), tracked_stops: 0, stuck_stops: Vec::new() },
+            None => PassOutcome { eval, acted: Acted::default(), tracked_stops: 0, stuck_stops: Vec::new() },
         };
-        report::publish(&self.state, &pass, &self.evaluator, &mut self.accounting);
+        publish::publish(&self.state, &pass, &self.evaluator, &mut self.accounting);
         Ok(pass)
     }
 

@@ -33,7 +33,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::http::Secret;
-use crate::pass::report::State;
+use crate::pass::publish::State;
 
 /// The status route; the workspace template's metadata script calls it (tests check the match).
 pub const WORKSPACE_ROUTE: &str = "/api/v1/workspaces/{id}";

@@ -607,8 +607,8 @@ fn planted_imports_against_the_order_are_caught() {
     );
     fails_on(
         import_order,
-        Copy::new().plant("src/pass/policy.rs", "use ", "fn f() -> crate::pass::report::State { todo!() }"),
-        "imports pass::report",
+        Copy::new().plant("src/pass/policy.rs", "use ", "fn f() -> crate::pass::publish::State { todo!() }"),
+        "imports pass::publish",
     );
     // Within the pass, `super::` names a sibling: decide may not reach up to the actuator.
     fails_on(import_order, Copy::new().plant("src/pass/decide.rs", "use ", "use super::actuator::Actuator;"), "imports pass::actuator");
@@ -689,7 +689,7 @@ fn planted_actions_outside_the_actuator_are_caught() {
     fails_on(
         only_the_actuator_acts,
         Copy::new().plant(
-            "src/pass/report.rs",
+            "src/pass/publish.rs",
             "use ",
             "fn w(o: &crate::pass::actuator::Outputs, e: &crate::pass::audit::AuditEvent) { if let Some(a) = &o.audit { a.append(e); } }",
         ),
@@ -712,13 +712,13 @@ fn planted_mode_checks_are_caught() {
     let check = mode_rule;
     fails_on(
         check,
-        Copy::new().plant("src/pass/report.rs", "use ", "fn m(mode: Mode) -> bool { matches!(mode, Mode::Enforce) }"),
-        "src/pass/report.rs",
+        Copy::new().plant("src/pass/publish.rs", "use ", "fn m(mode: Mode) -> bool { matches!(mode, Mode::Enforce) }"),
+        "src/pass/publish.rs",
     );
     fails_on(
         check,
-        Copy::new().plant("src/pass/report.rs", "use ", "fn m(mode: Mode) -> bool { mode != Mode::Observe }"),
-        "src/pass/report.rs",
+        Copy::new().plant("src/pass/publish.rs", "use ", "fn m(mode: Mode) -> bool { mode != Mode::Observe }"),
+        "src/pass/publish.rs",
     );
     fails_on(
         check,

@@ -718,8 +718,8 @@ fn frozen_readings_are_unknown_per_gpu() {
         let at = now() - mins(m);
         let v = values(NOTHING, Fields::All);
         // An idle GPU draws 24.3 W: its counter rises 1,458 J a minute. The frozen one stopped 5 minutes ago.
-        alive.observe(at, v, Some(1.0e6 + (40 - m) as f64 * 1_458.0));
-        frozen.observe(at, v, Some(1.0e6 + (40 - m.max(5)) as f64 * 1_458.0));
+        alive.add_reading(at, v, Some(1.0e6 + (40 - m) as f64 * 1_458.0));
+        frozen.add_reading(at, v, Some(1.0e6 + (40 - m.max(5)) as f64 * 1_458.0));
         alive.flush();
         frozen.flush();
     }
@@ -749,7 +749,7 @@ fn no_power_veto_for_a_mig_instance() {
 fn observed(load: (f64, f64, f64, f64, f64), every: i64, energy: impl Fn(i64) -> Option<f64>) -> Vec<GpuWindow> {
     let mut w = gpu([]).remove(0);
     for t in (0..=40 * 60).step_by(every as usize) {
-        w.observe(now() - Duration::seconds(40 * 60 - t), values(load, Fields::All), energy(t));
+        w.add_reading(now() - Duration::seconds(40 * 60 - t), values(load, Fields::All), energy(t));
         w.flush();
     }
     vec![w]

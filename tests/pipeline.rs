@@ -1,9 +1,9 @@
-//! The pipeline (evaluate, act, report) built by `Application::build`, in-process against the
+//! The pipeline (evaluate, act, publish) built by `Application::build`, in-process against the
 //! stateful fakes: observe sends no stop and promises none, enforce sends exactly one per
 //! reclaimable workspace, a 409 is decided again next pass, no double stop across passes, a
 //! refused stop backs off and is abandoned, a lost reply counts once, a repeated listing entry,
-//! the cap (retries included), the breaker, a failed listing, a failed stop build, the audit log and webhook, and
-//! what the status API and /metrics serve.
+//! the cap (retries included), the breaker, a failed listing, a failed stop build, the audit log
+//! and webhook, and what the status API and /metrics serve.
 
 use std::time::Duration;
 
@@ -14,7 +14,7 @@ use coder_gpu_reclaimer::gpu::exporter::ExporterTarget;
 use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict};
 use coder_gpu_reclaimer::pass::mode::Mode;
 use coder_gpu_reclaimer::pass::policy::Policy;
-use coder_gpu_reclaimer::pass::report::PassOutcome;
+use coder_gpu_reclaimer::pass::publish::PassOutcome;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 use mocks::{Behaviour, ExporterConfig, FakeCoder, FakeExporter, Fault, Load, WorldConfig};
 use tokio::sync::watch;
@@ -68,7 +68,7 @@ impl Harness {
         Harness { coder, exporter, app, stop, _tx: tx }
     }
 
-    pub fn state(&self) -> &coder_gpu_reclaimer::pass::report::State {
+    pub fn state(&self) -> &coder_gpu_reclaimer::pass::publish::State {
         &self.app.state
     }
 
@@ -88,7 +88,7 @@ impl Harness {
         panic!("workspace {name} never got its GPU");
     }
 
-    /// One full pass (evaluate, act, report), then an interval's sleep.
+    /// One full pass (evaluate, act, publish), then an interval's sleep.
     pub async fn pass(&mut self) -> PassOutcome {
         let r = self.app.pass(&self.stop).await.unwrap();
         tokio::time::sleep(INTERVAL).await;

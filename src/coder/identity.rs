@@ -53,7 +53,7 @@ pub const EXPIRY_WARNING: chrono::Duration = chrono::Duration::hours(48);
 
 /// A wrong token (expired, revoked) is a configuration error (exit 2): the operator must fix it.
 /// An unreachable or failing Coder is a runtime error (exit 1): it may pass.
-pub fn classify(e: CoderError) -> Error {
+fn config_or_runtime(e: CoderError) -> Error {
     match e.kind {
         ErrorKind::Unauthorized | ErrorKind::NoPermission => Error::Config(e.to_string()),
         _ => Error::Runtime(e.to_string()),
@@ -63,13 +63,13 @@ pub fn classify(e: CoderError) -> Error {
 /// Asks Coder who the token is and what it may do. Refusing to run for missing permissions is
 /// the caller's decision (it depends on the mode: `actuator::require_permissions`).
 pub async fn connect(coder: &CoderClient) -> Result<Identity, Error> {
-    let info = coder.buildinfo().await.map_err(classify)?;
-    let me = coder.me().await.map_err(classify)?;
+    let info = coder.buildinfo().await.map_err(config_or_runtime)?;
+    let me = coder.me().await.map_err(config_or_runtime)?;
     let permissions = match coder.authcheck(&["read", "stop"], "workspace").await {
         Ok(answers) => {
             Permissions { read: answers.get("read").copied().unwrap_or(false), stop: answers.get("stop").copied().unwrap_or(false) }
         }
-        Err(e) => return Err(classify(e)),
+        Err(e) => return Err(config_or_runtime(e)),
     };
     let token = coder.token();
     let token_expires_at = match token.key_id() {

@@ -248,7 +248,7 @@ impl CoderClient {
         };
         let clock_offset = clock_offset(resp.headers(), sent, chrono::Utc::now());
         let status = resp.status();
-        self.observe(endpoint, status.as_u16());
+        self.count_request(endpoint, status.as_u16());
         if !status.is_success() {
             return self.status_failure(endpoint, resp).await;
         }
@@ -394,7 +394,7 @@ impl CoderClient {
     }
 
     fn transport_failure<T>(&self, endpoint: &'static str, e: &reqwest::Error) -> Attempt<T, CoderError> {
-        self.observe(endpoint, 0);
+        self.count_request(endpoint, 0);
         let what = if e.is_timeout() { "timed out" } else { "no response" };
         // reqwest's error text names the URL, which never holds the token (header only).
         let error = CoderError { kind: ErrorKind::Transport, endpoint, message: format!("{what}: {}", error_chain(e)) };
@@ -410,7 +410,7 @@ impl CoderClient {
         }
         let after = retry_after(resp.headers());
         let body = read_limited(resp, MAX_ERROR_BODY).await.unwrap_or_default();
-        let error = CoderError { kind: classify(status), endpoint, message: describe(status, &body) };
+        let error = CoderError { kind: error_kind(status), endpoint, message: describe(status, &body) };
         match status.as_u16() {
             429 => {
                 let hold = after.unwrap_or(DEFAULT_RATE_LIMIT_HOLD);
@@ -444,7 +444,7 @@ impl CoderClient {
             Err(e) => return self.transport_failure(endpoint, &e),
         };
         let status = resp.status();
-        self.observe(endpoint, status.as_u16());
+        self.count_request(endpoint, status.as_u16());
         if !status.is_success() {
             return self.status_failure(endpoint, resp).await;
         }
@@ -456,7 +456,7 @@ impl CoderClient {
         Attempt::Done(serde_json::from_slice(bytes).map_err(|e| unexpected_body(endpoint, e)))
     }
 
-    fn observe(&self, endpoint: &'static str, status: u16) {
+    fn count_request(&self, endpoint: &'static str, status: u16) {
         if let Some(observer) = &self.observer {
             observer(endpoint, status);
         }
@@ -482,7 +482,7 @@ fn unexpected_body(endpoint: &'static str, e: impl fmt::Display) -> CoderError {
     CoderError { kind: ErrorKind::Decode, endpoint, message }
 }
 
-fn classify(status: StatusCode) -> ErrorKind {
+fn error_kind(status: StatusCode) -> ErrorKind {
     match status.as_u16() {
         401 => ErrorKind::Unauthorized,
         403 | 404 => ErrorKind::NoPermission,

@@ -58,7 +58,7 @@ impl GpuWindow {
     /// frozen data. A powered GPU's energy counter always rises; when it has not, the exporter or
     /// the hostengine is serving cached values. A reading without the counter switches the
     /// tracking off until the counter comes back.
-    pub fn observe(&mut self, at: DateTime<Utc>, values: SignalValues, energy: Option<f64>) {
+    pub fn add_reading(&mut self, at: DateTime<Utc>, values: SignalValues, energy: Option<f64>) {
         match energy {
             Some(now) => {
                 if self.last_energy.is_none_or(|before| now > before) || self.unchanged_since.is_none() {
@@ -258,7 +258,7 @@ impl Windows {
             window.model.clone_from(&series.model);
         }
         for p in points {
-            window.observe(p.at, p.values, p.energy_joules);
+            window.add_reading(p.at, p.values, p.energy_joules);
             if steps {
                 window.flush();
             }
@@ -368,7 +368,7 @@ mod tests {
     fn readings_between_passes_merge_into_one_sample_that_keeps_every_burst() {
         let mut w = GpuWindow::new(GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: None }, Arc::from("x"));
         for (s, v) in [(0, 0.0), (15, 0.9), (30, 0.0), (45, 0.0)] {
-            w.observe(t(s), util(v), None);
+            w.add_reading(t(s), util(v), None);
         }
         w.flush();
         w.flush();
@@ -383,24 +383,24 @@ mod tests {
         assert_eq!(w.unchanged_since(), None);
         // An idle GPU with a live hostengine: same utilization, energy rising.
         for s in 0..5 {
-            w.observe(t(s * 60), util(0.0), Some(1_000.0 + s as f64 * 1_458.0));
+            w.add_reading(t(s * 60), util(0.0), Some(1_000.0 + s as f64 * 1_458.0));
         }
         assert_eq!(w.unchanged_since(), Some(t(240)));
         // Frozen: the counter stops.
         for s in 5..9 {
-            w.observe(t(s * 60), util(0.0), Some(1_000.0 + 4.0 * 1_458.0));
+            w.add_reading(t(s * 60), util(0.0), Some(1_000.0 + 4.0 * 1_458.0));
         }
         assert_eq!(w.unchanged_since(), Some(t(240)), "unchanged since the counter last rose");
         // Without the counter an idle GPU's readings stand still too: no tracking at all.
         let mut w = GpuWindow::new(GpuKey { uuid: "GPU-2".into(), gpu_instance: None, pod: None }, Arc::from("x"));
         for s in 0..5 {
-            w.observe(t(s * 60), util(0.0).with(Signal::PowerWatts, 24.3), None);
+            w.add_reading(t(s * 60), util(0.0).with(Signal::PowerWatts, 24.3), None);
         }
         assert_eq!(w.unchanged_since(), None);
         // The counter dropped (a trimmed counters file after a reload): tracking stops.
         let mut w = GpuWindow::new(GpuKey { uuid: "GPU-3".into(), gpu_instance: None, pod: None }, Arc::from("x"));
-        w.observe(t(0), util(0.0), Some(1_000.0));
-        w.observe(t(60), util(0.0), None);
+        w.add_reading(t(0), util(0.0), Some(1_000.0));
+        w.add_reading(t(60), util(0.0), None);
         assert_eq!(w.unchanged_since(), None);
     }
 

@@ -1,7 +1,7 @@
 //! What the service gives back, counted while it runs: GPU-seconds observed idle, GPUs
 //! reclaimed, GPU-seconds given back (from a stop until the workspace runs again), how long GPU
 //! sessions waited for a GPU (from `waiting` to running with a GPU), the latest stops, and, when
-//! GPU-hours have a price (`gpu_hour_price`), the same in money. Fed once per pass by the report
+//! GPU-hours have a price (`gpu_hour_price`), the same in money. Fed once per pass by the publish
 //! step from the pass's own figures; no I/O, no clock of its own (`now` is the pass's).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};

@@ -117,9 +117,9 @@ pub struct StuckStop {
     pub pending_since: DateTime<Utc>,
 }
 
-/// What `act` did this pass (for tests, logs and the demo).
+/// What `act` did this pass: the publish step counts and logs it; tests and the demo read it.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct ActReport {
+pub struct Acted {
     pub stops_sent: Vec<String>,
     pub would_stop: Vec<String>,
     pub build_active: Vec<String>,
@@ -226,27 +226,27 @@ impl Actuator {
     /// Acts on one evaluation: announces warnings that began, sends the stops the fleet rules
     /// chose (or reports them in observe mode), retries due ones, restores TTLs, and follows
     /// stop builds in flight.
-    pub async fn act(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) -> ActReport {
+    pub async fn act(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) -> Acted {
         let now = eval.now;
-        let mut report = ActReport::default();
+        let mut acted = Acted::default();
         if !acts(self.mode) {
             self.announce_warnings(eval, AuditKind::WouldWarn);
-            self.observe(eval, &mut report);
-            return report;
+            self.would_act(eval, &mut acted);
+            return acted;
         }
         self.announce_warnings(eval, AuditKind::Warn);
         self.resumed(eval);
-        self.follow(now, &mut report).await;
+        self.follow(now, &mut acted).await;
         self.reconcile(eval);
         for c in self.candidates(eval) {
             if *shutdown.borrow() {
                 tracing::info!(event = "stop_skipped_shutdown", workspace_id = %c.event.workspace_id, "shutting down: no new stop");
                 break;
             }
-            self.stop(now, c, &mut report).await;
+            self.stop(now, c, &mut acted).await;
         }
         self.restore_ttls(eval, shutdown).await;
-        report
+        acted
     }
 
     fn announce_warnings(&self, eval: &Evaluation, kind: AuditKind) {
@@ -257,8 +257,8 @@ impl Actuator {
         }
     }
 
-    /// Observe mode: report each would-stop once per idle episode, and would-be TTL restores.
-    fn observe(&mut self, eval: &Evaluation, report: &mut ActReport) {
+    /// Observe mode: reports each would-stop once per idle episode, and would-be TTL restores.
+    fn would_act(&mut self, eval: &Evaluation, acted: &mut Acted) {
         // A tripped breaker leaves the order empty (`apply_fleet_rules`).
         let current: HashSet<&str> = eval.stop_order().map(|j| j.workspace.id.as_str()).collect();
         self.reported.retain(|id| current.contains(id.as_str()));
@@ -270,7 +270,7 @@ impl Actuator {
             tracing::info!(event = "would_stop", workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, "{}", event.message);
             self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "observe" }).inc();
             self.announce(&event);
-            report.would_stop.push(event.workspace_id);
+            acted.would_stop.push(event.workspace_id);
         }
         for Judged { workspace: ws, decision: d, .. } in &eval.judged {
             if let Some(ttl) = d.restore_ttl_ms {
@@ -360,7 +360,7 @@ impl Actuator {
         out
     }
 
-    async fn stop(&mut self, now: DateTime<Utc>, c: Candidate, report: &mut ActReport) {
+    async fn stop(&mut self, now: DateTime<Utc>, c: Candidate, acted: &mut Acted) {
         let id = c.event.workspace_id.clone();
         let ours = self.tracked.get(&id).and_then(|t| match &t.state {
             StopState::Failed { build_id: Some(b), .. } | StopState::Reaped { build_id: b, .. } => Some(b.clone()),
@@ -393,19 +393,19 @@ impl Actuator {
         // the latest build tells.
         let ours = if lost_reply { self.our_stop_build(&id).await } else { None };
         match (outcome, ours) {
-            (Ok(StopOutcome::Queued(build)), _) => self.sent(now, c, &build.id, false, report),
-            (_, Some(build)) => self.sent(now, c, &build.id, true, report),
+            (Ok(StopOutcome::Queued(build)), _) => self.sent(now, c, &build.id, false, acted),
+            (_, Some(build)) => self.sent(now, c, &build.id, true, acted),
             (Ok(StopOutcome::BuildActive(msg)), None) => {
                 tracing::info!(event = "stop_deferred", workspace_id = %id, detail = %msg, "another build is active; deciding again next pass");
                 self.tracked.remove(&id);
-                report.build_active.push(id);
+                acted.build_active.push(id);
             }
             (Err(e), None) => {
                 tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %c.event.owner, error = %e, "the stop build was refused");
                 self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "rejected" }).inc();
                 let t = self.track(now, c);
                 t.attempts += 1;
-                self.fail(now, &id, None, &e.to_string(), report);
+                self.fail(now, &id, None, &e.to_string(), acted);
             }
         }
     }
@@ -440,7 +440,7 @@ impl Actuator {
     }
 
     /// Records a stop build Coder created: exactly once per build id.
-    fn sent(&mut self, now: DateTime<Utc>, c: Candidate, build_id: &str, lost_reply: bool, report: &mut ActReport) {
+    fn sent(&mut self, now: DateTime<Utc>, c: Candidate, build_id: &str, lost_reply: bool, acted: &mut Acted) {
         let id = c.event.workspace_id.clone();
         if self.tracked.get(&id).and_then(|t| t.state.in_flight()) == Some(build_id) {
             return;
@@ -457,7 +457,7 @@ impl Actuator {
         tracing::info!(event = "stop_sent", workspace_id = %id, owner = %event.owner, reason = event.reason, build_id = %build_id, attempt = attempts, reply_lost = lost_reply, "{}", event.message);
         self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "enforce" }).inc();
         self.announce(&event);
-        report.stops_sent.push(id);
+        acted.stops_sent.push(id);
     }
 
     /// Writes the audit line of a stop's change of state (once per change).
@@ -466,12 +466,12 @@ impl Actuator {
     }
 
     /// A refused POST or a failed stop build: back off, or abandon after the last attempt.
-    fn fail(&mut self, now: DateTime<Utc>, id: &str, failed_build: Option<String>, error: &str, report: &mut ActReport) {
+    fn fail(&mut self, now: DateTime<Utc>, id: &str, failed_build: Option<String>, error: &str, acted: &mut Acted) {
         let Some(t) = self.tracked.get_mut(id) else { return };
         if t.attempts >= MAX_STOP_ATTEMPTS {
             t.state = StopState::Abandoned;
             t.since = now;
-            self.abandon(now, id, report);
+            self.abandon(now, id, acted);
             return;
         }
         let delay = crate::duration::chrono(self.backoff.delay_for_attempt(t.attempts));
@@ -487,10 +487,10 @@ impl Actuator {
         let t = t.clone();
         tracing::info!(event = "stop_retry_scheduled", workspace_id = %id, attempt = t.attempts, retry_in = %human(delay), error = %error, "the stop did not happen; trying again later");
         self.audit_change(&t, AuditKind::StopFailed, now);
-        report.failed.push(id.to_string());
+        acted.failed.push(id.to_string());
     }
 
-    fn abandon(&mut self, now: DateTime<Utc>, id: &str, report: &mut ActReport) {
+    fn abandon(&mut self, now: DateTime<Utc>, id: &str, acted: &mut Acted) {
         let Some(t) = self.tracked.get_mut(id) else { return };
         t.state = StopState::Abandoned;
         t.since = now;
@@ -499,13 +499,13 @@ impl Actuator {
         tracing::error!(event = "stop_abandoned", workspace_id = %id, owner = %event.owner, attempts = t.attempts, "giving up on stopping this workspace until its next build; look at its build log, the provisioners and the token's permissions in Coder");
         self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "abandoned" }).inc();
         self.announce(&event);
-        report.abandoned.push(id.to_string());
+        acted.abandoned.push(id.to_string());
     }
 
     /// Follows every stop build in flight and moves its tracked stop by what Coder says of the
-    /// job (`stop_lifecycle::observe`): running, stuck (once per episode), succeeded, failed
+    /// job (`stop_lifecycle::job_change`): running, stuck (once per episode), succeeded, failed
     /// (retried later), reaped (sent once more when provisioners answer again), canceled.
-    async fn follow(&mut self, now: DateTime<Utc>, report: &mut ActReport) {
+    async fn follow(&mut self, now: DateTime<Utc>, acted: &mut Acted) {
         let in_flight: Vec<(String, String)> =
             self.tracked.iter().filter_map(|(id, t)| t.state.in_flight().map(|b| (id.clone(), b.to_string()))).collect();
         for (id, build_id) in in_flight {
@@ -518,7 +518,7 @@ impl Actuator {
             };
             let Some(t) = self.tracked.get_mut(&id) else { continue };
             let Some(change) =
-                crate::pass::stop_lifecycle::observe(&t.state, &build.job, now - t.since, self.stop_timeout, t.stuck_reported)
+                crate::pass::stop_lifecycle::job_change(&t.state, &build.job, now - t.since, self.stop_timeout, t.stuck_reported)
             else {
                 continue;
             };
@@ -533,12 +533,12 @@ impl Actuator {
                     t.state = StopState::Stuck { build_id: build_id.clone() };
                     tracing::error!(event = "stop_stuck", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, pending_for = %human(now - t.since), "the stop build is still pending: no provisioner has taken it; check the provisioner daemons in Coder (it is not sent again while pending; Coder's job reaper fails it after 30 minutes)");
                     self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "stuck" }).inc();
-                    report.stuck.push(id.clone());
+                    acted.stuck.push(id.clone());
                 }
                 JobChange::Succeeded => {
                     let Some(t) = self.tracked.remove(&id) else { continue };
                     tracing::info!(event = "stop_done", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, "the workspace is stopped; its GPU is free");
-                    report.stops_done.push(id.clone());
+                    acted.stops_done.push(id.clone());
                     let done = AuditEvent { event: AuditKind::StopDone, time: now, ..t.event };
                     self.audit(&done);
                     self.stopped.insert(id.clone(), (done, now));
@@ -553,7 +553,7 @@ impl Actuator {
                     tracing::error!(event = "stop_reaped", workspace_id = %id, build_id = %build_id, error = %error, "Coder's job reaper failed the stop build again");
                     let t = t.clone();
                     self.audit_change(&t, AuditKind::StopReaped, now);
-                    self.abandon(now, &id, report);
+                    self.abandon(now, &id, acted);
                     continue;
                 }
                 JobChange::Reaped => {
@@ -565,7 +565,7 @@ impl Actuator {
                 JobChange::Failed => {
                     tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, job_status = build.job.status.as_str(), error = %error, "the stop build did not succeed; retrying later");
                     self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "build_failed" }).inc();
-                    let mut ignored = ActReport::default();
+                    let mut ignored = Acted::default();
                     self.fail(now, &id, Some(build_id), &error, &mut ignored);
                     continue;
                 }

@@ -125,7 +125,7 @@ pub struct AuditEvent {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_seconds_given_back: Option<i64>,
     /// The price of one of its GPU-hours when it was stopped (`gpu_hour_price`), and its currency:
-    /// `report` prices what was given back with it.
+    /// the `report` subcommand prices what was given back with it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_hour_price: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]

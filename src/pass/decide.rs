@@ -150,11 +150,6 @@ impl SampleContext {
     }
 }
 
-/// Classifies one sample of an unshared GPU without a power veto (see `classify_in`).
-pub fn classify(v: &SignalValues, p: &Policy) -> SampleState {
-    classify_in(v, p, SampleContext::default())
-}
-
 /// Classifies one sample by the best compute signal it has: SM_ACTIVE, else GR_ENGINE_ACTIVE,
 /// else utilization. Video encode or decode at the utilization minimum is work, and so is device
 /// memory busy (copy-only work: memcpy or peer-to-peer traffic without kernels, reference dcgm
@@ -162,7 +157,7 @@ pub fn classify(v: &SignalValues, p: &Policy) -> SampleState {
 /// claiming work that SM_ACTIVE does not show is phantom (a one-thread kernel, or a light one:
 /// GR ≈ d, SM ≈ d / SMs), and so is utilization above zero on an (almost) empty framebuffer;
 /// a shared GPU's memory reading is never taken as empty (a sharing pod's own memory reads 0).
-pub fn classify_in(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleState {
+pub fn classify(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleState {
     let util = v.get(Signal::GpuUtil);
     let gr = v.get(Signal::GrEngineActive);
     let video = [Signal::EncUtil, Signal::DecUtil].into_iter().any(|s| v.get(s).is_some_and(|x| x >= p.gpu_util_min));
@@ -413,8 +408,8 @@ pub fn decide_with_coder_clock(
         let stop_at = prior_stop_at.unwrap_or(now + dur(th.grace));
         d.stop_at = Some(stop_at);
         if now < stop_at {
-            // The countdown is for people; its wording depends on the mode, so the report and
-            // the actuator phrase it from `stop_at` (decisions do not know the mode).
+            // The countdown is for people; its wording depends on the mode, so the publish step
+            // and the actuator phrase it from `stop_at` (decisions do not know the mode).
             d.verdict = Verdict::Warn;
         }
     }
@@ -469,7 +464,7 @@ fn judge_gpus(
             return b.out(Verdict::Unknown, Reason::MetricsDisagree, format!("GPU {}: {why}", w.key.uuid), None);
         }
         let ctx = SampleContext::of(w, policy);
-        if values.iter().any(|v| classify_in(v, policy, ctx) == SampleState::NoCompute) {
+        if values.iter().any(|v| classify(v, policy, ctx) == SampleState::NoCompute) {
             return b.out(
                 Verdict::Unknown,
                 Reason::NoGpuData,
@@ -478,7 +473,7 @@ fn judge_gpus(
             );
         }
     }
-    let active_in = |w: &GpuWindow, s: &GpuSample| classify_in(&s.values, policy, SampleContext::of(w, policy)) == SampleState::Active;
+    let active_in = |w: &GpuWindow, s: &GpuSample| classify(&s.values, policy, SampleContext::of(w, policy)) == SampleState::Active;
     if windows.iter().any(|w| w.latest().is_some_and(|s| active_in(w, s))) {
         return b.out(Verdict::Keep, Reason::GpuActive, "GPU is computing".into(), Some(Duration::zero()));
     }
@@ -544,7 +539,7 @@ fn judge_gpus(
 fn idle_reason(idle_since: DateTime<Utc>, windows: &[&GpuWindow], policy: &Policy) -> Reason {
     let phantom = windows.iter().any(|w| {
         let ctx = SampleContext::of(w, policy);
-        w.since(idle_since).any(|s| classify_in(&s.values, policy, ctx) == SampleState::Phantom)
+        w.since(idle_since).any(|s| classify(&s.values, policy, ctx) == SampleState::Phantom)
     });
     let holds_memory = windows.iter().any(|w| w.latest_value(Signal::FbUsedMib).is_some_and(|fb| fb >= policy.memory_held_mib));
     if phantom {

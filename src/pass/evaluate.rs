@@ -1,8 +1,8 @@
 //! Evaluate: the first step of a pass. Gathers the running workspaces (one listing) and the GPU
 //! readings (one collection), merges readings into per-workspace windows, decides each
 //! workspace and applies the fleet rules. It returns a plain value, `Evaluation`, and has no
-//! side effects toward Coder or people: `plan` is evaluate + report, `run` is evaluate + act +
-//! report. It reads the clock once per pass and hands that `now` to every decision.
+//! side effects toward Coder or people: `plan` is evaluate + publish, `run` is evaluate + act +
+//! publish. It reads the clock once per pass and hands that `now` to every decision.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -37,8 +37,9 @@ pub struct Evaluation {
     pub judged: Vec<Judged>,
     /// The fleet rules' outcome; its indices are into `judged`.
     pub fleet: FleetOutcome,
-    /// Indices into `judged` of the workspaces whose warning (grace) began this pass.
-    pub new_warnings: Vec<usize>,
+    /// Indices into `judged` of the workspaces whose warning (grace) began this pass (read them
+    /// with `new_warnings()`).
+    new_warnings: Vec<usize>,
     /// GPU source requests made this pass.
     pub gpu_requests: usize,
     pub source_failures: Vec<SourceFailure>,

@@ -11,7 +11,7 @@ use crate::gpu::signals::Signal;
 use crate::gpu::window::GpuWindow;
 use crate::pass::accounting::AccountingSummary;
 use crate::pass::actuator::StuckStop;
-use crate::pass::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify_in};
+use crate::pass::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify};
 use crate::pass::policy::Policy;
 
 /// The latest reading of one GPU.
@@ -42,7 +42,7 @@ impl GpuSummary {
             model: w.model.clone(),
             samples: w.samples.len(),
             last_sample_at: w.last_at(),
-            state: classify_in(&latest, p, SampleContext::of(w, p)),
+            state: classify(&latest, p, SampleContext::of(w, p)),
             gpu_util: show(Signal::GpuUtil),
             sm_active: show(Signal::SmActive),
             gr_engine_active: show(Signal::GrEngineActive),

@@ -1,6 +1,6 @@
 //! The stop lifecycle: the states a stop build this service sent goes through, and the one
 //! function that moves it on what Coder says of the build's job. Pure (no I/O, no clock): the
-//! actuator asks Coder, calls `observe`, and writes the one audit line the change names.
+//! actuator asks Coder, calls `job_change`, and writes the one audit line the change names.
 //!
 //! ```text
 //!  POST 201 ─► sent ──► running ──► succeeded (tracking ends; `stopped` until it runs again)
@@ -103,7 +103,7 @@ pub fn reaped_by_coder(job: &ProvisionerJob) -> bool {
 /// How the tracked stop in `state` moves on its build's `job`, pending for `pending_for`.
 /// `stuck_reported`: `stop_stuck` was already written in this idle episode (once per episode,
 /// not per attempt). `None`: nothing changed.
-pub fn observe(
+pub fn job_change(
     state: &StopState,
     job: &ProvisionerJob,
     pending_for: Duration,
@@ -176,7 +176,7 @@ mod tests {
             (&sent, JobStatus::Unknown, None, old, true, None),
         ];
         for (state, status, error, pending_for, reported, want) in cases {
-            let got = observe(state, &job(status, error), pending_for, timeout, reported);
+            let got = job_change(state, &job(status, error), pending_for, timeout, reported);
             assert_eq!(got, want, "{} + job {} ({error:?}), pending {pending_for}, reported {reported}", state.as_str(), status.as_str());
         }
     }

@@ -10,7 +10,7 @@ use chrono::Utc;
 use crate::coder::{CoderError, ErrorKind};
 use crate::gpu::SourceFailure;
 use crate::pass::accounting::Accounting;
-use crate::pass::actuator::{ActReport, StuckStop};
+use crate::pass::actuator::{Acted, StuckStop};
 use crate::pass::decide::Verdict;
 use crate::pass::evaluate::{Evaluation, Evaluator, Judged};
 use crate::pass::metrics::{Metrics, PassLabels, SourceLabels};
@@ -105,7 +105,7 @@ impl State {
         }
     }
 
-    fn publish(&self, doc: StatusDocument) {
+    fn set_status(&self, doc: StatusDocument) {
         match self.status.write() {
             Ok(mut s) => *s = Arc::new(Published::new(doc)),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(Published::new(doc)),
@@ -201,7 +201,7 @@ pub fn failed_pass(state: &State, error: &CoderError, failures: &[SourceFailure]
 #[derive(Debug)]
 pub struct PassOutcome {
     pub eval: Evaluation,
-    pub acted: ActReport,
+    pub acted: Acted,
     /// Stops tracked after the pass: in flight, backing off or abandoned.
     pub tracked_stops: usize,
     /// Stop builds reported stuck and still pending.
@@ -262,7 +262,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
             })
             .collect(),
     };
-    state.publish(doc);
+    state.set_status(doc);
     state.mark_good_pass();
     if matches!(state.token_problem(), Some(TokenProblem::Rejected(_))) {
         state.set_token_problem(None);
@@ -301,13 +301,13 @@ mod tests {
     #[test]
     fn a_pass_is_serialised_once_for_every_reader() {
         let state = State::new(Arc::new(Metrics::new()), Mode::Observe, Duration::from_secs(60));
-        state.publish(StatusDocument::empty("observe"));
+        state.set_status(StatusDocument::empty("observe"));
         let (a, b) = (state.status(), state.status());
         assert_eq!(a.json().as_ptr(), b.json().as_ptr(), "one JSON for all readers");
         assert_eq!(a.page().as_ptr(), b.page().as_ptr(), "one page for all readers");
         let doc: serde_json::Value = serde_json::from_slice(&a.json()).unwrap();
         assert_eq!(doc["mode"], "observe");
-        state.publish(StatusDocument::empty("observe"));
+        state.set_status(StatusDocument::empty("observe"));
         assert_ne!(state.status().json().as_ptr(), a.json().as_ptr(), "a new pass, a new document");
     }
 }
