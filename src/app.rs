@@ -1,6 +1,6 @@
 //! The one way to build the service from `Settings` (in the spirit of zero-to-production's
 //! `Application::build`), used by `run`, `plan`, `demo`, the in-process tests and the pass
-//! benchmark. A pass is three named steps: evaluate (a plain value), act (the actuator; `plan`
+//! benchmarks. A pass is three named steps: evaluate (a plain value), act (the actuator; `plan`
 //! has none), publish (status document, metrics, accounting, log line).
 
 use std::sync::Arc;
@@ -28,7 +28,7 @@ use crate::pass::publish::{self, PassOutcome, State, TokenProblem};
 /// What the service is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    /// One evaluation, reported; no actuator exists.
+    /// One evaluation, published; no actuator exists.
     Plan,
     /// Passes with an actuator in the settings' mode.
     Run,
@@ -44,7 +44,8 @@ pub struct Application {
     mode: Mode,
     /// When the token was last asked about (expiry, permissions).
     token_checked: Instant,
-    /// Exporters are scraped this often between passes (`None`: Prometheus keeps the history).
+    /// Exporters are scraped this often between passes (`None`: Prometheus keeps the history,
+    /// or the sample interval is not shorter than a pass's).
     sample_interval: Option<Duration>,
     accounting: Accounting,
 }
@@ -94,8 +95,8 @@ pub fn gpu_source(settings: &Settings) -> Result<Sources, Error> {
 }
 
 impl Application {
-    /// Builds the clients, checks the token against Coder (an owner? when does it expire?),
-    /// opens the audit log and builds the actuator (`Role::Run` only).
+    /// Builds the clients, checks the token against Coder (may it do what the mode needs? when
+    /// does it expire?), opens the audit log and builds the actuator (`Role::Run` only).
     pub async fn build(settings: &Settings, role: Role) -> Result<Self, Error> {
         let metrics = Arc::new(Metrics::new());
         let coder = coder_client(settings, &metrics)?;

@@ -1,4 +1,4 @@
-//! The HTTP server of `run`: the status page `/`, `/metrics`, `/healthz`, `/readyz`,
+//! The HTTP server of `run` (and `demo`): the status page `/`, `/metrics`, `/healthz`, `/readyz`,
 //! `/api/v1/workspaces` and `/api/v1/workspaces/{id}` (add `?format=text` for one line, as the
 //! workspace template's agent metadata shows it); and, with `--health-listen`, a second listener
 //! for `/healthz`, `/readyz` and `/metrics` only. It reads `State`; it never acts and never shows

@@ -205,10 +205,10 @@ impl WorkspaceWindows {
     }
 }
 
-/// All windows, keyed by workspace id.
 /// GPU windows one workspace may have.
 pub const MAX_GPUS_PER_WORKSPACE: usize = 64;
 
+/// All windows, keyed by workspace id.
 #[derive(Debug, Default)]
 pub struct Windows {
     retain: Duration,

@@ -71,7 +71,7 @@ struct TrackedStop {
     /// `last_used_at` when the stop was decided: a later one means the workspace was used
     /// since, and the idle episode is over.
     last_used_at: DateTime<Utc>,
-    /// POSTs that created no build that succeeded, this episode.
+    /// Stop POSTs so far, sent or refused (a succeeded stop ends tracking).
     attempts: u32,
     /// `stop_stuck` was written this idle episode.
     stuck_reported: bool,
@@ -198,7 +198,7 @@ impl Actuator {
         }
     }
 
-    /// Stops being followed, retried later, or abandoned.
+    /// Stops being followed, retried later, canceled or abandoned.
     pub fn tracked_count(&self) -> usize {
         self.tracked.len()
     }
@@ -299,7 +299,8 @@ impl Actuator {
 
     /// Drops tracking of workspaces that got a new build (a new session: start afresh), of
     /// canceled stops whose workspace is active again (a new idle episode may stop it), and of
-    /// any other stop whose workspace has not been seen running for a day.
+    /// any other stop not in flight whose workspace is not listed running and whose state has not
+    /// changed for a day.
     fn reconcile(&mut self, eval: &Evaluation) {
         let listed: HashMap<&str, (&str, bool)> = eval
             .judged

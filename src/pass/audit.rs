@@ -38,7 +38,7 @@ pub enum AuditKind {
     StopStuck,
     /// The stop was refused, or its build failed on its own: tried again after a back-off.
     StopFailed,
-    /// coderd's job reaper failed the stop build (no provisioner took it in 30 minutes).
+    /// coderd's job reaper failed the stop build (no provisioner took it in 30 minutes, or it hung).
     StopReaped,
     /// A person canceled the stop build: not sent again in this idle episode.
     StopCanceled,

@@ -45,8 +45,9 @@ pub struct Evaluation {
     pub source_failures: Vec<SourceFailure>,
     /// Entries the listing repeated (offset paging can repeat one); each was dropped.
     pub duplicates: usize,
-    /// Coder's clock minus this machine's (from the listing's `Date` header); Coder's
-    /// timestamps were judged by it.
+    /// Coder's clock minus this machine's, as this listing's `Date` header measured it (`None`
+    /// without the header). Coder's timestamps were judged by it, except that an offset within
+    /// `CLOCK_RESOLUTION` counts as none and a listing without the header keeps the last one.
     pub coder_clock_offset: Option<chrono::Duration>,
     /// The currency of the prices, when GPU time is priced.
     pub currency: Option<String>,

@@ -1,5 +1,6 @@
 //! Prometheus metrics, all prefixed `coder_gpu_reclaimer_`. Labels are typed and bounded:
-//! verdicts, reason codes, modes, route templates and status codes, GPU source URLs; never a
+//! pass results, verdicts, reason codes, modes, stop failure kinds, route templates and status
+//! codes, GPU source addresses (`host:port`), template names and the currency; never a
 //! workspace id or name.
 
 use std::sync::Arc;

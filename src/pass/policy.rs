@@ -1,7 +1,7 @@
 //! The reclaim policy: every threshold the decisions use, `gpu_templates`, and ordered rules
 //! that match a workspace by template, owner or name (globs; first match wins) to override
 //! thresholds or exempt it. Built from the config file's keys plus flag/env overrides by
-//! `config`; read by `decide`. Defaults are the design's starting values, not advice.
+//! `config`; read by `decide` (and by the rest of the pass for look-back and prices). Defaults are the design's starting values, not advice.
 
 use std::time::Duration;
 
@@ -195,7 +195,8 @@ impl Policy {
         self.gpu_templates.is_empty() || self.gpu_templates.iter().any(|g| glob_match(g, template))
     }
 
-    /// The longest span any rule looks back: how long windows must keep samples.
+    /// The longest span any rule looks back, plus `max_sample_gap` (the sample before the span
+    /// counts for its gaps): how long windows must keep samples.
     pub fn longest_lookback(&self) -> Duration {
         let mut longest = self.thresholds.idle_after.max(self.thresholds.connected_idle_after.unwrap_or_default());
         for r in &self.rules {

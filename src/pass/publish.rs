@@ -1,6 +1,8 @@
-//! Report: the last step of a pass. Publishes what the pass found and did to `State` (the status
-//! document the HTTP server serves, and readiness), the metrics, and one `pass` log line.
-//! `State` is shared by the loop and the HTTP server, as in kube-rs' controller-rs.
+//! Publish: the last step of a pass. Shows what the pass produced (`PassOutcome`) in `State` (the
+//! status document the HTTP server serves, readiness and liveness), the metrics, the accounting
+//! of what was given back, and one `pass` log line; a pass whose listing failed, in the metrics,
+//! liveness and a `pass_failed` line. `State` is shared by the loop and the HTTP server, as in
+//! kube-rs' controller-rs.
 
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
@@ -125,8 +127,8 @@ impl State {
         }
     }
 
-    /// Alive while passes keep ending (good or failed): none for three intervals (plus the
-    /// longest a pass may take) means the loop hung.
+    /// Alive while passes keep ending (good or failed): none for three intervals (plus 30 s for
+    /// a slow pass) means the loop hung.
     pub fn alive(&self) -> Result<(), String> {
         let last = self.last_pass_end.lock().map(|t| *t).unwrap_or_else(|p| *p.into_inner());
         let limit = self.interval * 3 + Duration::from_secs(30);

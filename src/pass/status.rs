@@ -64,7 +64,8 @@ pub struct StatusDocument {
     pub coder_clock_offset_seconds: Option<i64>,
     /// What was given back and who waits, counted while the service runs.
     pub accounting: AccountingSummary,
-    /// Stop builds pending past `stop_timeout` (no provisioner took them); never sent again.
+    /// Stop builds pending past `stop_timeout` (no provisioner took them); not sent again while
+    /// they are pending.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stuck_stops: Vec<StuckStop>,
     /// Caveats about this document (for example, a short sampling history in `plan`).
