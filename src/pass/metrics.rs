@@ -199,14 +199,14 @@ impl Metrics {
         }
     }
 
-    pub fn observe_request(&self, endpoint: &'static str, code: u16) {
+    pub fn count_request(&self, endpoint: &'static str, code: u16) {
         self.coder_requests.get_or_create(&RequestLabels { endpoint, code: code.to_string() }).inc();
     }
 
     /// The hook the Coder client calls for each request it makes.
     pub fn observer(self: &Arc<Self>) -> crate::coder::RequestObserver {
         let m = self.clone();
-        Arc::new(move |endpoint, code| m.observe_request(endpoint, code))
+        Arc::new(move |endpoint, code| m.count_request(endpoint, code))
     }
 
     /// Adds one pass's accounting; money is in `currency`.
