@@ -200,16 +200,23 @@ async fn a_failed_stop_build_is_retried_on_a_later_pass() {
     assert!(h.state().metrics.encode().contains("coder_gpu_reclaimer_stop_failures_total{kind=\"build_failed\"} 1"));
 }
 
-#[tokio::test]
-async fn the_cap_limits_stops_per_pass() {
-    let mut h = Harness::new(6, Mode::Enforce, |p| {
+/// Enforce mode with a cap of one stop per pass (the breaker off) and three idle workspaces.
+async fn three_idle_one_stop_per_pass() -> (Harness, Vec<Uuid>) {
+    let h = Harness::new(6, Mode::Enforce, |p| {
         p.max_stops_per_pass = 1;
         p.max_idle_fraction = 1.0;
     })
     .await;
+    let mut ids = Vec::new();
     for i in 0..3 {
-        h.workspace("alice", &format!("w{i}"), Load::Idle).await;
+        ids.push(h.workspace("alice", &format!("w{i}"), Load::Idle).await);
     }
+    (h, ids)
+}
+
+#[tokio::test]
+async fn the_cap_limits_stops_per_pass() {
+    let (mut h, _) = three_idle_one_stop_per_pass().await;
     let mut per_pass = Vec::new();
     for _ in 0..20 {
         per_pass.push(h.pass().await.acted.stops_sent.len());
@@ -220,16 +227,9 @@ async fn the_cap_limits_stops_per_pass() {
 
 #[tokio::test]
 async fn the_cap_counts_retries_of_failed_stops() {
-    let mut h = Harness::new(6, Mode::Enforce, |p| {
-        p.max_stops_per_pass = 1;
-        p.max_idle_fraction = 1.0;
-    })
-    .await;
-    let mut ids = Vec::new();
-    for i in 0..3 {
-        let id = h.workspace("alice", &format!("w{i}"), Load::Idle).await;
+    let (mut h, ids) = three_idle_one_stop_per_pass().await;
+    for &id in &ids {
         h.coder.with(|w| w.fail_next_stop(id));
-        ids.push(id);
     }
     // Each first stop build fails: its retry (the workspace is no longer listed running) and the
     // next reclaim in the stop order share the pass's one stop slot.
