@@ -2,13 +2,17 @@
 //! GPU), 8 GPUs per exporter, served by a child process so only the service is measured. Each
 //! pass is preceded by three samples of every exporter (15 s sampling, 60 s passes). Prints
 //! requests per pass, wall time, CPU time and peak RSS over 33 passes (windows full, as in
-//! steady state). Run: `cargo bench --bench pass`.
+//! steady state), then the same for the floor (benches/floor.rs: the same requests, bodies read
+//! and discarded) and the ratio of the two. Run: `cargo bench --bench pass`.
 
 // A measuring harness, not service code: failing loudly is what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "synthetic.rs"]
 mod synthetic;
+
+#[path = "floor.rs"]
+mod floor;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -22,6 +26,9 @@ use coder_gpu_reclaimer::retry::RetryPolicy;
 
 /// `--sample-interval 15s` with `--interval 60s`.
 const SAMPLES_BETWEEN_PASSES: usize = 3;
+
+/// Passes of the floor client, after the service's (the median is printed).
+const FLOOR_PASSES: usize = 9;
 
 /// Child mode: measure passes against the server on `port`.
 async fn measure(n: usize, port: u16) {
@@ -56,14 +63,39 @@ async fn measure(n: usize, port: u16) {
         assert_eq!(pass.eval.judged.len(), n);
     }
     let cpu = (synthetic::cpu_seconds() - cpu0) / PASSES as f64;
-    walls.sort_by(f64::total_cmp);
+    let peak = synthetic::proc_status("VmHWM:") as f64 / 1024.0;
+    let wall = floor::median(walls.clone());
+    let wall_max = walls.iter().copied().fold(0.0, f64::max);
+
+    // The floor: the same requests (the three samples, then the listing beside the pass's
+    // scrape), 32 exporters in flight as the service, every body read and discarded.
+    let client = floor::client();
+    let scrapes: Vec<String> = (0..nodes).map(|i| format!("{base}/node/{i}/metrics")).collect();
+    let listing = format!("{base}/api/v2/workspaces?q=status%3Arunning");
+    let (mut floor_walls, mut floor_cpus) = (Vec::new(), Vec::new());
+    for _ in 0..FLOOR_PASSES {
+        let (_, w, c) = floor::timed(async {
+            for _ in 0..SAMPLES_BETWEEN_PASSES {
+                floor::discard_all(&client, &scrapes, 32, &[]).await;
+            }
+            tokio::join!(floor::discard(&client, &listing, &[]), floor::discard_all(&client, &scrapes, 32, &[]))
+        })
+        .await;
+        floor_walls.push(w);
+        floor_cpus.push(c);
+    }
+    let (floor_wall, floor_cpu) = (floor::median(floor_walls), floor::median(floor_cpus));
     println!(
-        "{n:>6} workspaces | {requests:>5} requests/pass (1 listing + {nodes} exporters x 4 samples) | wall median {:>6.0} ms, max {:>6.0} ms | CPU {:>6.0} ms/pass | peak RSS {:>5.1} MiB (at start {:.1})",
-        walls[walls.len() / 2] * 1e3,
-        walls[walls.len() - 1] * 1e3,
+        "{n:>6} workspaces | {requests:>5} requests/pass (1 listing + {nodes} exporters x 4 samples) | service: wall median {:>5.0} ms (max {:>5.0}), CPU {:>5.0} ms/pass, peak RSS {:>5.1} MiB (at start {:.1}) | floor: wall {:>5.0} ms, CPU {:>5.0} ms | service/floor: wall {:.2}x, CPU {:.2}x",
+        wall * 1e3,
+        wall_max * 1e3,
         cpu * 1e3,
-        synthetic::proc_status("VmHWM:") as f64 / 1024.0,
-        rss_before as f64 / 1024.0
+        peak,
+        rss_before as f64 / 1024.0,
+        floor_wall * 1e3,
+        floor_cpu * 1e3,
+        wall / floor_wall,
+        cpu / floor_cpu,
     );
 }
 

@@ -13,13 +13,18 @@
 //! While working on the source, `RECLAIMER_BENCH_DIR=/tmp/x` keeps the TSDB there and reuses it
 //! (its history reaches 30 minutes past the time it was written; later, the newest steps are
 //! empty and the steady passes read stale data), and `RECLAIMER_BENCH_STEADY_PASSES=0` measures
-//! the first pass only.
+//! the first pass only; `RECLAIMER_BENCH_AHEAD_MINUTES` and `RECLAIMER_BENCH_HISTORY_MINUTES`
+//! size the history written (promtool needs about 1 GB of memory per 6 minutes of it at 10,000
+//! GPUs).
 
 // A measuring harness, not service code: failing loudly is what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "synthetic.rs"]
 mod synthetic;
+
+#[path = "floor.rs"]
+mod floor;
 
 use std::io::{BufRead, BufReader, BufWriter, Write as _};
 use std::path::PathBuf;
@@ -47,8 +52,9 @@ const STEADY_PASSES: usize = 4;
 /// Writes the history of `n` GPUs (GPU i held by synthetic workspace i; every tenth computes)
 /// as OpenMetrics text, the way Prometheus stores a scrape of dcgm-exporter.
 fn write_history(path: &std::path::Path, n: usize, now: i64, ahead_minutes: i64) {
+    let history = std::env::var("RECLAIMER_BENCH_HISTORY_MINUTES").ok().and_then(|v| v.parse().ok()).unwrap_or(HISTORY_MINUTES);
     let end = now / SCRAPE * SCRAPE + ahead_minutes * 60;
-    let start = end - (HISTORY_MINUTES + ahead_minutes) * 60;
+    let start = end - (history + ahead_minutes) * 60;
     let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path).expect("history file"));
     // Every field the source reads that dcgm-exporter's default counters file exports
     // (reference/dcgm/default-counters.csv), and SM_ACTIVE (commented out there, the honest
@@ -106,27 +112,55 @@ fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()))
 }
 
-/// A loopback proxy that counts the bytes Prometheus sends back (what the service receives,
-/// compressed as on the wire).
-async fn counting_proxy(upstream: String, received: Arc<AtomicU64>) -> u16 {
+/// What the proxy saw: the bytes Prometheus sent back (compressed, as on the wire) and the
+/// target of every GET the service sent (replayed by the floor).
+#[derive(Default)]
+struct Seen {
+    received: AtomicU64,
+    requests: std::sync::Mutex<Vec<String>>,
+}
+
+/// A loopback proxy in front of Prometheus that counts what it sends back and records what it
+/// is asked.
+async fn counting_proxy(upstream: String, seen: Arc<Seen>) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let upstream = upstream.clone();
-            let received = received.clone();
+            let seen = seen.clone();
             tokio::spawn(async move {
                 let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { return };
                 let (mut client_read, mut client_write) = client.into_split();
                 let (mut server_read, mut server_write) = server.into_split();
-                tokio::spawn(async move { tokio::io::copy(&mut client_read, &mut server_write).await });
+                let asked = seen.clone();
+                tokio::spawn(async move {
+                    // Request heads, line by line: a line starting "GET " names a request.
+                    let mut buf = vec![0u8; 16 * 1024];
+                    let mut line = Vec::new();
+                    while let Ok(read) = client_read.read(&mut buf).await {
+                        if read == 0 || server_write.write_all(&buf[..read]).await.is_err() {
+                            break;
+                        }
+                        for &b in &buf[..read] {
+                            if b != b'\n' {
+                                line.push(b);
+                                continue;
+                            }
+                            if let Some(target) = line.strip_prefix(b"GET ").and_then(|l| l.split(|&c| c == b' ').next()) {
+                                asked.requests.lock().unwrap().push(String::from_utf8_lossy(target).into_owned());
+                            }
+                            line.clear();
+                        }
+                    }
+                });
                 // Counted as it is relayed: the service keeps its connections open.
                 let mut buf = vec![0u8; 64 * 1024];
                 while let Ok(read) = server_read.read(&mut buf).await {
                     if read == 0 || client_write.write_all(&buf[..read]).await.is_err() {
                         break;
                     }
-                    received.fetch_add(read as u64, Ordering::Relaxed);
+                    seen.received.fetch_add(read as u64, Ordering::Relaxed);
                 }
             });
         }
@@ -134,30 +168,76 @@ async fn counting_proxy(upstream: String, received: Arc<AtomicU64>) -> u16 {
     port
 }
 
-/// One pass, printed with what it cost.
-async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>, received: &AtomicU64, n: usize, label: &str) {
-    let bytes0 = received.load(Ordering::Relaxed);
-    let cpu0 = synthetic::cpu_seconds();
-    let t = Instant::now();
-    let pass = app.pass(rx).await.expect("pass");
-    let wall = t.elapsed().as_secs_f64();
-    let cpu = synthetic::cpu_seconds() - cpu0;
+/// Where the floor sends its requests: the listing and the proxy the service's queries went to.
+struct Floor {
+    client: reqwest::Client,
+    listing: String,
+    proxy: String,
+}
+
+/// One pass, printed with what it cost; then the floor: the same requests (the listing, and
+/// the pass's queries as the proxy saw them, 6 at a time as the service sends them, gzip as it
+/// asks) read and discarded. The floor goes second, on caches the pass warmed: if anything,
+/// that flatters the floor.
+async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>, seen: &Seen, floor: &Floor, n: usize, label: &str) {
+    seen.requests.lock().unwrap().clear();
+    let bytes0 = seen.received.load(Ordering::Relaxed);
+    let (report, wall, cpu) = floor::timed(app.pass(rx)).await;
+    let pass = report.expect("pass");
     // The proxy counts a chunk after relaying it: give the last one a moment.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let bytes = received.load(Ordering::Relaxed) - bytes0;
+    let bytes = seen.received.load(Ordering::Relaxed) - bytes0;
     let mut verdicts = std::collections::BTreeMap::new();
     for d in pass.eval.decisions() {
         *verdicts
             .entry(serde_json::to_value(d.verdict).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default())
             .or_insert(0usize) += 1;
     }
+    let queries: Vec<String> = std::mem::take(&mut *seen.requests.lock().unwrap()).iter().map(|t| format!("{}{t}", floor.proxy)).collect();
+    let gzip = [("accept-encoding", "gzip")];
+    let (_, floor_wall, floor_cpu) = floor::timed(async {
+        tokio::join!(floor::discard(&floor.client, &floor.listing, &[]), floor::discard_all(&floor.client, &queries, 6, &gzip))
+    })
+    .await;
     println!(
-        "{n:>6} GPUs | {label:<14} | {:>2} queries | {:>9.1} KB received | wall {:>6.0} ms | CPU {:>6.0} ms | peak RSS {:>5.1} MiB | {verdicts:?}",
+        "{n:>6} GPUs | {label:<14} | {:>2} queries | {:>7.1} KB received | service: wall {:>5.0} ms, CPU {:>4.0} ms, peak RSS {:>5.1} MiB | floor: wall {:>5.0} ms, CPU {:>4.0} ms | wall {:.2}x the floor | {verdicts:?}",
         pass.eval.gpu_requests,
         bytes as f64 / 1e3,
         wall * 1e3,
         cpu * 1e3,
         synthetic::proc_status("VmHWM:") as f64 / 1024.0,
+        floor_wall * 1e3,
+        floor_cpu * 1e3,
+        wall / floor_wall,
+    );
+}
+
+fn settings(coder_port: u16, prometheus_port: u16) -> Settings {
+    let token = SessionToken::new("benchkey01-benchsecret").expect("token");
+    let prometheus = format!("http://127.0.0.1:{prometheus_port}").parse().expect("url");
+    let mut settings =
+        Settings::new(format!("http://127.0.0.1:{coder_port}").parse().expect("url"), token, GpuSourceSettings::Prometheus(prometheus));
+    settings.request_timeout = Duration::from_secs(60);
+    settings.api_retry = RetryPolicy::none();
+    settings
+}
+
+/// Child mode: `plan` (one first pass, then the JSON document it prints) in a process of its
+/// own, for its peak RSS.
+async fn measure_plan(n: usize, coder_port: u16, prom_port: u16) {
+    let (out, wall, cpu) = floor::timed(coder_gpu_reclaimer::commands::plan(
+        settings(coder_port, prom_port),
+        coder_gpu_reclaimer::cli::OutputFormat::Json,
+        None,
+    ))
+    .await;
+    let out = out.expect("plan");
+    println!(
+        "{n:>6} GPUs | plan (JSON)    | service: wall {:>5.0} ms, CPU {:>4.0} ms, peak RSS {:>5.1} MiB | {:.1} MB printed",
+        wall * 1e3,
+        cpu * 1e3,
+        synthetic::proc_status("VmHWM:") as f64 / 1024.0,
+        out.len() as f64 / 1e6
     );
 }
 
@@ -170,14 +250,14 @@ async fn measure(n: usize, coder_port: u16, prom_port: u16) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let received = Arc::new(AtomicU64::new(0));
-    let proxy = counting_proxy(format!("127.0.0.1:{prom_port}"), received.clone()).await;
-    let token = SessionToken::new("benchkey01-benchsecret").expect("token");
-    let prometheus = format!("http://127.0.0.1:{proxy}").parse().expect("url");
-    let mut settings =
-        Settings::new(format!("http://127.0.0.1:{coder_port}").parse().expect("url"), token, GpuSourceSettings::Prometheus(prometheus));
-    settings.request_timeout = Duration::from_secs(60);
-    settings.api_retry = RetryPolicy::none();
+    let seen = Arc::new(Seen::default());
+    let proxy = counting_proxy(format!("127.0.0.1:{prom_port}"), seen.clone()).await;
+    let settings = settings(coder_port, proxy);
+    let floor = Floor {
+        client: floor::client(),
+        listing: format!("http://127.0.0.1:{coder_port}/api/v2/workspaces?q=status%3Arunning"),
+        proxy: format!("http://127.0.0.1:{proxy}"),
+    };
     let step = settings.interval.as_secs() as i64;
     let (_tx, rx) = tokio::sync::watch::channel(false);
     // A Prometheus just started reads the history from its disk blocks for the first time (its
@@ -185,17 +265,17 @@ async fn measure(n: usize, coder_port: u16, prom_port: u16) {
     // a while has warm caches. The service's first pass is measured against both: a cold one,
     // then a new service's first pass (no state carried over) against the Prometheus it warmed.
     let mut app = Application::build(&settings, Role::Run).await.expect("build");
-    one_pass(&mut app, &rx, &received, n, "cold first").await;
+    one_pass(&mut app, &rx, &seen, &floor, n, "cold first").await;
     drop(app);
     let mut app = Application::build(&settings, Role::Run).await.expect("build");
-    one_pass(&mut app, &rx, &received, n, "first pass").await;
+    one_pass(&mut app, &rx, &seen, &floor, n, "first pass").await;
     let steady = std::env::var("RECLAIMER_BENCH_STEADY_PASSES").ok().and_then(|v| v.parse().ok()).unwrap_or(STEADY_PASSES);
     for i in 1..=steady {
         // Wait for the next step to complete, as a 60 s pass interval would.
         let now = chrono::Utc::now().timestamp();
         let next = (now / step + 1) * step + 1;
         tokio::time::sleep(Duration::from_secs((next - now) as u64)).await;
-        one_pass(&mut app, &rx, &received, n, &format!("steady pass {i}")).await;
+        one_pass(&mut app, &rx, &seen, &floor, n, &format!("steady pass {i}")).await;
     }
 }
 
@@ -217,7 +297,8 @@ fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: 
         let now = chrono::Utc::now().timestamp();
         let t = Instant::now();
         let input = dir.join("history.om");
-        write_history(&input, n, now, if kept.is_some() { KEPT_AHEAD_MINUTES } else { AHEAD_MINUTES });
+        let ahead = std::env::var("RECLAIMER_BENCH_AHEAD_MINUTES").ok().and_then(|v| v.parse().ok());
+        write_history(&input, n, now, ahead.unwrap_or(if kept.is_some() { KEPT_AHEAD_MINUTES } else { AHEAD_MINUTES }));
         let size = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
         let out = Command::new(promtool)
             .args(["tsdb", "create-blocks-from", "openmetrics"])
@@ -247,12 +328,14 @@ fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: 
     BufReader::new(server.0.stdout.take().expect("stdout")).read_line(&mut coder_port).expect("port");
     // glibc's allocator as the container image configures it (Dockerfile: one heap per thread
     // otherwise keeps each thread's freed memory).
-    let status = Command::new(exe)
-        .args(["--measure", &n.to_string(), coder_port.trim(), &port.to_string()])
-        .env("MALLOC_ARENA_MAX", std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into()))
-        .status()
-        .expect("measure");
-    assert!(status.success());
+    for mode in ["--measure", "--plan"] {
+        let status = Command::new(exe)
+            .args([mode, &n.to_string(), coder_port.trim(), &port.to_string()])
+            .env("MALLOC_ARENA_MAX", std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into()))
+            .status()
+            .expect("measure");
+        assert!(status.success());
+    }
     drop(server);
     drop(_prom);
     if kept.is_none() {
@@ -265,6 +348,9 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     match args.get(1).map(String::as_str) {
         Some("--serve") => return rt.block_on(synthetic::serve(args[2].parse().expect("n"))),
+        Some("--plan") => {
+            return rt.block_on(measure_plan(args[2].parse().expect("n"), args[3].parse().expect("port"), args[4].parse().expect("port")));
+        }
         Some("--measure") => {
             return rt.block_on(measure(args[2].parse().expect("n"), args[3].parse().expect("port"), args[4].parse().expect("port")));
         }

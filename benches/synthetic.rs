@@ -163,7 +163,16 @@ pub async fn serve(n: usize) {
     let app = Router::new()
         .route("/api/v2/buildinfo", get(|State(s): State<Arc<Served>>| async move { s.buildinfo.clone() }))
         .route("/api/v2/users/me", get(|State(s): State<Arc<Served>>| async move { s.owner.clone() }))
-        .route("/api/v2/authcheck", axum::routing::post(|| async { axum::Json(serde_json::json!({"read": true, "stop": true})) }))
+        // Every check allowed (the owner's token): one answer per check asked, by its key (an
+        // organization id for the per-organization stop checks).
+        .route(
+            "/api/v2/authcheck",
+            axum::routing::post(|axum::Json(body): axum::Json<serde_json::Value>| async move {
+                let answers: serde_json::Map<String, serde_json::Value> =
+                    body["checks"].as_object().into_iter().flatten().map(|(k, _)| (k.clone(), serde_json::Value::Bool(true))).collect();
+                axum::Json(answers)
+            }),
+        )
         .route("/api/v2/workspaces", get(|State(s): State<Arc<Served>>| async move { s.listing.clone() }))
         .route(
             "/node/{i}/metrics",

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use reqwest::{Certificate, Url};
 
 use crate::error::Error;
-use crate::json_split::Splitter;
+use crate::json_split::{OnElement, Splitter};
 
 /// Parses an `http://` or `https://` URL with a host; anything else is a configuration error
 /// naming `setting` and an example of what to write instead.
@@ -293,10 +293,10 @@ pub const MAX_PIECE: usize = 4 << 20;
 pub async fn read_split(
     resp: reqwest::Response,
     limit: usize,
-    path: &'static [&'static str],
-    on_element: &mut (dyn FnMut(&[u8]) -> Result<(), String> + Send),
+    splitter: Splitter,
+    on_element: &mut (dyn OnElement + Send),
 ) -> Result<Vec<u8>, StreamError> {
-    let mut splitter = Splitter::new(path, MAX_PIECE);
+    let mut splitter = splitter;
     for_each_chunk(resp, limit, StreamError::Body, |chunk| splitter.feed(chunk, on_element).map_err(StreamError::Parse)).await?;
     splitter.finish().map_err(StreamError::Parse)
 }

@@ -10,6 +10,7 @@ pub mod duration;
 pub mod error;
 pub mod gpu;
 pub mod http;
+pub mod json_read;
 pub mod json_split;
 pub mod pass;
 pub mod retry;

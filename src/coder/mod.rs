@@ -20,6 +20,8 @@ use serde::de::DeserializeOwned;
 
 use crate::error::Error;
 use crate::http::{BodyError, StreamError, Tls, error_chain, read_limited, read_split, refused_redirect};
+use crate::json_read::{ReadError, Reader};
+use crate::json_split::{OnElement, Splitter};
 use crate::retry::{Attempt, RetryPolicy, retry};
 pub use token::{SessionToken, TokenSource};
 use types::*;
@@ -115,6 +117,33 @@ pub enum StopOutcome {
 }
 
 /// The default largest running-workspace listing (`max_listing_mib`): about 60,000 workspaces.
+/// The listing's workspaces as they are split off, each read from its bytes with only the
+/// fields the models hold (`types::read_workspace`): most where they begin in a chunk.
+#[derive(Debug, Default)]
+pub struct ListedWorkspaces(pub Vec<Workspace>);
+
+impl OnElement for ListedWorkspaces {
+    fn element(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let mut r = Reader::new(bytes, true);
+        let workspace = types::read_workspace(&mut r)?;
+        r.end()?;
+        self.0.push(workspace);
+        Ok(())
+    }
+
+    fn element_at_start(&mut self, bytes: &[u8]) -> Result<Option<usize>, String> {
+        let mut r = Reader::new(bytes, false);
+        match types::read_workspace(&mut r) {
+            Ok(workspace) => {
+                self.0.push(workspace);
+                Ok(Some(r.position()))
+            }
+            Err(ReadError::Incomplete) => Ok(None),
+            Err(ReadError::Malformed(why)) => Err(why),
+        }
+    }
+}
+
 pub const DEFAULT_MAX_LISTING: usize = 256 << 20;
 
 /// How the client talks to Coder, besides where and as whom.
@@ -253,16 +282,13 @@ impl CoderClient {
             return self.status_failure(endpoint, resp).await;
         }
         // Each workspace is parsed as soon as its bytes are in: the listing is never held whole.
-        let mut workspaces = Vec::new();
-        let mut on_workspace = |bytes: &[u8]| {
-            workspaces.push(serde_json::from_slice::<Workspace>(bytes).map_err(|e| e.to_string())?);
-            Ok(())
-        };
-        let parsed = read_split(resp, self.max_listing_bytes, &["workspaces"], &mut on_workspace)
+        let mut workspaces = ListedWorkspaces::default();
+        let splitter = Splitter::new(&["workspaces"], crate::http::MAX_PIECE);
+        let parsed = read_split(resp, self.max_listing_bytes, splitter, &mut workspaces)
             .await
             .and_then(|rest| serde_json::from_slice::<WorkspacesResponse>(&rest).map_err(|e| StreamError::Parse(e.to_string())));
         match parsed {
-            Ok(list) => Attempt::Done(Ok((WorkspacesResponse { workspaces, ..list }, clock_offset))),
+            Ok(list) => Attempt::Done(Ok((WorkspacesResponse { workspaces: workspaces.0, ..list }, clock_offset))),
             Err(StreamError::Body(BodyError::TooLarge { .. })) => Attempt::Done(Err(self.too_large(endpoint))),
             Err(StreamError::Body(e)) => body_failure(endpoint, e),
             Err(StreamError::Parse(e)) => Attempt::Done(Err(unexpected_body(endpoint, e))),

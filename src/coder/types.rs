@@ -7,6 +7,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::json_read::{ReadError, Reader, malformed};
+
 pub type Time = DateTime<Utc>;
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -136,6 +138,10 @@ macro_rules! lenient_enum {
         impl $name {
             pub fn as_str(self) -> &'static str {
                 match self { $(Self::$variant => $text,)+ Self::Unknown => "unknown" }
+            }
+            /// As serde reads it: a value this version does not know is `Unknown`.
+            pub fn from_text(text: &str) -> Self {
+                match text { $($text => Self::$variant,)+ _ => Self::Unknown }
             }
         }
     };
@@ -268,4 +274,309 @@ pub struct AuthorizationObject {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct UpdateWorkspaceTtlRequest {
     pub ttl_ms: Option<i64>,
+}
+
+/// Reads one listed workspace as `serde_json::from_slice::<Workspace>` would (the same
+/// defaults, the same errors for the members it reads: missing, duplicate or mistyped), taking
+/// only the members the models hold and skipping the rest undecoded (`json_read`). Tested
+/// against serde's parse of every model field and of the captured listings.
+pub fn read_workspace(r: &mut Reader<'_>) -> Result<Workspace, ReadError> {
+    let (mut id, mut name, mut owner_name, mut owner_id, mut template_name) = (None, None, None, None, None);
+    let (mut organization_id, mut organization_name, mut created_at, mut last_used_at) = (None, None, None, None);
+    let (mut latest_build, mut ttl_ms, mut autostart_schedule, mut is_prebuild, mut task_id) = (None, None, None, None, None);
+    r.object(|r, key| match key {
+        b"id" => set(&mut id, key, text(r)?),
+        b"name" => set(&mut name, key, text(r)?),
+        b"owner_name" => set(&mut owner_name, key, text(r)?),
+        b"owner_id" => set(&mut owner_id, key, text(r)?),
+        b"template_name" => set(&mut template_name, key, text(r)?),
+        b"organization_id" => set(&mut organization_id, key, text(r)?),
+        b"organization_name" => set(&mut organization_name, key, text(r)?),
+        b"created_at" => set(&mut created_at, key, time(r)?),
+        b"last_used_at" => set(&mut last_used_at, key, time(r)?),
+        b"latest_build" => set(&mut latest_build, key, read_build(r)?),
+        b"ttl_ms" => set(&mut ttl_ms, key, optional(r, |r| r.i64())?),
+        b"autostart_schedule" => set(&mut autostart_schedule, key, optional(r, text)?),
+        b"is_prebuild" => set(&mut is_prebuild, key, r.bool()?),
+        b"task_id" => set(&mut task_id, key, optional(r, text)?),
+        _ => r.skip(),
+    })?;
+    Ok(Workspace {
+        id: required(id, "id")?,
+        name: required(name, "name")?,
+        owner_name: required(owner_name, "owner_name")?,
+        owner_id: owner_id.unwrap_or_default(),
+        template_name: template_name.unwrap_or_default(),
+        organization_id: organization_id.unwrap_or_default(),
+        organization_name: organization_name.unwrap_or_default(),
+        created_at: required(created_at, "created_at")?,
+        last_used_at: required(last_used_at, "last_used_at")?,
+        latest_build: required(latest_build, "latest_build")?,
+        ttl_ms: ttl_ms.flatten(),
+        autostart_schedule: autostart_schedule.flatten(),
+        is_prebuild: is_prebuild.unwrap_or_default(),
+        task_id: task_id.flatten(),
+    })
+}
+
+fn read_build(r: &mut Reader<'_>) -> Result<WorkspaceBuild, ReadError> {
+    let (mut id, mut created_at, mut transition, mut status, mut job) = (None, None, None, None, None);
+    let (mut initiator_id, mut template_version_id, mut reason, mut resources, mut deadline) = (None, None, None, None, None);
+    r.object(|r, key| match key {
+        b"id" => set(&mut id, key, text(r)?),
+        b"created_at" => set(&mut created_at, key, optional(r, time)?),
+        b"transition" => set(&mut transition, key, Transition::from_text(&r.string()?)),
+        b"status" => set(&mut status, key, WorkspaceStatus::from_text(&r.string()?)),
+        b"job" => set(&mut job, key, read_job(r)?),
+        b"initiator_id" => set(&mut initiator_id, key, optional(r, text)?),
+        b"template_version_id" => set(&mut template_version_id, key, optional(r, text)?),
+        b"reason" => set(&mut reason, key, BuildReason::from_text(&r.string()?)),
+        b"resources" => set(&mut resources, key, list(r, read_resource)?),
+        b"deadline" => set(&mut deadline, key, optional(r, time)?),
+        _ => r.skip(),
+    })?;
+    Ok(WorkspaceBuild {
+        id: required(id, "id")?,
+        created_at: created_at.flatten(),
+        transition: required(transition, "transition")?,
+        status: required(status, "status")?,
+        job: required(job, "job")?,
+        initiator_id: initiator_id.flatten(),
+        template_version_id: template_version_id.flatten(),
+        reason: reason.unwrap_or_default(),
+        resources: resources.unwrap_or_default(),
+        deadline: deadline.flatten(),
+    })
+}
+
+fn read_job(r: &mut Reader<'_>) -> Result<ProvisionerJob, ReadError> {
+    let (mut id, mut status, mut completed_at, mut error) = (None, None, None, None);
+    r.object(|r, key| match key {
+        b"id" => set(&mut id, key, text(r)?),
+        b"status" => set(&mut status, key, JobStatus::from_text(&r.string()?)),
+        b"completed_at" => set(&mut completed_at, key, optional(r, time)?),
+        b"error" => set(&mut error, key, optional(r, text)?),
+        _ => r.skip(),
+    })?;
+    Ok(ProvisionerJob {
+        id: required(id, "id")?,
+        status: required(status, "status")?,
+        completed_at: completed_at.flatten(),
+        error: error.flatten(),
+    })
+}
+
+fn read_resource(r: &mut Reader<'_>) -> Result<WorkspaceResource, ReadError> {
+    let mut agents = None;
+    r.object(|r, key| match key {
+        b"agents" => set(&mut agents, key, list(r, read_agent)?),
+        _ => r.skip(),
+    })?;
+    Ok(WorkspaceResource { agents: agents.unwrap_or_default() })
+}
+
+fn read_agent(r: &mut Reader<'_>) -> Result<WorkspaceAgent, ReadError> {
+    let (mut id, mut status, mut created_at, mut connection_timeout_seconds) = (None, None, None, None);
+    let (mut lifecycle_state, mut first_connected_at, mut last_connected_at, mut disconnected_at) = (None, None, None, None);
+    r.object(|r, key| match key {
+        b"id" => set(&mut id, key, text(r)?),
+        b"status" => set(&mut status, key, AgentStatus::from_text(&r.string()?)),
+        b"created_at" => set(&mut created_at, key, optional(r, time)?),
+        b"connection_timeout_seconds" => set(&mut connection_timeout_seconds, key, r.i64()?),
+        b"lifecycle_state" => set(&mut lifecycle_state, key, AgentLifecycle::from_text(&r.string()?)),
+        b"first_connected_at" => set(&mut first_connected_at, key, optional(r, time)?),
+        b"last_connected_at" => set(&mut last_connected_at, key, optional(r, time)?),
+        b"disconnected_at" => set(&mut disconnected_at, key, optional(r, time)?),
+        _ => r.skip(),
+    })?;
+    Ok(WorkspaceAgent {
+        id: required(id, "id")?,
+        status: required(status, "status")?,
+        created_at: created_at.flatten(),
+        connection_timeout_seconds: connection_timeout_seconds.unwrap_or_default(),
+        lifecycle_state: lifecycle_state.unwrap_or_default(),
+        first_connected_at: first_connected_at.flatten(),
+        last_connected_at: last_connected_at.flatten(),
+        disconnected_at: disconnected_at.flatten(),
+    })
+}
+
+/// A member read once: serde refuses a duplicate field.
+fn set<T>(slot: &mut Option<T>, key: &[u8], value: T) -> Result<(), ReadError> {
+    if slot.is_some() {
+        return malformed(format!("duplicate field `{}`", String::from_utf8_lossy(key)));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn required<T>(slot: Option<T>, key: &str) -> Result<T, ReadError> {
+    slot.map_or_else(|| malformed(format!("missing field `{key}`")), Ok)
+}
+
+fn text(r: &mut Reader<'_>) -> Result<String, ReadError> {
+    r.string().map(|s| s.into_owned())
+}
+
+/// A time as chrono's serde support reads one (`DateTime<Utc>::from_str`); Go's RFC 3339 in
+/// UTC (`2026-11-29T16:01:27.841201Z`, what Coder sends) is read directly, ten per workspace.
+fn time(r: &mut Reader<'_>) -> Result<Time, ReadError> {
+    let text = r.string()?;
+    if let Some(t) = utc_rfc3339(&text) {
+        return Ok(t);
+    }
+    text.parse().map_or_else(|e| malformed(format!("{text:?}: {e}")), Ok)
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.fraction]Z` with a valid date and time (no leap second), else `None`
+/// (then chrono reads it, or says why not).
+fn utc_rfc3339(text: &str) -> Option<Time> {
+    let b = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Option<u32> {
+        b.get(range)?.iter().try_fold(0u32, |n, &d| d.is_ascii_digit().then(|| n * 10 + u32::from(d - b'0')))
+    };
+    let shape = [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')];
+    if b.len() < 20 || b.last() != Some(&b'Z') || shape.iter().any(|&(i, c)| b.get(i) != Some(&c)) {
+        return None;
+    }
+    let nanos = match b.get(19..b.len() - 1)? {
+        [] => 0,
+        [b'.', fraction @ ..] if (1..=9).contains(&fraction.len()) && fraction.iter().all(u8::is_ascii_digit) => {
+            fraction.iter().fold(0u32, |n, &d| n * 10 + u32::from(d - b'0')) * 10u32.pow(9 - fraction.len() as u32)
+        }
+        _ => return None,
+    };
+    let date = chrono::NaiveDate::from_ymd_opt(i32::try_from(digits(0..4)?).ok()?, digits(5..7)?, digits(8..10)?)?;
+    let time = chrono::NaiveTime::from_hms_nano_opt(digits(11..13)?, digits(14..16)?, digits(17..19)?, nanos)?;
+    Some(date.and_time(time).and_utc())
+}
+
+fn optional<T>(r: &mut Reader<'_>, read: impl FnOnce(&mut Reader<'_>) -> Result<T, ReadError>) -> Result<Option<T>, ReadError> {
+    if r.null()? { Ok(None) } else { read(r).map(Some) }
+}
+
+fn list<T>(r: &mut Reader<'_>, read: impl Fn(&mut Reader<'_>) -> Result<T, ReadError>) -> Result<Vec<T>, ReadError> {
+    let mut out = Vec::new();
+    r.array(|r| read(r).map(|item| out.push(item)))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed_both_ways(text: &str) -> (Workspace, Workspace) {
+        let full: Workspace = serde_json::from_str(text).unwrap();
+        let mut r = Reader::new(text.as_bytes(), true);
+        let read = read_workspace(&mut r).unwrap();
+        r.end().unwrap();
+        (full, read)
+    }
+
+    #[test]
+    fn the_reader_reads_every_field_the_models_have_as_serde_does() {
+        // Every field set, none to its default: a field the reader misses reads as its
+        // default (or fails), and the two parses differ.
+        let t = |s: i64| DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap();
+        let agent = WorkspaceAgent {
+            id: "agent".into(),
+            status: AgentStatus::Disconnected,
+            created_at: Some(t(1)),
+            connection_timeout_seconds: 120,
+            lifecycle_state: AgentLifecycle::Ready,
+            first_connected_at: Some(t(2)),
+            last_connected_at: Some(t(3)),
+            disconnected_at: Some(t(4)),
+        };
+        let ws = Workspace {
+            id: "ws".into(),
+            name: "name".into(),
+            owner_name: "owner".into(),
+            owner_id: "owner-id".into(),
+            template_name: "tpl".into(),
+            organization_id: "org".into(),
+            organization_name: "org-name".into(),
+            created_at: t(5),
+            last_used_at: t(6),
+            latest_build: WorkspaceBuild {
+                id: "build".into(),
+                created_at: Some(t(7)),
+                transition: Transition::Stop,
+                status: WorkspaceStatus::Failed,
+                job: ProvisionerJob { id: "job".into(), status: JobStatus::Failed, completed_at: Some(t(8)), error: Some("boom".into()) },
+                initiator_id: Some("initiator".into()),
+                template_version_id: Some("version".into()),
+                reason: BuildReason::Autostop,
+                resources: vec![WorkspaceResource::default(), WorkspaceResource { agents: vec![agent] }],
+                deadline: Some(t(9)),
+            },
+            ttl_ms: Some(3_600_000),
+            autostart_schedule: Some("CRON_TZ=UTC 0 9 * * 1-5".into()),
+            is_prebuild: true,
+            task_id: Some("task".into()),
+        };
+        let mut value = serde_json::to_value(&ws).unwrap();
+        // Members no model reads, at every level, are dropped without changing the result.
+        value["template_icon"] = serde_json::json!({"big": ["nested", {"x": "}]\""}]});
+        value["latest_build"]["matched_provisioners"] = serde_json::json!({"count": 1});
+        value["latest_build"]["resources"][1]["agents"][0]["apps"] = serde_json::json!([{"url": "http://x"}]);
+        let text = serde_json::to_string_pretty(&value).unwrap();
+        let (full, pruned) = parsed_both_ways(&text);
+        assert_eq!(full, ws);
+        assert_eq!(pruned, ws);
+    }
+
+    #[test]
+    fn coder_times_are_read_as_chrono_reads_them() {
+        for text in [
+            "2026-11-29T16:01:27.841201Z",
+            "2026-11-29T16:01:27Z",
+            "2026-11-29T16:01:27.1Z",
+            "2026-11-29T16:01:27.123456789Z",
+            "2024-02-29T23:59:59.999Z",
+            "0001-01-01T00:00:00Z",
+        ] {
+            let chrono: Time = text.parse().unwrap();
+            assert_eq!(utc_rfc3339(text), Some(chrono), "{text}");
+        }
+        // Anything else is left to chrono: offsets, a leap second, lower case, out of range.
+        for text in [
+            "2026-11-29T16:01:27+02:00",
+            "2026-11-29T23:59:60Z",
+            "2026-11-29t16:01:27Z",
+            "2026-11-29 16:01:27Z",
+            "2023-02-29T00:00:00Z",
+            "2026-13-01T00:00:00Z",
+            "2026-11-29T24:00:00Z",
+            "2026-11-29T16:01:27.Z",
+            "2026-11-29T16:01:27.1234567890Z",
+            "2026-11-29T16:01:2xZ",
+            "",
+        ] {
+            assert_eq!(utc_rfc3339(text), None, "{text}");
+            let via_reader = time(&mut Reader::new(format!("{text:?}").as_bytes(), true)).ok();
+            assert_eq!(via_reader, text.parse::<Time>().ok(), "{text}: as chrono reads it");
+        }
+    }
+
+    #[test]
+    fn every_captured_workspace_reads_as_serde_parses_it() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/coder");
+        let mut seen = 0;
+        let mut files = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(&text) else { continue };
+            // A listing, or one workspace (the unknown-enums capture).
+            let listed = value["workspaces"].as_array().cloned().unwrap_or_default();
+            let one = value.get("latest_build").map(|_| value.clone());
+            files += usize::from(!listed.is_empty() || one.is_some());
+            for ws in listed.iter().chain(one.as_ref()) {
+                let (full, pruned) = parsed_both_ways(&ws.to_string());
+                assert_eq!(full, pruned);
+                seen += 1;
+            }
+        }
+        assert!(seen >= 3 && files >= 2, "the captured workspaces: {seen} in {files} files");
+    }
 }

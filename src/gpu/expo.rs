@@ -32,23 +32,86 @@ impl fmt::Display for ParseError {
     }
 }
 
-/// Parses every sample line, calling `wanted(name)` first so callers can skip series they do not
-/// use without scanning labels, then `on_sample` for each kept sample. Returns the bad lines.
-pub fn parse_filtered<'a>(text: &'a str, mut wanted: impl FnMut(&str) -> bool, mut on_sample: impl FnMut(&Sample<'a>)) -> Vec<ParseError> {
+/// One sample line with its label set left as text (from the `{` to the `}`, both excluded but
+/// the `}`), for `parse_label_set`: an exporter repeats each GPU's label set in every family, so
+/// a caller that has read a text once need not parse it again.
+#[derive(Debug, Clone, Copy)]
+pub struct Line<'a> {
+    /// 1-based.
+    pub number: usize,
+    pub name: &'a str,
+    pub labels_text: &'a str,
+    pub value: f64,
+    pub timestamp_ms: Option<i64>,
+}
+
+/// Parses every sample line but its labels, calling `wanted(name)` first so callers can skip
+/// series they do not use, then `on_line` for each kept line. Returns the bad lines (a bad label
+/// set shows when it is parsed).
+pub fn parse_lines<'a>(text: &'a str, mut wanted: impl FnMut(&str) -> bool, mut on_line: impl FnMut(&Line<'a>)) -> Vec<ParseError> {
     let mut errors = Vec::new();
-    let mut sample = Sample { name: "", labels: Vec::with_capacity(16), value: 0.0, timestamp_ms: None };
-    for (index, raw) in text.split('\n').enumerate() {
+    // A family's lines come together: the answer for the last name is asked once per family.
+    let mut last: (&str, bool) = ("", false);
+    let mut cached_wanted = |name: &'a str| {
+        if name != last.0 {
+            last = (name, wanted(name));
+        }
+        last.1
+    };
+    let mut start = 0;
+    for (index, end) in memchr::memchr_iter(b'\n', text.as_bytes()).chain([text.len()]).enumerate() {
+        let raw = text.get(start..end).unwrap_or_default();
+        start = end + 1;
         let line = raw.trim_matches(|c| c == ' ' || c == '\t' || c == '\r');
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        match parse_line(line, &mut sample, &mut wanted) {
-            Ok(true) => on_sample(&sample),
-            Ok(false) => {}
+        match parse_line(line, index + 1, &mut cached_wanted) {
+            Ok(Some(parsed)) => on_line(&parsed),
+            Ok(None) => {}
             Err(message) => errors.push(ParseError { line: index + 1, message }),
         }
     }
     errors
+}
+
+/// Parses a `Line`'s label set into `labels` (cleared first).
+pub fn parse_label_set<'a>(labels_text: &'a str, labels: &mut Vec<(&'a str, Cow<'a, str>)>) -> Result<(), String> {
+    labels.clear();
+    if labels_text.is_empty() {
+        return Ok(());
+    }
+    match parse_labels(labels_text, 0, labels)? {
+        end if end == labels_text.len() => Ok(()),
+        end => Err(format!("unexpected {:?} after the label set", char_at(labels_text, end))),
+    }
+}
+
+/// Parses every sample line, calling `wanted(name)` first so callers can skip series they do not
+/// use without scanning labels, then `on_sample` for each kept sample. Returns the bad lines.
+pub fn parse_filtered<'a>(text: &'a str, wanted: impl FnMut(&str) -> bool, mut on_sample: impl FnMut(&Sample<'a>)) -> Vec<ParseError> {
+    let mut sample = Sample { name: "", labels: Vec::with_capacity(16), value: 0.0, timestamp_ms: None };
+    let mut label_errors = Vec::new();
+    let mut errors = parse_lines(text, wanted, |line| {
+        if let Err(message) = parse_label_set(line.labels_text, &mut sample.labels) {
+            label_errors.push(ParseError { line: line.number, message });
+            return;
+        }
+        sample.name = line.name;
+        sample.value = line.value;
+        sample.timestamp_ms = line.timestamp_ms;
+        on_sample(&sample);
+    });
+    merge_errors(&mut errors, label_errors);
+    errors
+}
+
+/// Adds `more` to `errors`, in line order.
+pub fn merge_errors(errors: &mut Vec<ParseError>, more: Vec<ParseError>) {
+    if !more.is_empty() {
+        errors.extend(more);
+        errors.sort_by_key(|e| e.line);
+    }
 }
 
 /// Parses a whole document into owned-by-input samples (convenient; the sources use `parse_filtered`).
@@ -73,8 +136,8 @@ fn skip_blanks(bytes: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// Ok(true): `sample` holds the line. Ok(false): the name was not wanted.
-fn parse_line<'a>(line: &'a str, sample: &mut Sample<'a>, wanted: &mut impl FnMut(&str) -> bool) -> Result<bool, String> {
+/// `Some(line)`, or `None` when the name was not wanted.
+fn parse_line<'a>(line: &'a str, number: usize, wanted: &mut impl FnMut(&'a str) -> bool) -> Result<Option<Line<'a>>, String> {
     let bytes = line.as_bytes();
     if !is_name_start(bytes[0]) {
         return Err(format!("a metric name must start with a letter, '_' or ':', found {:?}", char_at(line, 0)));
@@ -85,13 +148,20 @@ fn parse_line<'a>(line: &'a str, sample: &mut Sample<'a>, wanted: &mut impl FnMu
     }
     let name = &line[..i];
     if !wanted(name) {
-        return Ok(false);
+        return Ok(None);
     }
-    sample.name = name;
-    sample.labels.clear();
+    let mut labels_text = "";
     let brace = skip_blanks(bytes, i);
     if brace < bytes.len() && bytes[brace] == b'{' {
-        i = parse_labels(line, brace + 1, &mut sample.labels)?;
+        // The set ends at the line's last '}': no value or timestamp holds one, and a set that
+        // ends elsewhere fails when parsed (`parse_label_set`).
+        let Some(close) = line.rfind('}').filter(|&c| c > brace) else {
+            // No end: the full parse says where the set goes wrong.
+            let why = parse_labels(line, brace + 1, &mut Vec::new()).err();
+            return Err(why.unwrap_or_else(|| "unterminated label set: missing '}'".into()));
+        };
+        labels_text = &line[brace + 1..=close];
+        i = close + 1;
     }
     let after_labels = i;
     i = skip_blanks(bytes, i);
@@ -106,14 +176,14 @@ fn parse_line<'a>(line: &'a str, sample: &mut Sample<'a>, wanted: &mut impl FnMu
     if value_text.is_empty() {
         return Err(format!("{name}: missing value"));
     }
-    sample.value = parse_value(value_text).ok_or_else(|| format!("{name}: {value_text:?} is not a number"))?;
+    let value = parse_value(value_text).ok_or_else(|| format!("{name}: {value_text:?} is not a number"))?;
     i = skip_blanks(bytes, i);
-    sample.timestamp_ms = None;
+    let mut timestamp_ms = None;
     if i < bytes.len() {
         let ts = &line[i..];
-        sample.timestamp_ms = Some(ts.parse::<i64>().map_err(|_| format!("{name}: timestamp {ts:?} is not an integer (milliseconds)"))?);
+        timestamp_ms = Some(ts.parse::<i64>().map_err(|_| format!("{name}: timestamp {ts:?} is not an integer (milliseconds)"))?);
     }
-    Ok(true)
+    Ok(Some(Line { number, name, labels_text, value, timestamp_ms }))
 }
 
 fn parse_labels<'a>(line: &'a str, mut i: usize, labels: &mut Vec<(&'a str, Cow<'a, str>)>) -> Result<usize, String> {

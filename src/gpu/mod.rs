@@ -9,7 +9,6 @@ pub mod signals;
 pub mod window;
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -270,32 +269,72 @@ pub fn series_from_exposition_capped(
     ownership: &Ownership,
     max_gpus: usize,
 ) -> (Vec<GpuSeries>, Vec<expo::ParseError>, bool) {
-    let mut by_gpu: HashMap<GpuKey, GpuSeries> = HashMap::new();
+    let mut by_gpu: HashMap<GpuKey, usize> = HashMap::new();
+    let mut series: Vec<GpuSeries> = Vec::new();
+    // Each label set read, by its text: the GPU it names (in `series`) and whether its `pod_uid`
+    // is empty; `None` when it names none. Every family repeats a GPU's set, so each is parsed
+    // once per scrape. Bounded: past the bound, sets are parsed line by line.
+    let mut by_text: HashMap<&str, Option<(usize, bool)>> = HashMap::new();
+    let mut by_place: Vec<(&str, Option<(usize, bool)>)> = Vec::new();
+    let mut family = ("", 0usize);
+    let max_texts = max_gpus.saturating_mul(8).min(1 << 16);
+    let mut labels = Vec::with_capacity(16);
+    let mut label_errors = Vec::new();
     let mut over = false;
-    let errors = expo::parse_filtered(
+    let mut errors = expo::parse_lines(
         text,
         |name| signals::lookup(name).is_some() || signals::energy_joules(name, 0.0).is_some(),
-        |sample| {
-            let Some(key) = GpuKey::from_labels(|k| sample.label(k), ownership) else { return };
-            let full = by_gpu.len() >= max_gpus;
-            let gpu = match by_gpu.entry(key) {
-                Entry::Occupied(e) => e.into_mut(),
-                Entry::Vacant(_) if full => {
-                    over = true;
-                    return;
-                }
-                Entry::Vacant(e) => {
-                    let Some(series) = GpuSeries::from_labels(|k| sample.label(k), source, ownership) else { return };
-                    e.insert(series)
+        |line| {
+            // The families list the GPUs in one order: a line's set is most often the one at
+            // its place in the first family, checked before any hashing.
+            if line.name != family.0 {
+                family = (line.name, 0);
+            }
+            let place = family.1;
+            family.1 += 1;
+            let known = match by_place.get(place) {
+                Some((text, slot)) if *text == line.labels_text => Some(*slot),
+                _ => by_text.get(line.labels_text).copied(),
+            };
+            let slot = match known {
+                Some(slot) => slot,
+                None => {
+                    if let Err(message) = expo::parse_label_set(line.labels_text, &mut labels) {
+                        label_errors.push(expo::ParseError { line: line.number, message });
+                        return;
+                    }
+                    let label = |k: &str| labels.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_ref());
+                    let gpu = GpuKey::from_labels(label, ownership).and_then(|key| match by_gpu.get(&key) {
+                        Some(&i) => Some(i),
+                        None if by_gpu.len() >= max_gpus => {
+                            over = true;
+                            None
+                        }
+                        None => {
+                            let new = GpuSeries::from_labels(label, source, ownership)?;
+                            by_gpu.insert(key, series.len());
+                            series.push(new);
+                            Some(series.len() - 1)
+                        }
+                    });
+                    let slot = gpu.map(|i| (i, label("pod_uid") == Some("")));
+                    if by_text.len() < max_texts {
+                        by_text.insert(line.labels_text, slot);
+                        if by_place.len() == place {
+                            by_place.push((line.labels_text, slot));
+                        }
+                    }
+                    slot
                 }
             };
-            let placeholder = sample.label("pod_uid") == Some("") && signals::lookup(sample.name).is_some_and(|m| m.signal.per_process());
-            if !placeholder {
-                gpu.add_values(sample.name, std::iter::once((at, sample.value)));
+            let Some((i, empty_pod_uid)) = slot else { return };
+            let placeholder = empty_pod_uid && signals::lookup(line.name).is_some_and(|m| m.signal.per_process());
+            if let Some(gpu) = series.get_mut(i).filter(|_| !placeholder) {
+                gpu.add_values(line.name, std::iter::once((at, line.value)));
             }
         },
     );
-    let mut series: Vec<GpuSeries> = by_gpu.into_values().collect();
+    expo::merge_errors(&mut errors, label_errors);
     merge_device_level(&mut series);
     (series, errors, over)
 }

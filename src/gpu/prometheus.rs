@@ -308,7 +308,7 @@ fn check_envelope(status: u16, rest: &[u8]) -> Result<(), String> {
 /// panics, whatever the bytes.
 pub fn read_answer(status: u16, body: &[u8], on_series: &mut dyn FnMut(Series<'_>)) -> Result<(), String> {
     let mut splitter = Splitter::new(RESULT, crate::http::MAX_PIECE);
-    splitter.feed(body, &mut |bytes| parse_series(status, bytes).map(&mut *on_series))?;
+    splitter.feed(body, &mut |bytes: &[u8]| parse_series(status, bytes).map(&mut *on_series))?;
     let rest = splitter.finish().map_err(|_| not_prometheus(status))?;
     check_envelope(status, &rest)
 }
@@ -479,7 +479,7 @@ async fn query_range(q: Query, spec: QuerySpec, query: String, range: (i64, i64,
         // Past the cap: stop reading this answer (the pass fails for this source anyway).
         if fold.over { Err(format!("more than {} distinct GPU series", fold.max_series)) } else { Ok(()) }
     };
-    let rest = read_split(resp, q.max_body, RESULT, &mut on_series).await.map_err(|e| match e {
+    let rest = read_split(resp, q.max_body, Splitter::new(RESULT, crate::http::MAX_PIECE), &mut on_series).await.map_err(|e| match e {
         StreamError::Body(e) => e.to_string(),
         StreamError::Parse(e) => e,
     })?;
