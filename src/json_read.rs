@@ -227,6 +227,28 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A number, as JSON writes one (no `NaN`, `Infinity` or `+`).
+    pub fn f64(&mut self) -> Result<f64, ReadError> {
+        let first = self.peek()?;
+        if first != b'-' && !first.is_ascii_digit() {
+            return self.expected("a number");
+        }
+        let token = self.literal()?;
+        let plain = token.iter().all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'));
+        match std::str::from_utf8(token).ok().filter(|_| plain).and_then(|t| t.parse().ok()) {
+            Some(n) => Ok(n),
+            None => malformed(format!("{:?} is not a number", String::from_utf8_lossy(token))),
+        }
+    }
+
+    /// The bytes of the next value, skipped undecoded (to be read later, or compared).
+    pub fn raw(&mut self) -> Result<&'a [u8], ReadError> {
+        self.skip_blanks();
+        let start = self.at;
+        self.skip()?;
+        Ok(self.bytes.get(start..self.at).unwrap_or_default())
+    }
+
     pub fn bool(&mut self) -> Result<bool, ReadError> {
         if !matches!(self.peek()?, b't' | b'f') {
             return self.expected("a boolean");

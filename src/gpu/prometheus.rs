@@ -36,6 +36,7 @@ use tokio::task::JoinSet;
 use super::signals::{NAMES, Signal};
 use crate::error::Error;
 use crate::http::{StreamError, Tls, host_port, read_split, redact};
+use crate::json_read::{Reader, malformed};
 use crate::json_split::Splitter;
 
 use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, SourceFailure, merge_device_level};
@@ -287,6 +288,49 @@ fn parse_series(status: u16, bytes: &[u8]) -> Result<Series<'_>, String> {
     serde_json::from_slice(bytes).map_err(|_| not_prometheus(status))
 }
 
+/// One series of an answer as the fold reads it: its labels' bytes, undecoded (a pass's queries
+/// name the same GPUs with the same labels: they are read once per pass), and its points. The
+/// same checks as `parse_series` on what it reads (a point is `[time, "value"]`).
+fn read_series<'a>(status: u16, bytes: &'a [u8], points: &mut Vec<(f64, Option<f64>)>) -> Result<&'a [u8], String> {
+    points.clear();
+    let mut metric: Option<&[u8]> = None;
+    let mut seen_values = false;
+    let mut r = Reader::new(bytes, true);
+    let read = r.object(|r, key| match key {
+        b"metric" if metric.is_none() => r.raw().map(|raw| metric = Some(raw)),
+        b"values" if !seen_values => {
+            seen_values = true;
+            r.array(|r| {
+                let mut point = (None, None);
+                r.array(|r| match point {
+                    (None, _) => r.f64().map(|t| point.0 = Some(t)),
+                    (Some(_), None) if r.null()? => malformed("a null sample value"),
+                    (Some(_), None) => {
+                        let value = match r.string() {
+                            Ok(text) => text.parse().ok(),
+                            Err(_) => Some(r.f64()?),
+                        };
+                        point.1 = Some(value);
+                        Ok(())
+                    }
+                    _ => malformed("a point of more than two values"),
+                })?;
+                match point {
+                    (Some(t), Some(v)) => {
+                        points.push((t, v));
+                        Ok(())
+                    }
+                    _ => malformed("a point of fewer than two values"),
+                }
+            })
+        }
+        b"metric" | b"values" => malformed("a duplicate field"),
+        _ => r.skip(),
+    });
+    read.and_then(|()| r.end()).map_err(|_| not_prometheus(status))?;
+    Ok(metric.unwrap_or(b"{}"))
+}
+
 /// Judges an answer by its envelope (the document without its series): a `matrix`, or what
 /// went wrong.
 fn check_envelope(status: u16, rest: &[u8]) -> Result<(), String> {
@@ -327,33 +371,54 @@ struct Fold {
     /// The steps asked for (unix seconds): points outside are dropped, so no answer can grow a
     /// series past the steps of the pass.
     span: (i64, i64),
+    /// Each label set read this pass, by its bytes: the GPU it names (in `series`), or `None`.
+    /// Aggregated answers (every pass after the first) give a GPU the same labels in every query;
+    /// a whole window's carry each query's metric name, so none is remembered then.
+    by_labels: HashMap<Vec<u8>, Option<usize>>,
+    remember_labels: bool,
 }
 
 impl Fold {
-    fn add(&mut self, spec: QuerySpec, s: Series<'_>) {
-        let Some(key) = GpuKey::from_labels(|k| s.metric.get(k), &self.ownership) else { return };
-        let i = match self.index.get(&key) {
-            Some(&i) => i,
+    /// One series of an answer (`read_series`'s labels and points).
+    fn add_read(&mut self, spec: QuerySpec, metric: &[u8], points: &[(f64, Option<f64>)]) -> Result<(), String> {
+        let i = match self.by_labels.get(metric) {
+            Some(known) => *known,
+            None => {
+                let labels: Labels<'_> = serde_json::from_slice(metric).map_err(|e| format!("the labels of a series: {e}"))?;
+                let i = self.gpu_of(&labels);
+                if self.remember_labels && self.by_labels.len() < self.max_series {
+                    self.by_labels.insert(metric.to_vec(), i);
+                }
+                i
+            }
+        };
+        if let Some(gpu) = i.and_then(|i| self.series.get_mut(i)) {
+            let (start, end) = self.span;
+            let values = points
+                .iter()
+                .filter(|(t, _)| (start as f64..=end as f64).contains(t))
+                .filter_map(|(t, v)| Some((DateTime::from_timestamp(t.round() as i64, 0)?, (*v)?)));
+            gpu.add_values(spec.name, values);
+        }
+        Ok(())
+    }
+
+    /// The GPU a label set names (its place in `series`, made when new), if any.
+    fn gpu_of(&mut self, labels: &Labels<'_>) -> Option<usize> {
+        let key = GpuKey::from_labels(|k| labels.get(k), &self.ownership)?;
+        match self.index.get(&key) {
+            Some(&i) => Some(i),
             None if self.series.len() >= self.max_series => {
                 self.over = true;
-                return;
+                None
             }
             None => {
-                let Some(mut new) = GpuSeries::from_labels(|k| s.metric.get(k), &self.source, &self.ownership) else { return };
+                let mut new = GpuSeries::from_labels(|k| labels.get(k), &self.source, &self.ownership)?;
                 new.points.reserve_exact(self.steps);
                 self.index.insert(key, self.series.len());
                 self.series.push(new);
-                self.series.len() - 1
+                Some(self.series.len() - 1)
             }
-        };
-        if let Some(gpu) = self.series.get_mut(i) {
-            let (start, end) = self.span;
-            let values = s
-                .values
-                .iter()
-                .filter(|(t, _)| (start as f64..=end as f64).contains(t))
-                .filter_map(|(t, v)| Some((DateTime::from_timestamp(t.round() as i64, 0)?, v.0?)));
-            gpu.add_values(spec.name, values);
         }
     }
 }
@@ -472,10 +537,11 @@ async fn query_range(q: Query, spec: QuerySpec, query: String, range: (i64, i64,
     let params = [("query", query), ("start", start.to_string()), ("end", end.to_string()), ("step", format!("{step}s"))];
     let resp = crate::http::send(q.http.get(&url).headers(q.headers).query(&params)).await?;
     let status = resp.status().as_u16();
+    let mut points = Vec::new();
     let mut on_series = |bytes: &[u8]| {
-        let series = parse_series(status, bytes)?;
+        let metric = read_series(status, bytes, &mut points)?;
         let mut fold = fold.lock().unwrap_or_else(|p| p.into_inner());
-        fold.add(spec, series);
+        fold.add_read(spec, metric, &points)?;
         // Past the cap: stop reading this answer (the pass fails for this source anyway).
         if fold.over { Err(format!("more than {} distinct GPU series", fold.max_series)) } else { Ok(()) }
     };
@@ -512,6 +578,8 @@ impl GpuSource for PrometheusSource {
             max_series: self.options.max_series,
             over: false,
             span: (start, end),
+            by_labels: HashMap::new(),
+            remember_labels: aggregate,
         }));
         // A few queries at a time: each keeps Prometheus busy evaluating it (a whole window over
         // 10,000 GPUs is 700,000 points per field); more would only queue there.
@@ -600,6 +668,37 @@ mod tests {
         assert!(values[1].1.is_some_and(f64::is_nan) && values[2].1 == Some(f64::INFINITY));
         assert_eq!(series[1].values[0].1, None, "not a number: no value");
         assert_eq!(series[1].get("pod"), Some("escaped\n"), "a label with escapes is unescaped");
+    }
+
+    #[test]
+    fn the_fold_reads_a_series_as_the_answer_parser_does() {
+        let elements = [
+            r#"{"metric":{"UUID":"GPU-1","exported_pod":"p"},"values":[[1700000040,"0.5"],[1700000100,"NaN"],[1700000160,"+Inf"]]}"#,
+            r#"{"values":[[1700000040.5,"x"], [1700000100, 7]], "metric":{"pod":"esc\u0061ped\n"}, "extra": {"a": [1]}}"#,
+            r#"{"metric":{}}"#,
+        ];
+        for element in elements {
+            let parsed = parse_series(200, element.as_bytes()).unwrap();
+            let mut points = Vec::new();
+            let metric = read_series(200, element.as_bytes(), &mut points).unwrap();
+            let labels: Labels<'_> = serde_json::from_slice(metric).unwrap();
+            let pairs = |l: &Labels<'_>| l.0.iter().map(|(k, v)| (k.0.to_string(), v.0.to_string())).collect::<Vec<_>>();
+            assert_eq!(pairs(&labels), pairs(&parsed.metric), "{element}");
+            let want: Vec<(f64, Option<f64>)> = parsed.values.iter().map(|(t, v)| (*t, v.0)).collect();
+            assert_eq!(format!("{points:?}"), format!("{want:?}"), "{element}");
+        }
+        for bad in [
+            r#"{"metric":{},"values":[[1]]}"#,
+            r#"{"metric":{},"values":[[1,"2",3]]}"#,
+            r#"{"metric":{},"values":[[null,"2"]]}"#,
+            r#"{"metric":{},"values":[["1","2"]]}"#,
+            r#"{"metric":{},"metric":{}}"#,
+            r#"{"metric":{},"values":[[1,"2"]]"#,
+            r#"{"metric":{},"values":[[NaN,"2"]]}"#,
+        ] {
+            assert!(read_series(200, bad.as_bytes(), &mut Vec::new()).is_err(), "{bad}");
+            assert!(parse_series(200, bad.as_bytes()).is_err(), "{bad}: the answer parser refuses it too");
+        }
     }
 
     #[test]
