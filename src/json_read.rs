@@ -234,6 +234,10 @@ impl<'a> Reader<'a> {
             return self.expected("a number");
         }
         let token = self.literal()?;
+        // Most are whole numbers (a Prometheus step's time): read without the float parser.
+        if token.len() < 16 && token.iter().all(u8::is_ascii_digit) && (token.len() == 1 || token[0] != b'0') {
+            return Ok(token.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0')) as f64);
+        }
         let plain = token.iter().all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'));
         match std::str::from_utf8(token).ok().filter(|_| plain).and_then(|t| t.parse().ok()) {
             Some(n) => Ok(n),

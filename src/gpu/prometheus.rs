@@ -36,8 +36,8 @@ use tokio::task::JoinSet;
 use super::signals::{NAMES, Signal};
 use crate::error::Error;
 use crate::http::{StreamError, Tls, host_port, read_split, redact};
-use crate::json_read::{Reader, malformed};
-use crate::json_split::Splitter;
+use crate::json_read::{ReadError, Reader, malformed};
+use crate::json_split::{OnElement, Splitter};
 
 use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, SourceFailure, merge_device_level};
 
@@ -292,11 +292,17 @@ fn parse_series(status: u16, bytes: &[u8]) -> Result<Series<'_>, String> {
 /// name the same GPUs with the same labels: they are read once per pass), and its points. The
 /// same checks as `parse_series` on what it reads (a point is `[time, "value"]`).
 fn read_series<'a>(status: u16, bytes: &'a [u8], points: &mut Vec<(f64, Option<f64>)>) -> Result<&'a [u8], String> {
+    let mut r = Reader::new(bytes, true);
+    let metric = read_series_from(&mut r, points).and_then(|metric| r.end().map(|()| metric));
+    metric.map_err(|_| not_prometheus(status))
+}
+
+/// `read_series` from a reader, which may run out of bytes (`Incomplete`).
+fn read_series_from<'a>(r: &mut Reader<'a>, points: &mut Vec<(f64, Option<f64>)>) -> Result<&'a [u8], ReadError> {
     points.clear();
     let mut metric: Option<&[u8]> = None;
     let mut seen_values = false;
-    let mut r = Reader::new(bytes, true);
-    let read = r.object(|r, key| match key {
+    r.object(|r, key| match key {
         b"metric" if metric.is_none() => r.raw().map(|raw| metric = Some(raw)),
         b"values" if !seen_values => {
             seen_values = true;
@@ -307,7 +313,8 @@ fn read_series<'a>(status: u16, bytes: &'a [u8], points: &mut Vec<(f64, Option<f
                     (Some(_), None) if r.null()? => malformed("a null sample value"),
                     (Some(_), None) => {
                         let value = match r.string() {
-                            Ok(text) => text.parse().ok(),
+                            Ok(text) => sample_value(&text),
+                            Err(ReadError::Incomplete) => return Err(ReadError::Incomplete),
                             Err(_) => Some(r.f64()?),
                         };
                         point.1 = Some(value);
@@ -326,9 +333,50 @@ fn read_series<'a>(status: u16, bytes: &'a [u8], points: &mut Vec<(f64, Option<f
         }
         b"metric" | b"values" => malformed("a duplicate field"),
         _ => r.skip(),
-    });
-    read.and_then(|()| r.end()).map_err(|_| not_prometheus(status))?;
+    })?;
     Ok(metric.unwrap_or(b"{}"))
+}
+
+/// A sample value as Prometheus writes it (`"0"`, `"24.3"`, `"NaN"`): what `f64::from_str`
+/// reads, the common small integers without it.
+fn sample_value(text: &str) -> Option<f64> {
+    match text.as_bytes() {
+        [d] if d.is_ascii_digit() => Some(f64::from(d - b'0')),
+        _ => text.parse().ok(),
+    }
+}
+
+/// An answer's series folded as they are split off: most read where they begin in a chunk.
+struct SeriesInto<'f> {
+    status: u16,
+    spec: QuerySpec,
+    fold: &'f Mutex<Fold>,
+    points: Vec<(f64, Option<f64>)>,
+}
+
+impl SeriesInto<'_> {
+    fn fold(&mut self, metric: &[u8]) -> Result<(), String> {
+        let mut fold = self.fold.lock().unwrap_or_else(|p| p.into_inner());
+        fold.add_read(self.spec, metric, &self.points)?;
+        // Past the cap: stop reading this answer (the pass fails for this source anyway).
+        if fold.over { Err(format!("more than {} distinct GPU series", fold.max_series)) } else { Ok(()) }
+    }
+}
+
+impl OnElement for SeriesInto<'_> {
+    fn element(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let metric = read_series(self.status, bytes, &mut self.points)?;
+        self.fold(metric)
+    }
+
+    fn element_at_start(&mut self, bytes: &[u8]) -> Result<Option<usize>, String> {
+        let mut r = Reader::new(bytes, false);
+        match read_series_from(&mut r, &mut self.points) {
+            Ok(metric) => self.fold(metric).map(|()| Some(r.position())),
+            Err(ReadError::Incomplete) => Ok(None),
+            Err(ReadError::Malformed(_)) => Err(not_prometheus(self.status)),
+        }
+    }
 }
 
 /// Judges an answer by its envelope (the document without its series): a `matrix`, or what
@@ -537,15 +585,8 @@ async fn query_range(q: Query, spec: QuerySpec, query: String, range: (i64, i64,
     let params = [("query", query), ("start", start.to_string()), ("end", end.to_string()), ("step", format!("{step}s"))];
     let resp = crate::http::send(q.http.get(&url).headers(q.headers).query(&params)).await?;
     let status = resp.status().as_u16();
-    let mut points = Vec::new();
-    let mut on_series = |bytes: &[u8]| {
-        let metric = read_series(status, bytes, &mut points)?;
-        let mut fold = fold.lock().unwrap_or_else(|p| p.into_inner());
-        fold.add_read(spec, metric, &points)?;
-        // Past the cap: stop reading this answer (the pass fails for this source anyway).
-        if fold.over { Err(format!("more than {} distinct GPU series", fold.max_series)) } else { Ok(()) }
-    };
-    let rest = read_split(resp, q.max_body, Splitter::new(RESULT, crate::http::MAX_PIECE), &mut on_series).await.map_err(|e| match e {
+    let mut into = SeriesInto { status, spec, fold: &fold, points: Vec::new() };
+    let rest = read_split(resp, q.max_body, Splitter::new(RESULT, crate::http::MAX_PIECE), &mut into).await.map_err(|e| match e {
         StreamError::Body(e) => e.to_string(),
         StreamError::Parse(e) => e,
     })?;
@@ -686,6 +727,10 @@ mod tests {
             assert_eq!(pairs(&labels), pairs(&parsed.metric), "{element}");
             let want: Vec<(f64, Option<f64>)> = parsed.values.iter().map(|(t, v)| (*t, v.0)).collect();
             assert_eq!(format!("{points:?}"), format!("{want:?}"), "{element}");
+        }
+        for text in ["0", "7", "24.3", "NaN", "+Inf", "-1", "1e3", "x", "", "09"] {
+            let want: Option<f64> = text.parse().ok();
+            assert_eq!(format!("{:?}", sample_value(text)), format!("{want:?}"), "{text}");
         }
         for bad in [
             r#"{"metric":{},"values":[[1]]}"#,
