@@ -8,8 +8,10 @@
 //! The splitter only tracks strings, escapes and nesting; it validates nothing. Inside an
 //! element it only counts brackets and skips strings, copying whole runs. Whatever the bytes, it
 //! never panics, and a malformed document fails when its pieces are parsed. A receiver may read an
-//! element straight from the chunk (`OnElement::element_at_start`), so that it is read once. A
-//! leaf module: it uses nothing of this crate.
+//! element straight from the chunk (`OnElement::element_at_start`), so that it is read once. It uses only
+//! `json_read`'s byte tables.
+
+use crate::json_read::table;
 
 /// What receives the elements: each whole element's bytes, or, first, the bytes from where an
 /// element begins to the end of the chunk, to read it there if it lies whole in them.
@@ -68,26 +70,10 @@ pub struct Splitter {
 }
 
 /// The bytes that may change the state outside strings.
-static STRUCTURAL: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut i = 0;
-    while i < 8 {
-        t[b"\"\\{}[],:"[i] as usize] = true;
-        i += 1;
-    }
-    t
-};
+static STRUCTURAL: [bool; 256] = table(b"\"\\{}[],:");
 
 /// The bytes that matter inside an element's containers, outside strings.
-static IN_ELEMENT: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut i = 0;
-    while i < 5 {
-        t[b"\"{}[]"[i] as usize] = true;
-        i += 1;
-    }
-    t
-};
+static IN_ELEMENT: [bool; 256] = table(b"\"{}[]");
 
 /// Containers nested deeper than this are refused: nothing the service reads nests past a
 /// dozen levels, and the stack must not grow with what a peer sends.
