@@ -293,10 +293,10 @@ pub const MAX_PIECE: usize = 4 << 20;
 pub async fn read_split(
     resp: reqwest::Response,
     limit: usize,
-    splitter: Splitter,
+    path: &'static [&'static str],
     on_element: &mut (dyn OnElement + Send),
 ) -> Result<Vec<u8>, StreamError> {
-    let mut splitter = splitter;
+    let mut splitter = Splitter::new(path, MAX_PIECE);
     for_each_chunk(resp, limit, StreamError::Body, |chunk| splitter.feed(chunk, on_element).map_err(StreamError::Parse)).await?;
     splitter.finish().map_err(StreamError::Parse)
 }

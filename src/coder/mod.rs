@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use crate::error::Error;
 use crate::http::{BodyError, StreamError, Tls, error_chain, read_limited, read_split, refused_redirect};
 use crate::json_read::{ReadError, Reader};
-use crate::json_split::{OnElement, Splitter};
+use crate::json_split::OnElement;
 use crate::retry::{Attempt, RetryPolicy, retry};
 pub use token::{SessionToken, TokenSource};
 use types::*;
@@ -116,7 +116,6 @@ pub enum StopOutcome {
     BuildActive(String),
 }
 
-/// The default largest running-workspace listing (`max_listing_mib`): about 60,000 workspaces.
 /// The listing's workspaces as they are split off, each read from its bytes with only the
 /// fields the models hold (`types::read_workspace`): most where they begin in a chunk.
 #[derive(Debug, Default)]
@@ -144,6 +143,7 @@ impl OnElement for ListedWorkspaces {
     }
 }
 
+/// The default largest running-workspace listing (`max_listing_mib`): about 60,000 workspaces.
 pub const DEFAULT_MAX_LISTING: usize = 256 << 20;
 
 /// How the client talks to Coder, besides where and as whom.
@@ -283,8 +283,7 @@ impl CoderClient {
         }
         // Each workspace is parsed as soon as its bytes are in: the listing is never held whole.
         let mut workspaces = ListedWorkspaces::default();
-        let splitter = Splitter::new(&["workspaces"], crate::http::MAX_PIECE);
-        let parsed = read_split(resp, self.max_listing_bytes, splitter, &mut workspaces)
+        let parsed = read_split(resp, self.max_listing_bytes, &["workspaces"], &mut workspaces)
             .await
             .and_then(|rest| serde_json::from_slice::<WorkspacesResponse>(&rest).map_err(|e| StreamError::Parse(e.to_string())));
         match parsed {

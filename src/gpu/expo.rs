@@ -32,8 +32,8 @@ impl fmt::Display for ParseError {
     }
 }
 
-/// One sample line with its label set left as text (from the `{` to the `}`, both excluded but
-/// the `}`), for `parse_label_set`: an exporter repeats each GPU's label set in every family, so
+/// One sample line with its label set left as text (what follows its `{`, up to and including
+/// its `}`), for `parse_label_set`: an exporter repeats each GPU's label set in every family, so
 /// a caller that has read a text once need not parse it again.
 #[derive(Debug, Clone, Copy)]
 pub struct Line<'a> {

@@ -100,6 +100,9 @@ impl Default for PrometheusOptions {
 /// Room for points reserved per GPU at most (more steps grow as they come).
 const MAX_STEPS_RESERVED: usize = 1024;
 
+/// The label sets one steady pass remembers, in bytes: 10,000 GPUs' take about 4 MB.
+const MAX_REMEMBERED_LABEL_BYTES: usize = 16 << 20;
+
 /// Fetches of at most this many steps are aggregated by `BY` (see the module's notes).
 const AGGREGATE_UP_TO_STEPS: i64 = 10;
 
@@ -423,7 +426,9 @@ struct Fold {
     /// Aggregated answers (every pass after the first) give a GPU the same labels in every query;
     /// a whole window's carry each query's metric name, so none is remembered then.
     by_labels: HashMap<Vec<u8>, Option<usize>>,
-    remember_labels: bool,
+    /// Bytes of label sets left to remember this pass (none in a whole-window fetch): a real
+    /// set is about 400 bytes, and an answer must not grow memory past a bound.
+    remember_budget: usize,
 }
 
 impl Fold {
@@ -434,7 +439,8 @@ impl Fold {
             None => {
                 let labels: Labels<'_> = serde_json::from_slice(metric).map_err(|e| format!("the labels of a series: {e}"))?;
                 let i = self.gpu_of(&labels);
-                if self.remember_labels && self.by_labels.len() < self.max_series {
+                if metric.len() <= self.remember_budget {
+                    self.remember_budget -= metric.len();
                     self.by_labels.insert(metric.to_vec(), i);
                 }
                 i
@@ -586,7 +592,7 @@ async fn query_range(q: Query, spec: QuerySpec, query: String, range: (i64, i64,
     let resp = crate::http::send(q.http.get(&url).headers(q.headers).query(&params)).await?;
     let status = resp.status().as_u16();
     let mut into = SeriesInto { status, spec, fold: &fold, points: Vec::new() };
-    let rest = read_split(resp, q.max_body, Splitter::new(RESULT, crate::http::MAX_PIECE), &mut into).await.map_err(|e| match e {
+    let rest = read_split(resp, q.max_body, RESULT, &mut into).await.map_err(|e| match e {
         StreamError::Body(e) => e.to_string(),
         StreamError::Parse(e) => e,
     })?;
@@ -620,7 +626,7 @@ impl GpuSource for PrometheusSource {
             over: false,
             span: (start, end),
             by_labels: HashMap::new(),
-            remember_labels: aggregate,
+            remember_budget: if aggregate { MAX_REMEMBERED_LABEL_BYTES } else { 0 },
         }));
         // A few queries at a time: each keeps Prometheus busy evaluating it (a whole window over
         // 10,000 GPUs is 700,000 points per field); more would only queue there.
@@ -709,6 +715,33 @@ mod tests {
         assert!(values[1].1.is_some_and(f64::is_nan) && values[2].1 == Some(f64::INFINITY));
         assert_eq!(series[1].values[0].1, None, "not a number: no value");
         assert_eq!(series[1].get("pod"), Some("escaped\n"), "a label with escapes is unescaped");
+    }
+
+    #[test]
+    fn a_steady_pass_remembers_label_sets_within_its_byte_budget() {
+        let mut fold = Fold {
+            source: Arc::from("p"),
+            ownership: Ownership::default(),
+            steps: 1,
+            index: HashMap::new(),
+            series: Vec::new(),
+            max_series: 10,
+            over: false,
+            span: (0, i64::MAX),
+            by_labels: HashMap::new(),
+            remember_budget: 1_000,
+        };
+        let spec = QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" };
+        let labels = |gpu: usize, pad: usize| format!(r#"{{"UUID":"GPU-{gpu}","pad":"{}"}}"#, "x".repeat(pad));
+        for gpu in 0..3 {
+            fold.add_read(spec, labels(gpu, 500).as_bytes(), &[(60.0, Some(0.5))]).unwrap();
+        }
+        assert_eq!(fold.series.len(), 3, "every GPU is read");
+        assert_eq!(fold.by_labels.len(), 1, "only what fits in 1,000 bytes is remembered");
+        // A remembered set finds its GPU without being parsed again; the others still map.
+        fold.add_read(spec, labels(0, 500).as_bytes(), &[(120.0, Some(0.5))]).unwrap();
+        fold.add_read(spec, labels(2, 500).as_bytes(), &[(120.0, Some(0.5))]).unwrap();
+        assert_eq!((fold.series.len(), fold.series[0].points.len(), fold.series[2].points.len()), (3, 2, 2));
     }
 
     #[test]
