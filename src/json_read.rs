@@ -69,6 +69,36 @@ fn is_blank(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
+/// Where the first byte that ends a run of string text is in `bytes`: a quote or a backslash,
+/// and with `controls` a control character (below 0x20). Eight bytes at a time: in a word, a byte
+/// equal to `c` is a zero byte of `word ^ c`, and `(v - 0x01..) & !v & 0x80..` marks zero bytes;
+/// the lowest mark is always a true one (a borrow only marks bytes above it).
+fn find_in_string(bytes: &[u8], controls: bool) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_bytes = |v: u64| v.wrapping_sub(ONES) & !v;
+    let mut at = 0;
+    while let Some(word) = bytes.get(at..at + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
+        let x = u64::from_le_bytes(word);
+        let mut marks = zero_bytes(x ^ (ONES * u64::from(b'"'))) | zero_bytes(x ^ (ONES * u64::from(b'\\')));
+        if controls {
+            marks |= x.wrapping_sub(ONES * 0x20) & !x;
+        }
+        let marks = marks & HIGHS;
+        if marks != 0 {
+            return Some(at + (marks.trailing_zeros() / 8) as usize);
+        }
+        at += 8;
+    }
+    let tail = bytes.get(at..).unwrap_or_default();
+    let found = if controls {
+        tail.iter().position(|&b| STRING_SPECIAL[usize::from(b)])
+    } else {
+        tail.iter().position(|&b| b == b'"' || b == b'\\')
+    };
+    found.map(|p| at + p)
+}
+
 /// A position in one JSON value's bytes.
 pub struct Reader<'a> {
     bytes: &'a [u8],
@@ -289,7 +319,7 @@ impl<'a> Reader<'a> {
         let mut plain = true;
         loop {
             let rest = self.bytes.get(self.at..).unwrap_or_default();
-            let Some(p) = rest.iter().position(|&b| STRING_SPECIAL[usize::from(b)]) else { return Err(ReadError::Incomplete) };
+            let Some(p) = find_in_string(rest, true) else { return Err(ReadError::Incomplete) };
             match rest.get(p) {
                 Some(b'"') => {
                     self.at += p + 1;
@@ -307,19 +337,12 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// Past one string that is skipped, not read (so not checked): the first bytes by the
-    /// table, a long rest by `memchr`.
+    /// Past one string that is skipped, not read (so not checked for control characters).
     fn skip_text(&mut self) -> Result<(), ReadError> {
         self.at += 1;
         loop {
             let rest = self.bytes.get(self.at..).unwrap_or_default();
-            let head = rest.get(..16).unwrap_or(rest);
-            let found = match head.iter().position(|&b| b == b'"' || b == b'\\') {
-                Some(p) => Some(p),
-                None if head.len() < 16 => None,
-                None => memchr::memchr2(b'"', b'\\', rest.get(16..).unwrap_or_default()).map(|p| p + 16),
-            };
-            match found.map(|p| (p, rest.get(p))) {
+            match find_in_string(rest, false).map(|p| (p, rest.get(p))) {
                 Some((p, Some(b'"'))) => {
                     self.at += p + 1;
                     return Ok(());
@@ -444,6 +467,28 @@ mod tests {
             "",
         ] {
             assert!(whole(bad).is_err(), "{bad:?} should fail");
+        }
+    }
+
+    #[test]
+    fn the_word_at_a_time_search_finds_what_a_byte_at_a_time_search_finds() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        const BYTES: &[u8] = b"ab\"\\\x00\x1f\x20\x7f\x80\xff!#[";
+        for _ in 0..20_000 {
+            let len = (next() % 40) as usize;
+            // Mostly plain text, a special byte now and then, anywhere in a word.
+            let text: Vec<u8> =
+                (0..len).map(|_| if next() % 6 == 0 { BYTES[(next() % BYTES.len() as u64) as usize] } else { b'x' }).collect();
+            for controls in [false, true] {
+                let slow = text.iter().position(|&b| b == b'"' || b == b'\\' || (controls && b < 0x20));
+                assert_eq!(find_in_string(&text, controls), slow, "{text:?} controls={controls}");
+            }
         }
     }
 
