@@ -52,7 +52,7 @@ const STEADY_PASSES: usize = 4;
 /// Writes the history of `n` GPUs (GPU i held by synthetic workspace i; every tenth computes)
 /// as OpenMetrics text, the way Prometheus stores a scrape of dcgm-exporter.
 fn write_history(path: &std::path::Path, n: usize, now: i64, ahead_minutes: i64) {
-    let history = std::env::var("RECLAIMER_BENCH_HISTORY_MINUTES").ok().and_then(|v| v.parse().ok()).unwrap_or(HISTORY_MINUTES);
+    let history = history_minutes();
     let end = now / SCRAPE * SCRAPE + ahead_minutes * 60;
     let start = end - (history + ahead_minutes) * 60;
     let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path).expect("history file"));
@@ -106,6 +106,11 @@ fn write_history(path: &std::path::Path, n: usize, now: i64, ahead_minutes: i64)
     }
     out.write_all(b"# EOF\n").unwrap();
     out.flush().unwrap();
+}
+
+/// Minutes of history written before "now" (`RECLAIMER_BENCH_HISTORY_MINUTES`, else 70).
+fn history_minutes() -> i64 {
+    std::env::var("RECLAIMER_BENCH_HISTORY_MINUTES").ok().and_then(|v| v.parse().ok()).unwrap_or(HISTORY_MINUTES)
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -364,7 +369,8 @@ fn main() {
     let sizes = if sizes.is_empty() { vec![1_000, 10_000] } else { sizes };
     let exe = std::env::current_exe().expect("exe");
     println!(
-        "passes in observe mode against a real Prometheus ({HISTORY_MINUTES} min of {SCRAPE} s history, 60 s passes); Coder in a child process; MALLOC_ARENA_MAX={}",
+        "passes in observe mode against a real Prometheus ({} min of {SCRAPE} s history, 60 s passes); Coder in a child process; MALLOC_ARENA_MAX={}",
+        history_minutes(),
         std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2 (as the image sets it)".into())
     );
     for n in sizes {
