@@ -69,34 +69,52 @@ fn is_blank(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-/// Where the first byte that ends a run of string text is in `bytes`: a quote or a backslash,
-/// and with `controls` a control character (below 0x20). Eight bytes at a time: in a word, a byte
-/// equal to `c` is a zero byte of `word ^ c`, and `(v - 0x01..) & !v & 0x80..` marks zero bytes;
-/// the lowest mark is always a true one (a borrow only marks bytes above it).
-fn find_in_string(bytes: &[u8], controls: bool) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let zero_bytes = |v: u64| v.wrapping_sub(ONES) & !v;
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// In a word, each byte equal to `c` marked by its high bit, and maybe some bytes above the
+/// lowest such: `(v - 0x01..) & !v` marks the zero bytes of `v = word ^ c`, and a borrow only
+/// marks bytes above a true one. So the lowest mark of any union of these is a true one.
+fn marks_of(word: u64, c: u8) -> u64 {
+    let v = word ^ (ONES * u64::from(c));
+    v.wrapping_sub(ONES) & !v & HIGHS
+}
+
+/// Where the first byte of `bytes` is that `marks` marks in its word (as `marks_of` does: the
+/// lowest mark true) or, in the last few bytes, that `special` holds for: eight bytes at a time.
+fn find_by_word(bytes: &[u8], marks: impl Fn(u64) -> u64, special: impl Fn(u8) -> bool) -> Option<usize> {
     let mut at = 0;
     while let Some(word) = bytes.get(at..at + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
-        let x = u64::from_le_bytes(word);
-        let mut marks = zero_bytes(x ^ (ONES * u64::from(b'"'))) | zero_bytes(x ^ (ONES * u64::from(b'\\')));
-        if controls {
-            marks |= x.wrapping_sub(ONES * 0x20) & !x;
-        }
-        let marks = marks & HIGHS;
-        if marks != 0 {
-            return Some(at + (marks.trailing_zeros() / 8) as usize);
+        let found = marks(u64::from_le_bytes(word));
+        if found != 0 {
+            return Some(at + (found.trailing_zeros() / 8) as usize);
         }
         at += 8;
     }
-    let tail = bytes.get(at..).unwrap_or_default();
-    let found = if controls {
-        tail.iter().position(|&b| STRING_SPECIAL[usize::from(b)])
+    bytes.get(at..).unwrap_or_default().iter().position(|&b| special(b)).map(|p| at + p)
+}
+
+/// Where the first byte that ends a run of string text is in `bytes`: a quote or a backslash,
+/// and with `controls` a control character (below 0x20).
+fn find_in_string(bytes: &[u8], controls: bool) -> Option<usize> {
+    if controls {
+        // A byte below 0x20 is one that borrows when 0x20 is taken from it.
+        let below_space = |x: u64| x.wrapping_sub(ONES * 0x20) & !x & HIGHS;
+        find_by_word(bytes, |x| marks_of(x, b'"') | marks_of(x, b'\\') | below_space(x), |b| STRING_SPECIAL[usize::from(b)])
     } else {
-        tail.iter().position(|&b| b == b'"' || b == b'\\')
-    };
-    found.map(|p| at + p)
+        find_by_word(bytes, |x| marks_of(x, b'"') | marks_of(x, b'\\'), |b| b == b'"' || b == b'\\')
+    }
+}
+
+/// Where the first quote or bracket is in `bytes` (what matters in a skipped container). `[`
+/// and `]` differ from `{` and `}` only in bit 0x20, and no other byte becomes `{` or `}` when
+/// it is set.
+fn find_bracket_or_quote(bytes: &[u8]) -> Option<usize> {
+    find_by_word(
+        bytes,
+        |x| marks_of(x, b'"') | marks_of(x | (ONES * 0x20), b'{') | marks_of(x | (ONES * 0x20), b'}'),
+        |b| BRACKETS_AND_QUOTE[usize::from(b)],
+    )
 }
 
 /// A position in one JSON value's bytes.
@@ -362,7 +380,7 @@ impl<'a> Reader<'a> {
                 let mut depth = 0usize;
                 loop {
                     let rest = self.bytes.get(self.at..).unwrap_or_default();
-                    let Some(p) = rest.iter().position(|&b| BRACKETS_AND_QUOTE[usize::from(b)]) else {
+                    let Some(p) = find_bracket_or_quote(rest) else {
                         return Err(ReadError::Incomplete);
                     };
                     self.at += p;
@@ -471,7 +489,7 @@ mod tests {
     }
 
     #[test]
-    fn the_word_at_a_time_search_finds_what_a_byte_at_a_time_search_finds() {
+    fn the_word_at_a_time_searches_find_what_a_byte_at_a_time_search_finds() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             seed ^= seed << 13;
@@ -479,7 +497,7 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        const BYTES: &[u8] = b"ab\"\\\x00\x1f\x20\x7f\x80\xff!#[";
+        const BYTES: &[u8] = b"ab\"\\\x00\x1f\x20\x7f\x80\xff!#[]{}YZ_yz;=\xdb\xfb";
         for _ in 0..20_000 {
             let len = (next() % 40) as usize;
             // Mostly plain text, a special byte now and then, anywhere in a word.
@@ -489,6 +507,8 @@ mod tests {
                 let slow = text.iter().position(|&b| b == b'"' || b == b'\\' || (controls && b < 0x20));
                 assert_eq!(find_in_string(&text, controls), slow, "{text:?} controls={controls}");
             }
+            let slow = text.iter().position(|&b| BRACKETS_AND_QUOTE[usize::from(b)]);
+            assert_eq!(find_bracket_or_quote(&text), slow, "{text:?}");
         }
     }
 
