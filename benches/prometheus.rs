@@ -230,19 +230,32 @@ fn settings(coder_port: u16, prometheus_port: u16) -> Settings {
 /// Child mode: `plan` (one first pass, then the JSON document it prints) in a process of its
 /// own, for its peak RSS.
 async fn measure_plan(n: usize, coder_port: u16, prom_port: u16) {
-    let (out, wall, cpu) = floor::timed(coder_gpu_reclaimer::commands::plan(
+    /// Counts what `plan` writes, and keeps none of it.
+    struct Counted(usize);
+    impl std::io::Write for Counted {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut out = Counted(0);
+    let (done, wall, cpu) = floor::timed(coder_gpu_reclaimer::commands::plan(
         settings(coder_port, prom_port),
         coder_gpu_reclaimer::cli::OutputFormat::Json,
         None,
+        &mut out,
     ))
     .await;
-    let out = out.expect("plan");
+    done.expect("plan");
     println!(
         "{n:>6} GPUs | plan (JSON)    | service: wall {:>5.0} ms, CPU {:>4.0} ms, peak RSS {:>5.1} MiB | {:.1} MB printed",
         wall * 1e3,
         cpu * 1e3,
         synthetic::proc_status("VmHWM:") as f64 / 1024.0,
-        out.len() as f64 / 1e6
+        out.0 as f64 / 1e6
     );
 }
 
@@ -270,6 +283,10 @@ async fn measure(n: usize, coder_port: u16, prom_port: u16) {
     // a while has warm caches. The service's first pass is measured against both: a cold one,
     // then a new service's first pass (no state carried over) against the Prometheus it warmed.
     let mut app = Application::build(&settings, Role::Run).await.expect("build");
+    println!(
+        "{n:>6} GPUs | RSS before the first pass: {:.1} MiB (the runtime, the clients, this harness)",
+        synthetic::proc_status("VmRSS:") as f64 / 1024.0
+    );
     one_pass(&mut app, &rx, &seen, &floor, n, "cold first").await;
     drop(app);
     let mut app = Application::build(&settings, Role::Run).await.expect("build");

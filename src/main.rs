@@ -32,8 +32,8 @@ async fn run_command(command: Command) -> Result<bool, Error> {
         Command::Plan(args) => {
             let settings = Settings::resolve(&args.common, None, token_env(), LogFormat::Text)?;
             init_logging(settings.log_format, tracing::Level::WARN);
-            let out = commands::plan(settings, args.output, args.sample_for).await?;
-            print!("{out}");
+            let mut out = std::io::BufWriter::new(std::io::stdout());
+            commands::plan(settings, args.output, args.sample_for, &mut out).await?;
             Ok(true)
         }
         Command::Check(args) => {

@@ -287,7 +287,11 @@ impl CoderClient {
             .await
             .and_then(|rest| serde_json::from_slice::<WorkspacesResponse>(&rest).map_err(|e| StreamError::Parse(e.to_string())));
         match parsed {
-            Ok(list) => Attempt::Done(Ok((WorkspacesResponse { workspaces: workspaces.0, ..list }, clock_offset))),
+            Ok(list) => {
+                // Grown by doubling: up to twice the room it needs, held for the whole pass.
+                workspaces.0.shrink_to_fit();
+                Attempt::Done(Ok((WorkspacesResponse { workspaces: workspaces.0, ..list }, clock_offset)))
+            }
             Err(StreamError::Body(BodyError::TooLarge { .. })) => Attempt::Done(Err(self.too_large(endpoint))),
             Err(StreamError::Body(e)) => body_failure(endpoint, e),
             Err(StreamError::Parse(e)) => Attempt::Done(Err(unexpected_body(endpoint, e))),

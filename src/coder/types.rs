@@ -461,6 +461,9 @@ fn optional<T>(r: &mut Reader<'_>, read: impl FnOnce(&mut Reader<'_>) -> Result<
 fn list<T>(r: &mut Reader<'_>, read: impl Fn(&mut Reader<'_>) -> Result<T, ReadError>) -> Result<Vec<T>, ReadError> {
     let mut out = Vec::new();
     r.array(|r| read(r).map(|item| out.push(item)))?;
+    // Most lists hold one or two (a workspace's resources and agents): without this, each held
+    // room for four, 3.5 MB of the listing's memory at 10,000 workspaces.
+    out.shrink_to_fit();
     Ok(out)
 }
 
