@@ -167,15 +167,12 @@ impl QuerySpec {
     }
 }
 
-/// One series of a `query_range` answer: its labels and its points, as they stream in. The
-/// labels borrow from the answer's bytes: a steady pass over 10,000 GPUs reads 90,000 series of
-/// half a dozen labels each, over a million strings if each were owned.
-#[derive(Debug, Default, Deserialize)]
+/// One series of a `query_range` answer: its labels and its points (`None`: a value that is not
+/// a number). The labels borrow from the answer's bytes where they have no escapes.
+#[derive(Debug, Default)]
 pub struct Series<'a> {
-    #[serde(default, borrow)]
     pub metric: Labels<'a>,
-    #[serde(default)]
-    pub values: Vec<(f64, SampleValue)>,
+    pub values: Vec<(f64, Option<f64>)>,
 }
 
 /// A series' labels, in the order sent (a dozen at most: a list is cheaper than a map).
@@ -231,36 +228,6 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
     }
 }
 
-/// A sample's value: Prometheus sends it as a string (`"0.5"`, `"NaN"`, `"+Inf"`); `None` when it
-/// is not a number at all. Parsed in place, never kept as text.
-#[derive(Debug, Clone, Copy)]
-pub struct SampleValue(pub Option<f64>);
-
-impl<'de> Deserialize<'de> for SampleValue {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = SampleValue;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a sample value")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SampleValue, E> {
-                Ok(SampleValue(v.parse().ok()))
-            }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<SampleValue, E> {
-                Ok(SampleValue(Some(v)))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<SampleValue, E> {
-                Ok(SampleValue(Some(v as f64)))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<SampleValue, E> {
-                Ok(SampleValue(Some(v as f64)))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
 /// Where a `query_range` answer's series are: split off one by one as they stream in.
 const RESULT: &[&str] = &["data", "result"];
 
@@ -286,14 +253,9 @@ fn not_prometheus(status: u16) -> String {
     format!("HTTP {status}: not a Prometheus API response")
 }
 
-/// One series of an answer, from its bytes.
-fn parse_series(status: u16, bytes: &[u8]) -> Result<Series<'_>, String> {
-    serde_json::from_slice(bytes).map_err(|_| not_prometheus(status))
-}
-
 /// One series of an answer as the fold reads it: its labels' bytes, undecoded (a pass's queries
 /// name the same GPUs with the same labels: they are read once per pass), and its points. The
-/// same checks as `parse_series` on what it reads (a point is `[time, "value"]`).
+/// checks serde_json makes on what it reads (a point is `[time, "value"]`; tested against it).
 fn read_series<'a>(status: u16, bytes: &'a [u8], points: &mut Vec<(f64, Option<f64>)>) -> Result<&'a [u8], String> {
     let mut r = Reader::new(bytes, true);
     let metric = read_series_from(&mut r, points).and_then(|metric| r.end().map(|()| metric));
@@ -403,7 +365,13 @@ fn check_envelope(status: u16, rest: &[u8]) -> Result<(), String> {
 /// panics, whatever the bytes.
 pub fn read_answer(status: u16, body: &[u8], on_series: &mut dyn FnMut(Series<'_>)) -> Result<(), String> {
     let mut splitter = Splitter::new(RESULT, crate::http::MAX_PIECE);
-    splitter.feed(body, &mut |bytes: &[u8]| parse_series(status, bytes).map(&mut *on_series))?;
+    let mut values = Vec::new();
+    splitter.feed(body, &mut |bytes: &[u8]| {
+        let metric = read_series(status, bytes, &mut values)?;
+        let metric = serde_json::from_slice(metric).map_err(|_| not_prometheus(status))?;
+        on_series(Series { metric, values: std::mem::take(&mut values) });
+        Ok(())
+    })?;
     let rest = splitter.finish().map_err(|_| not_prometheus(status))?;
     check_envelope(status, &rest)
 }
@@ -685,6 +653,27 @@ mod tests {
         values: Vec<(f64, Option<f64>)>,
     }
 
+    /// A series as serde_json reads it (the reference `read_series` is checked against): the
+    /// value of a point is a string Prometheus writes, or a number; `None` when not a number.
+    #[derive(Deserialize)]
+    struct SerdeSeries<'a> {
+        #[serde(default, borrow)]
+        metric: Labels<'a>,
+        #[serde(default)]
+        values: Vec<(f64, SerdeValue)>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum SerdeValue {
+        Number(f64),
+        Text(String),
+    }
+
+    fn serde_series(bytes: &[u8]) -> Result<SerdeSeries<'_>, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+
     impl Kept {
         fn get(&self, name: &str) -> Option<&str> {
             self.labels.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
@@ -695,7 +684,7 @@ mod tests {
         let mut got = Vec::new();
         let result = read_answer(status, body.as_bytes(), &mut |s| {
             let labels = s.metric.0.iter().map(|(k, v)| (k.0.to_string(), v.0.to_string())).collect();
-            got.push(Kept { labels, values: s.values.iter().map(|(t, v)| (*t, v.0)).collect() });
+            got.push(Kept { labels, values: s.values });
         });
         (result, got)
     }
@@ -745,20 +734,27 @@ mod tests {
     }
 
     #[test]
-    fn the_fold_reads_a_series_as_the_answer_parser_does() {
+    fn a_series_is_read_as_serde_json_reads_it() {
         let elements = [
             r#"{"metric":{"UUID":"GPU-1","exported_pod":"p"},"values":[[1700000040,"0.5"],[1700000100,"NaN"],[1700000160,"+Inf"]]}"#,
             r#"{"values":[[1700000040.5,"x"], [1700000100, 7]], "metric":{"pod":"esc\u0061ped\n"}, "extra": {"a": [1]}}"#,
             r#"{"metric":{}}"#,
         ];
         for element in elements {
-            let parsed = parse_series(200, element.as_bytes()).unwrap();
+            let parsed = serde_series(element.as_bytes()).unwrap();
             let mut points = Vec::new();
             let metric = read_series(200, element.as_bytes(), &mut points).unwrap();
             let labels: Labels<'_> = serde_json::from_slice(metric).unwrap();
             let pairs = |l: &Labels<'_>| l.0.iter().map(|(k, v)| (k.0.to_string(), v.0.to_string())).collect::<Vec<_>>();
             assert_eq!(pairs(&labels), pairs(&parsed.metric), "{element}");
-            let want: Vec<(f64, Option<f64>)> = parsed.values.iter().map(|(t, v)| (*t, v.0)).collect();
+            let want: Vec<(f64, Option<f64>)> = parsed
+                .values
+                .iter()
+                .map(|(t, v)| match v {
+                    SerdeValue::Number(n) => (*t, Some(*n)),
+                    SerdeValue::Text(text) => (*t, text.parse().ok()),
+                })
+                .collect();
             assert_eq!(format!("{points:?}"), format!("{want:?}"), "{element}");
         }
         for text in ["0", "7", "24.3", "NaN", "+Inf", "-1", "1e3", "x", "", "09"] {
@@ -775,7 +771,7 @@ mod tests {
             r#"{"metric":{},"values":[[NaN,"2"]]}"#,
         ] {
             assert!(read_series(200, bad.as_bytes(), &mut Vec::new()).is_err(), "{bad}");
-            assert!(parse_series(200, bad.as_bytes()).is_err(), "{bad}: the answer parser refuses it too");
+            assert!(serde_series(bad.as_bytes()).is_err(), "{bad}: serde_json refuses it too");
         }
     }
 
