@@ -4,9 +4,9 @@
 //! create-blocks-from openmetrics`, serves it on loopback behind a byte-counting proxy, serves
 //! the Coder listing from a child process, and measures the first pass and steady-state passes
 //! (one per new 60 s step): queries, bytes received, wall time, CPU time and the service's peak
-//! RSS. The first pass is measured twice:
-//! against the Prometheus just started ("cold first"), then a new service's against the same
-//! Prometheus once warm, as a Prometheus that has been running is.
+//! RSS. The first pass is measured twice, each time by a new process (its peak RSS its own):
+//! against the Prometheus just started ("cold first"), then against the same Prometheus once
+//! warm, as a Prometheus that has been running is, followed by the steady passes.
 //!
 //! Run: `scripts/bench-prometheus [GPUS...]` (installs Debian's prometheus when missing), or
 //! `cargo bench --bench prometheus -- 1000 10000` with `prometheus` and `promtool` on PATH.
@@ -260,8 +260,10 @@ async fn measure_plan(n: usize, coder_port: u16, prom_port: u16) {
 }
 
 /// Child mode: measure passes of `n` workspaces against Coder on `coder_port` and Prometheus
-/// on `prom_port`.
-async fn measure(n: usize, coder_port: u16, prom_port: u16) {
+/// on `prom_port`. `cold`: one first pass against the Prometheus just started, alone in this
+/// process; else a first pass and steady passes, as a service runs them. Each in a process of
+/// its own, so that each peak RSS is that of what it names.
+async fn measure(n: usize, coder_port: u16, prom_port: u16, cold: bool) {
     for _ in 0..600 {
         if reqwest::get(format!("http://127.0.0.1:{prom_port}/-/ready")).await.is_ok_and(|r| r.status().is_success()) {
             break;
@@ -278,18 +280,19 @@ async fn measure(n: usize, coder_port: u16, prom_port: u16) {
     };
     let step = settings.interval.as_secs() as i64;
     let (_tx, rx) = tokio::sync::watch::channel(false);
-    // A Prometheus just started reads the history from its disk blocks for the first time (its
-    // first queries cost it about 1 s more CPU: curl, 5 whole-window queries); one that has run
-    // a while has warm caches. The service's first pass is measured against both: a cold one,
-    // then a new service's first pass (no state carried over) against the Prometheus it warmed.
     let mut app = Application::build(&settings, Role::Run).await.expect("build");
     println!(
         "{n:>6} GPUs | RSS before the first pass: {:.1} MiB (the runtime, the clients, this harness)",
         synthetic::proc_status("VmRSS:") as f64 / 1024.0
     );
-    one_pass(&mut app, &rx, &seen, &floor, n, "cold first").await;
-    drop(app);
-    let mut app = Application::build(&settings, Role::Run).await.expect("build");
+    // A Prometheus just started reads the history from its disk blocks for the first time (its
+    // first queries cost it about 1 s more CPU: curl, 5 whole-window queries); one that has run
+    // a while has warm caches. The service's first pass is measured against both: a cold one,
+    // then a new service's first pass (no state carried over) against the Prometheus it warmed.
+    if cold {
+        one_pass(&mut app, &rx, &seen, &floor, n, "cold first").await;
+        return;
+    }
     one_pass(&mut app, &rx, &seen, &floor, n, "first pass").await;
     let steady = std::env::var("RECLAIMER_BENCH_STEADY_PASSES").ok().and_then(|v| v.parse().ok()).unwrap_or(STEADY_PASSES);
     for i in 1..=steady {
@@ -350,7 +353,7 @@ fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: 
     BufReader::new(server.0.stdout.take().expect("stdout")).read_line(&mut coder_port).expect("port");
     // glibc's allocator as the container image configures it (Dockerfile: one heap per thread
     // otherwise keeps each thread's freed memory).
-    for mode in ["--measure", "--plan"] {
+    for mode in ["--cold", "--measure", "--plan"] {
         let status = Command::new(exe)
             .args([mode, &n.to_string(), coder_port.trim(), &port.to_string()])
             .env("MALLOC_ARENA_MAX", std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into()))
@@ -373,8 +376,9 @@ fn main() {
         Some("--plan") => {
             return rt.block_on(measure_plan(args[2].parse().expect("n"), args[3].parse().expect("port"), args[4].parse().expect("port")));
         }
-        Some("--measure") => {
-            return rt.block_on(measure(args[2].parse().expect("n"), args[3].parse().expect("port"), args[4].parse().expect("port")));
+        Some(mode @ ("--measure" | "--cold")) => {
+            let (n, coder, prometheus) = (args[2].parse().expect("n"), args[3].parse().expect("port"), args[4].parse().expect("port"));
+            return rt.block_on(measure(n, coder, prometheus, mode == "--cold"));
         }
         _ => {}
     }
