@@ -415,6 +415,18 @@ async fn plan_json_matches_the_status_api_and_check_passes() {
     let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
     assert_eq!(keys(&plan["workspaces"][0]), keys(&api["workspaces"][0]));
     assert_eq!(plan["workspaces"].as_array().unwrap().len(), api["workspaces"].as_array().unwrap().len());
+    // A plan that cannot be written (a full disk, a closed pipe) is an error that says so.
+    let args = ["plan", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url(), "--sample-for", "0s"].map(String::from);
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let env_token = token.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(binary()).args(&args).env("CODER_SESSION_TOKEN", env_token).env_remove("CODER_URL").stdout(full).output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("writing the plan: No space left on device"), "{stderr}");
     let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()], &token).await;
     assert_eq!(code, 0, "{out}");
     for want in [
