@@ -8,7 +8,8 @@
 //! The splitter only tracks strings, escapes and nesting; it validates nothing. Inside an
 //! element it only counts brackets and skips strings, copying whole runs. Whatever the bytes, it
 //! never panics, and a malformed document fails when its pieces are parsed. A receiver may read an
-//! element straight from the chunk (`OnElement::element_at_start`), so that it is read once. It uses only
+//! element straight from the chunk (`OnElement::element_at_start`), so that most are read once (one
+//! that runs past its chunk's end is read in part, then again once split off). It uses only
 //! `json_read`'s byte tables.
 
 use crate::json_read::table;
@@ -118,8 +119,9 @@ impl Splitter {
                         // Most elements lie whole in the chunk: read there, they are read once.
                         match on_element.element_at_start(chunk.get(i..).unwrap_or_default())? {
                             Some(read) if read > self.max_piece => return Err(self.too_large()),
-                            Some(read) => i += read.max(1),
-                            None => self.in_element = true, // the element starts with this byte
+                            Some(read) if read > 0 => i += read,
+                            // Not read here (nothing read is not an element): split off first.
+                            _ => self.in_element = true, // the element starts with this byte
                         }
                         continue;
                     }

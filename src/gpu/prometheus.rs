@@ -53,7 +53,7 @@ pub const DEFAULT_MAX_SERIES: usize = 20_000;
 /// third of its default 20 concurrent queries), not this process's memory. With 2, a steady pass
 /// over 10,000 GPUs (five fields with data) took 1.15-1.33 s, Prometheus and the service each
 /// waiting on the other; with 5 or 6, 0.85-1.38 s, median 1.06 s (benches/prometheus.rs).
-const MAX_QUERIES_IN_FLIGHT: usize = 6;
+pub const MAX_QUERIES_IN_FLIGHT: usize = 6;
 
 /// The labels a point is aggregated by: what identifies a GPU (`UUID`, or `uuid` with `-o`; a MIG
 /// instance), its pod and namespace (as the exporter names them, as Prometheus renames them, and
@@ -100,8 +100,11 @@ impl Default for PrometheusOptions {
 /// Room for points reserved per GPU at most (more steps grow as they come).
 const MAX_STEPS_RESERVED: usize = 1024;
 
-/// The label sets one steady pass remembers, in bytes: the bench's 10,000 GPUs' take about 2.5 MB.
+/// The label sets one steady pass remembers, in bytes: the bench's 10,000 GPUs' take about 3 MB.
 const MAX_REMEMBERED_LABEL_BYTES: usize = 16 << 20;
+/// What remembering a label set costs besides its text: the key's `Vec` and allocation, the
+/// value, the hash table's slot and slack (so that many tiny sets cannot exceed the bound).
+const REMEMBERED_ENTRY_BYTES: usize = 64;
 
 /// Fetches of at most this many steps are aggregated by `BY` (see the module's notes).
 const AGGREGATE_UP_TO_STEPS: i64 = 10;
@@ -361,8 +364,8 @@ fn check_envelope(status: u16, rest: &[u8]) -> Result<(), String> {
 
 /// Decodes a whole `query_range` answer, handing each series of its `matrix` to `on_series`; or
 /// says what went wrong (then the series handed on are to be discarded). The service reads
-/// answers as they stream in (`read_split`); this is the same decoding over one slice. Never
-/// panics, whatever the bytes.
+/// answers as they stream in (`read_split` into the fold), with the same `read_series`; this
+/// reads one slice, and decodes each series' labels too. Never panics, whatever the bytes.
 pub fn read_answer(status: u16, body: &[u8], on_series: &mut dyn FnMut(Series<'_>)) -> Result<(), String> {
     let mut splitter = Splitter::new(RESULT, crate::http::MAX_PIECE);
     let mut values = Vec::new();
@@ -391,11 +394,13 @@ struct Fold {
     /// series past the steps of the pass.
     span: (i64, i64),
     /// Each label set read this pass, by its bytes: the GPU it names (in `series`), or `None`.
-    /// Aggregated answers (every pass after the first) give a GPU the same labels in every query;
-    /// a whole window's carry each query's metric name, so none is remembered then.
+    /// Every query of a pass gives a GPU the same labels (`max_over_time` drops the metric name).
+    /// Only aggregated passes (every pass after the first) remember them: a whole-window fetch
+    /// is the peak of `plan`'s memory, and there memory goes before CPU.
     by_labels: HashMap<Vec<u8>, Option<usize>>,
-    /// Bytes of label sets left to remember this pass (none in a whole-window fetch): a real
-    /// set is a few hundred bytes (245 in the bench), and an answer must not grow memory past a bound.
+    /// Bytes left to remember label sets with this pass (none in a whole-window fetch), each
+    /// charged its text and `REMEMBERED_ENTRY_BYTES`: a real set is a few hundred bytes (245 in
+    /// the bench), and an answer must not grow memory past a bound.
     remember_budget: usize,
 }
 
@@ -405,10 +410,13 @@ impl Fold {
         let i = match self.by_labels.get(metric) {
             Some(known) => *known,
             None => {
-                let labels: Labels<'_> = serde_json::from_slice(metric).map_err(|e| format!("the labels of a series: {e}"))?;
+                // Not serde's message: it quotes the peer's text (up to a whole piece of it).
+                let labels: Labels<'_> =
+                    serde_json::from_slice(metric).map_err(|_| "a series' labels are not a map of strings".to_string())?;
                 let i = self.gpu_of(&labels);
-                if metric.len() <= self.remember_budget {
-                    self.remember_budget -= metric.len();
+                let cost = metric.len() + REMEMBERED_ENTRY_BYTES;
+                if cost <= self.remember_budget {
+                    self.remember_budget -= cost;
                     self.by_labels.insert(metric.to_vec(), i);
                 }
                 i
