@@ -38,6 +38,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use coder_gpu_reclaimer::app::{Application, Role};
 use coder_gpu_reclaimer::coder::SessionToken;
 use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
+use coder_gpu_reclaimer::gpu::prometheus::MAX_QUERIES_IN_FLIGHT;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 
 const SCRAPE: i64 = 15;
@@ -201,7 +202,10 @@ async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>
     let queries: Vec<String> = std::mem::take(&mut *seen.requests.lock().unwrap()).iter().map(|t| format!("{}{t}", floor.proxy)).collect();
     let gzip = [("accept-encoding", "gzip")];
     let (_, floor_wall, floor_cpu) = floor::timed(async {
-        tokio::join!(floor::discard(&floor.client, &floor.listing, &[]), floor::discard_all(&floor.client, &queries, 6, &gzip))
+        tokio::join!(
+            floor::discard(&floor.client, &floor.listing, &[]),
+            floor::discard_all(&floor.client, &queries, MAX_QUERIES_IN_FLIGHT, &gzip)
+        )
     })
     .await;
     println!(
@@ -227,8 +231,8 @@ fn settings(coder_port: u16, prometheus_port: u16) -> Settings {
     settings
 }
 
-/// Child mode: `plan` (one first pass, then the JSON document it prints) in a process of its
-/// own, for its peak RSS.
+/// Child mode: `plan` (one first pass, then the JSON document it writes, counted and dropped)
+/// in a process of its own, for its peak RSS.
 async fn measure_plan(n: usize, coder_port: u16, prom_port: u16) {
     /// Counts what `plan` writes, and keeps none of it.
     struct Counted(usize);
@@ -251,7 +255,7 @@ async fn measure_plan(n: usize, coder_port: u16, prom_port: u16) {
     .await;
     done.expect("plan");
     println!(
-        "{n:>6} GPUs | plan (JSON)    | service: wall {:>5.0} ms, CPU {:>4.0} ms, peak RSS {:>5.1} MiB | {:.1} MB printed",
+        "{n:>6} GPUs | plan (JSON)    | service: wall {:>5.0} ms, CPU {:>4.0} ms, peak RSS {:>5.1} MiB | {:.1} MB written",
         wall * 1e3,
         cpu * 1e3,
         synthetic::proc_status("VmHWM:") as f64 / 1024.0,
@@ -262,7 +266,8 @@ async fn measure_plan(n: usize, coder_port: u16, prom_port: u16) {
 /// Child mode: measure passes of `n` workspaces against Coder on `coder_port` and Prometheus
 /// on `prom_port`. `cold`: one first pass against the Prometheus just started, alone in this
 /// process; else a first pass and steady passes, as a service runs them. Each in a process of
-/// its own, so that each peak RSS is that of what it names.
+/// its own: the cold pass's peak RSS is its own; a steady pass's is the peak of the process so
+/// far (its first pass and the floor's client included), as a running service's would be.
 async fn measure(n: usize, coder_port: u16, prom_port: u16, cold: bool) {
     for _ in 0..600 {
         if reqwest::get(format!("http://127.0.0.1:{prom_port}/-/ready")).await.is_ok_and(|r| r.status().is_success()) {

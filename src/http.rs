@@ -286,9 +286,10 @@ impl std::fmt::Display for StreamError {
 pub const MAX_PIECE: usize = 4 << 20;
 
 /// Reads a JSON body as it arrives, handing each element of the array at `path` (object keys
-/// from the root) to `on_element` as one slice, and returns the rest of the document with that
-/// array left empty. So the body is never held whole (10,000 workspaces are 42 MB of JSON), yet
-/// each piece is parsed from memory. Reading stops, and the result is `TooLarge`, as soon as
+/// from the root) to `on_element` (where it begins in a chunk when the receiver can read it there,
+/// else as one slice once split off), and returns the rest of the document with that array left
+/// empty. So the body is never held whole (10,000 workspaces are 42 MB of JSON), yet each piece
+/// is parsed from memory. Reading stops, and the result is `TooLarge`, as soon as
 /// the body passes `limit` bytes; it stops too at the first error of `on_element`.
 pub async fn read_split(
     resp: reqwest::Response,

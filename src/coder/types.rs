@@ -282,7 +282,9 @@ pub struct UpdateWorkspaceTtlRequest {
 /// Reads one listed workspace as `serde_json::from_slice::<Workspace>` would (the same
 /// defaults, the same errors for the members it reads: missing, duplicate or mistyped), taking
 /// only the members the models hold and skipping the rest undecoded (`json_read`). Tested
-/// against serde's parse of every model field and of the captured listings.
+/// against serde's parse of every model field and of the captured listings. "As serde" holds for
+/// JSON shaped as Coder writes it: serde also takes a struct written as an array, and refuses a
+/// malformed member no model holds, which this skips unchecked.
 pub fn read_workspace(r: &mut Reader<'_>) -> Result<Workspace, ReadError> {
     let (mut id, mut name, mut owner_name, mut owner_id, mut template_name) = (None, None, None, None, None);
     let (mut organization_id, mut organization_name, mut created_at, mut last_used_at) = (None, None, None, None);

@@ -14,10 +14,9 @@ pub struct Sample<'a> {
     pub timestamp_ms: Option<i64>,
 }
 
-impl Sample<'_> {
-    pub fn label(&self, key: &str) -> Option<&str> {
-        self.labels.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_ref())
-    }
+/// The value of the label `key` in a parsed label set.
+pub fn label<'l>(labels: &'l [(&str, Cow<'_, str>)], key: &str) -> Option<&'l str> {
+    labels.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_ref())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,21 +86,26 @@ pub fn parse_label_set<'a>(labels_text: &'a str, labels: &mut Vec<(&'a str, Cow<
     }
 }
 
-/// Parses every sample line, calling `wanted(name)` first so callers can skip series they do not
-/// use without scanning labels, then `on_sample` for each kept sample. Returns the bad lines.
-pub fn parse_filtered<'a>(text: &'a str, wanted: impl FnMut(&str) -> bool, mut on_sample: impl FnMut(&Sample<'a>)) -> Vec<ParseError> {
+/// Parses every sample line, calling `on_sample` with each (one `Sample` reused: nothing is
+/// allocated per line without escapes). Returns the bad lines. The sources read lines with
+/// `parse_lines` and parse a label set once per scrape (`gpu::series_from_exposition_capped`).
+pub fn parse_each<'a>(text: &'a str, mut on_sample: impl FnMut(&Sample<'a>)) -> Vec<ParseError> {
     let mut sample = Sample { name: "", labels: Vec::with_capacity(16), value: 0.0, timestamp_ms: None };
     let mut label_errors = Vec::new();
-    let mut errors = parse_lines(text, wanted, |line| {
-        if let Err(message) = parse_label_set(line.labels_text, &mut sample.labels) {
-            label_errors.push(ParseError { line: line.number, message });
-            return;
-        }
-        sample.name = line.name;
-        sample.value = line.value;
-        sample.timestamp_ms = line.timestamp_ms;
-        on_sample(&sample);
-    });
+    let mut errors = parse_lines(
+        text,
+        |_| true,
+        |line| {
+            if let Err(message) = parse_label_set(line.labels_text, &mut sample.labels) {
+                label_errors.push(ParseError { line: line.number, message });
+                return;
+            }
+            sample.name = line.name;
+            sample.value = line.value;
+            sample.timestamp_ms = line.timestamp_ms;
+            on_sample(&sample);
+        },
+    );
     merge_errors(&mut errors, label_errors);
     errors
 }
@@ -114,10 +118,10 @@ pub fn merge_errors(errors: &mut Vec<ParseError>, more: Vec<ParseError>) {
     }
 }
 
-/// Parses a whole document into owned-by-input samples (convenient; the sources use `parse_filtered`).
+/// Parses a whole document into owned-by-input samples (for tests and the fakes).
 pub fn parse(text: &str) -> (Vec<Sample<'_>>, Vec<ParseError>) {
     let mut out = Vec::new();
-    let errors = parse_filtered(text, |_| true, |s| out.push(s.clone()));
+    let errors = parse_each(text, |s| out.push(s.clone()));
     (out, errors)
 }
 

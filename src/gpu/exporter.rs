@@ -21,7 +21,7 @@ use crate::http::{BodyBudget, Tls, host_port, http_url, read_limited_within, red
 
 /// Scrapes in flight at once: bounds sockets and memory on large fleets (each body is parsed
 /// into readings inside its task and dropped there).
-const MAX_CONCURRENT_SCRAPES: usize = 32;
+pub const MAX_CONCURRENT_SCRAPES: usize = 32;
 /// One exporter's body at most: a node of 8 GPUs is about 80 KB (30 metrics each), a MIG node
 /// a few hundred KB; an endless body stops here instead of filling memory.
 pub const DEFAULT_MAX_BODY: usize = 16 << 20;

@@ -303,7 +303,7 @@ pub fn series_from_exposition_capped(
                         label_errors.push(expo::ParseError { line: line.number, message });
                         return;
                     }
-                    let label = |k: &str| labels.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_ref());
+                    let label = |k: &str| expo::label(&labels, k);
                     let gpu = GpuKey::from_labels(label, ownership).and_then(|key| match by_gpu.get(&key) {
                         Some(&i) => Some(i),
                         None if by_gpu.len() >= max_gpus => {
