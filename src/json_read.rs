@@ -14,8 +14,9 @@
 
 use std::borrow::Cow;
 
-/// Objects and arrays nested deeper than this are refused (as the splitter refuses them).
-const MAX_DEPTH: usize = 128;
+/// Objects and arrays nested deeper than this are refused (here and by the splitter): nothing
+/// the service reads nests past a dozen levels, and no stack may grow with what a peer sends.
+pub const MAX_DEPTH: usize = 128;
 
 /// Why a value could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,8 +40,8 @@ pub fn malformed<T>(why: impl Into<String>) -> Result<T, ReadError> {
     Err(ReadError::Malformed(why.into()))
 }
 
-/// The bytes that matter in a skipped container, outside strings.
-static BRACKETS_AND_QUOTE: [bool; 256] = table(b"\"{}[]");
+/// The bytes that matter in a skipped container (or a split element's), outside strings.
+pub static BRACKETS_AND_QUOTE: [bool; 256] = table(b"\"{}[]");
 /// The bytes that end a number or literal.
 static VALUE_END: [bool; 256] = table(b",}] \t\n\r");
 /// The bytes that end a run of plain string text.
@@ -122,6 +123,28 @@ fn find_bracket_or_quote(bytes: &[u8]) -> Option<usize> {
         |x| marks_of(x, b'"') | marks_of(x | (ONES * 0x20), b'{') | marks_of(x | (ONES * 0x20), b'}'),
         |b| BRACKETS_AND_QUOTE[usize::from(b)],
     )
+}
+
+/// Reads one value that `bytes` hold whole (only blanks may follow it) with `read`.
+pub fn read_whole<'a, T>(bytes: &'a [u8], read: impl FnOnce(&mut Reader<'a>) -> Result<T, ReadError>) -> Result<T, ReadError> {
+    let mut r = Reader::new(bytes, true);
+    let value = read(&mut r)?;
+    r.end()?;
+    Ok(value)
+}
+
+/// Reads one value at the start of `bytes` with `read`: with the bytes it took, or `None` when
+/// `bytes` end inside it (more may come).
+pub fn read_at_start<'a, T>(
+    bytes: &'a [u8],
+    read: impl FnOnce(&mut Reader<'a>) -> Result<T, ReadError>,
+) -> Result<Option<(T, usize)>, ReadError> {
+    let mut r = Reader::new(bytes, false);
+    match read(&mut r) {
+        Ok(value) => Ok(Some((value, r.position()))),
+        Err(ReadError::Incomplete) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// A position in one JSON value's bytes.

@@ -10,9 +10,9 @@
 //! never panics, and a malformed document fails when its pieces are parsed. A receiver may read an
 //! element straight from the chunk (`OnElement::element_at_start`), so that most are read once (one
 //! that runs past its chunk's end is read in part, then again once split off). It uses only
-//! `json_read`'s byte tables.
+//! `json_read`'s byte tables and depth limit.
 
-use crate::json_read::table;
+use crate::json_read::{BRACKETS_AND_QUOTE, MAX_DEPTH, table};
 
 /// What receives the elements: each whole element's bytes, or, first, the bytes from where an
 /// element begins to the end of the chunk, to read it there if it lies whole in them.
@@ -72,13 +72,6 @@ pub struct Splitter {
 
 /// The bytes that may change the state outside strings.
 static STRUCTURAL: [bool; 256] = table(b"\"\\{}[],:");
-
-/// The bytes that matter inside an element's containers, outside strings.
-static IN_ELEMENT: [bool; 256] = table(b"\"{}[]");
-
-/// Containers nested deeper than this are refused: nothing the service reads nests past a
-/// dozen levels, and the stack must not grow with what a peer sends.
-const MAX_DEPTH: usize = 128;
 
 impl Splitter {
     /// `path`: the object keys from the root to the array, e.g. `&["workspaces"]`; `max_piece`:
@@ -182,7 +175,7 @@ impl Splitter {
                 }
                 continue;
             }
-            if self.element_depth > 0 && !IN_ELEMENT[usize::from(b)] {
+            if self.element_depth > 0 && !BRACKETS_AND_QUOTE[usize::from(b)] {
                 j += 1;
                 continue;
             }

@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::Error;
 use crate::http::{BodyError, StreamError, Tls, error_chain, read_limited, read_split, refused_redirect};
-use crate::json_read::{ReadError, Reader};
+use crate::json_read::{read_at_start, read_whole};
 use crate::json_split::OnElement;
 use crate::retry::{Attempt, RetryPolicy, retry};
 pub use token::{SessionToken, TokenSource};
@@ -123,23 +123,16 @@ pub struct ListedWorkspaces(pub Vec<Workspace>);
 
 impl OnElement for ListedWorkspaces {
     fn element(&mut self, bytes: &[u8]) -> Result<(), String> {
-        let mut r = Reader::new(bytes, true);
-        let workspace = types::read_workspace(&mut r)?;
-        r.end()?;
-        self.0.push(workspace);
+        self.0.push(read_whole(bytes, types::read_workspace)?);
         Ok(())
     }
 
     fn element_at_start(&mut self, bytes: &[u8]) -> Result<Option<usize>, String> {
-        let mut r = Reader::new(bytes, false);
-        match types::read_workspace(&mut r) {
-            Ok(workspace) => {
-                self.0.push(workspace);
-                Ok(Some(r.position()))
-            }
-            Err(ReadError::Incomplete) => Ok(None),
-            Err(ReadError::Malformed(why)) => Err(why),
-        }
+        let read = read_at_start(bytes, types::read_workspace)?;
+        Ok(read.map(|(workspace, used)| {
+            self.0.push(workspace);
+            used
+        }))
     }
 }
 

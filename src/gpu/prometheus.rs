@@ -36,7 +36,7 @@ use tokio::task::JoinSet;
 use super::signals::{NAMES, Signal};
 use crate::error::Error;
 use crate::http::{StreamError, Tls, host_port, read_split, redact};
-use crate::json_read::{ReadError, Reader, malformed};
+use crate::json_read::{ReadError, Reader, malformed, read_at_start, read_whole};
 use crate::json_split::{OnElement, Splitter};
 
 use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, SourceFailure, merge_device_level};
@@ -260,9 +260,7 @@ fn not_prometheus(status: u16) -> String {
 /// name the same GPUs with the same labels: they are read once per pass), and its points. The
 /// checks serde_json makes on what it reads (a point is `[time, "value"]`; tested against it).
 fn read_series<'a>(status: u16, bytes: &'a [u8], points: &mut Vec<(f64, Option<f64>)>) -> Result<&'a [u8], String> {
-    let mut r = Reader::new(bytes, true);
-    let metric = read_series_from(&mut r, points).and_then(|metric| r.end().map(|()| metric));
-    metric.map_err(|_| not_prometheus(status))
+    read_whole(bytes, |r| read_series_from(r, points)).map_err(|_| not_prometheus(status))
 }
 
 /// `read_series` from a reader, which may run out of bytes (`Incomplete`).
@@ -338,11 +336,10 @@ impl OnElement for SeriesInto<'_> {
     }
 
     fn element_at_start(&mut self, bytes: &[u8]) -> Result<Option<usize>, String> {
-        let mut r = Reader::new(bytes, false);
-        match read_series_from(&mut r, &mut self.points) {
-            Ok(metric) => self.fold(metric).map(|()| Some(r.position())),
-            Err(ReadError::Incomplete) => Ok(None),
-            Err(ReadError::Malformed(_)) => Err(not_prometheus(self.status)),
+        match read_at_start(bytes, |r| read_series_from(r, &mut self.points)) {
+            Ok(Some((metric, used))) => self.fold(metric).map(|()| Some(used)),
+            Ok(None) => Ok(None),
+            Err(_) => Err(not_prometheus(self.status)),
         }
     }
 }
@@ -714,9 +711,8 @@ mod tests {
         assert_eq!(series[1].get("pod"), Some("escaped\n"), "a label with escapes is unescaped");
     }
 
-    #[test]
-    fn a_steady_pass_remembers_label_sets_within_its_byte_budget() {
-        let mut fold = Fold {
+    fn fold(remember_budget: usize) -> Fold {
+        Fold {
             source: Arc::from("p"),
             ownership: Ownership::default(),
             steps: 1,
@@ -726,8 +722,42 @@ mod tests {
             over: false,
             span: (0, i64::MAX),
             by_labels: HashMap::new(),
-            remember_budget: 1_000,
+            remember_budget,
+        }
+    }
+
+    /// An answer as the service reads it (`SeriesInto` behind the splitter, most series read
+    /// where they begin in a chunk) in chunks of any size folds as it does read whole.
+    #[test]
+    fn an_answer_in_chunks_of_any_size_folds_as_it_does_whole() {
+        let body = r#"{"status":"success","data":{"resultType":"matrix","result":[
+            {"metric":{"UUID":"GPU-1","Hostname":"n1"},"values":[[60,"0.5"],[120,"1"]]},
+            {"metric":{"UUID":"GPU-2","pod":"esc\u0061ped"},"values":[[60,"NaN"],[120,"0.25"]]},
+            {"metric":{"UUID":"GPU-1","Hostname":"n1"},"values":[[180,"0"]]}]}}"#;
+        let spec = QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" };
+        let folded = |chunk: usize, budget: usize| {
+            let fold = Mutex::new(fold(budget));
+            let mut into = SeriesInto { status: 200, spec, fold: &fold, points: Vec::new() };
+            let mut splitter = Splitter::new(RESULT, 1 << 20);
+            for piece in body.as_bytes().chunks(chunk) {
+                splitter.feed(piece, &mut into).unwrap();
+            }
+            check_envelope(200, &splitter.finish().unwrap()).unwrap();
+            let fold = fold.into_inner().unwrap();
+            format!("{:?}", fold.series)
         };
+        let whole = folded(body.len(), 0);
+        assert!(whole.contains("GPU-2") && whole.contains("00:03:00"), "every series and step is folded: {whole}");
+        for chunk in 1..body.len() {
+            for budget in [0, 1 << 20] {
+                assert_eq!(folded(chunk, budget), whole, "chunks of {chunk}, memo budget {budget}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_steady_pass_remembers_label_sets_within_its_byte_budget() {
+        let mut fold = fold(1_000);
         let spec = QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" };
         let labels = |gpu: usize, pad: usize| format!(r#"{{"UUID":"GPU-{gpu}","pad":"{}"}}"#, "x".repeat(pad));
         for gpu in 0..3 {
