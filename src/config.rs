@@ -20,7 +20,7 @@ use crate::gpu::exporter::ExporterTarget;
 use crate::gpu::prometheus::PrometheusOptions;
 use crate::http::{Secret, Tls, http_url};
 use crate::pass::mode::Mode;
-use crate::pass::policy::{Policy, ReclaimWhen, Rule};
+use crate::pass::policy::{CODER_MIN_AHEAD, Policy, ReclaimWhen, Rule};
 use crate::retry::RetryPolicy;
 
 fn err<T>(msg: impl Into<String>) -> Result<T, Error> {
@@ -80,6 +80,12 @@ pub struct FileConfig {
     pub max_lifetime: Option<Duration>,
     #[serde(default, with = "crate::duration::opt")]
     pub restore_autostop: Option<Duration>,
+    pub extend_while_busy: Option<bool>,
+    #[serde(default, with = "crate::duration::opt")]
+    pub extend_by: Option<Duration>,
+    #[serde(default, with = "crate::duration::opt")]
+    pub extend_limit: Option<Duration>,
+    pub max_extensions_per_pass: Option<usize>,
     pub gpu_templates: Option<Vec<String>>,
     pub sm_active_min: Option<f64>,
     pub gr_engine_active_min: Option<f64>,
@@ -507,6 +513,21 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
             return err("restore_autostop must be between 1m and 30d (Coder's TTL limits), e.g. restore_autostop = \"8h\"");
         }
     }
+    t.extend_while_busy = file.extend_while_busy.unwrap_or(t.extend_while_busy);
+    t.extend_by = file.extend_by.unwrap_or(t.extend_by);
+    t.extend_limit = file.extend_limit.unwrap_or(t.extend_limit);
+    let per_rule = file.rules.iter().enumerate().map(|(i, r)| (format!("rule {}: ", i + 1), r.extend_by, r.extend_limit));
+    for (at, by, limit) in [(String::new(), Some(t.extend_by), Some(t.extend_limit))].into_iter().chain(per_rule) {
+        if by.is_some_and(|d| d < CODER_MIN_AHEAD) {
+            return err(format!(
+                "{at}extend_by must be at least 30m: Coder refuses a deadline less than 30 minutes ahead, e.g. extend_by = \"1h\""
+            ));
+        }
+        if by.into_iter().chain(limit).any(|d| d > crate::duration::MAX) || limit.is_some_and(|d| d.is_zero()) {
+            return err(format!("{at}extend_by and extend_limit must be more than 0s and at most a year, e.g. extend_limit = \"24h\""));
+        }
+    }
+    p.max_extensions_per_pass = file.max_extensions_per_pass.unwrap_or(p.max_extensions_per_pass);
     p.sm_active_min = ratio("sm_active_min", file.sm_active_min, p.sm_active_min)?;
     p.gr_engine_active_min = ratio("gr_engine_active_min", file.gr_engine_active_min, p.gr_engine_active_min)?;
     p.gpu_util_min = ratio("gpu_util_min_percent", file.gpu_util_min_percent.map(|x| x / 100.0), p.gpu_util_min)?;

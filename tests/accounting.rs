@@ -34,6 +34,7 @@ fn decision(id: &str, verdict: Verdict, reason: Reason, gpu_idle: Option<i64>) -
         connection_idle: Duration::hours(1),
         stop_at: None,
         restore_ttl_ms: None,
+        deadline: None,
     }
 }
 

@@ -337,3 +337,39 @@ fn the_client_debug_output_hides_the_token() {
     let dbg = format!("{c:?}");
     assert!(!dbg.contains("5up3rs3cr3t") && dbg.contains("redacted"), "{dbg}");
 }
+
+/// `PUT .../extend`: the deadline in RFC 3339 with the token header; 200 is done, Coder's 400 and
+/// 409 (reference NOTES §16) are final, with Coder's message.
+#[tokio::test]
+async fn extends_a_deadline_and_reads_coders_refusals() {
+    let server = MockServer::start().await;
+    let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&chrono::Utc);
+    Mock::given(method("PUT"))
+        .and(path(format!("/api/v2/workspaces/{WS_ID}/extend")))
+        .and(header("Coder-Session-Token", TOKEN))
+        .and(body_json(json!({"deadline": "2026-12-01T22:00:00Z"})))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"message": "Deadline updated to 2026-12-01T22:00:00Z."})))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(body_json(json!({"deadline": "2026-12-09T22:00:00Z"})))
+        .respond_with(coder_error(400, "Cannot extend workspace beyond max deadline.", ""))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PUT"))
+        .and(body_json(json!({"deadline": "2026-12-02T22:00:00Z"})))
+        .respond_with(coder_error(409, "Workspace shutdown is manual.", ""))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let c = client(&server, quick_retry());
+    c.extend_deadline(WS_ID, at("2026-12-01T22:00:00Z")).await.unwrap();
+    let err = c.extend_deadline(WS_ID, at("2026-12-09T22:00:00Z")).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Status(400));
+    assert!(err.to_string().contains("Cannot extend workspace beyond max deadline."), "{err}");
+    let err = c.extend_deadline(WS_ID, at("2026-12-02T22:00:00Z")).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Conflict);
+    assert!(err.to_string().contains("Workspace shutdown is manual."), "{err}");
+}

@@ -192,6 +192,7 @@ fn every_path_the_client_calls_is_in_the_spec() {
         ("post", "/api/v2/workspaces/{workspace}/builds"),
         ("get", "/api/v2/workspacebuilds/{workspacebuild}"),
         ("put", "/api/v2/workspaces/{workspace}/ttl"),
+        ("put", "/api/v2/workspaces/{workspace}/extend"),
         ("get", "/api/v2/workspaces/{workspace}"),
         ("post", "/api/v2/authcheck"),
     ] {
@@ -224,14 +225,19 @@ async fn every_request_body_fits_its_schema() {
     client.stop_workspace(crate::common::WS_ID).await.unwrap();
     client.set_ttl(crate::common::WS_ID, Some(8 * 3_600_000)).await.ok();
     client.set_ttl(crate::common::WS_ID, None).await.ok();
+    let deadline = chrono::DateTime::parse_from_rfc3339("2026-12-01T23:30:00Z").unwrap().with_timezone(&chrono::Utc);
+    client.extend_deadline(crate::common::WS_ID, deadline).await.ok();
     client.authcheck(&["read", "stop"], "workspace").await.ok();
     client.may_stop_in(&["42638e23-9859-4dec-8568-7bc6436fa29d", "7c1f0a2b-3d4e-4f5a-8b6c-9d0e1f2a3b4c"]).await.ok();
     let requests = server.received_requests().await.unwrap();
-    assert_eq!(requests.len(), 5);
+    assert_eq!(requests.len(), 6);
+    let extend: Value = serde_json::from_slice(&requests[3].body).unwrap();
+    assert_eq!(extend, serde_json::json!({"deadline": "2026-12-01T23:30:00Z"}), "RFC 3339, whole seconds, UTC");
     for (req, def) in requests.iter().zip([
         "codersdk.CreateWorkspaceBuildRequest",
         "codersdk.UpdateWorkspaceTTLRequest",
         "codersdk.UpdateWorkspaceTTLRequest",
+        "codersdk.PutExtendWorkspaceRequest",
         "codersdk.AuthorizationRequest",
         "codersdk.AuthorizationRequest",
     ]) {
@@ -290,6 +296,22 @@ async fn the_fake_coder_answers_in_the_spec_shapes() {
     let key_id = token.split('-').next().unwrap().to_string();
     let key: Value = get(format!("/api/v2/users/me/keys/{key_id}")).await.json().await.unwrap();
     assert!(check(&spec, "codersdk.APIKey", &key).is_empty());
+    // `PUT .../extend` answers a codersdk.Response, success or refusal (NOTES §16).
+    let extend = |id: uuid::Uuid, hours: i64| {
+        let deadline = (chrono::Utc::now() + chrono::Duration::hours(hours)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        http.put(format!("{}/api/v2/workspaces/{id}/extend", fake.url()))
+            .header("Coder-Session-Token", &token)
+            .json(&serde_json::json!({ "deadline": deadline }))
+            .send()
+    };
+    for (id, status, message) in [(a, 200, "Deadline updated to "), (p, 409, "Deadline extension is not supported for prebuilt workspaces")]
+    {
+        let resp = extend(id, 2).await.unwrap();
+        assert_eq!(resp.status().as_u16(), status);
+        let body: Value = resp.json().await.unwrap();
+        assert!(check(&spec, "codersdk.Response", &body).is_empty(), "{body}");
+        assert!(body["message"].as_str().unwrap().starts_with(message), "{body}");
+    }
     // No provisioner takes the stop, so it can still be canceled below.
     fake.with(|w| w.provisioners_down = true);
     let stop = || {

@@ -10,6 +10,7 @@ use coder_gpu_reclaimer::coder::types::{JobStatus, Transition, Workspace};
 use coder_gpu_reclaimer::gpu::GpuKey;
 use coder_gpu_reclaimer::gpu::signals::{Signal, SignalValues};
 use coder_gpu_reclaimer::gpu::window::{GpuSample, GpuWindow};
+use coder_gpu_reclaimer::pass::deadline::{DeadlineAction, Limit};
 use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict, apply_fleet_rules, decide};
 use coder_gpu_reclaimer::pass::policy::{Policy, ReclaimWhen, Rule};
 use proptest::prelude::*;
@@ -793,4 +794,158 @@ fn the_energy_counter_counts_under_its_dcgm_4_7_name_in_joules() {
         let d = judge(&away, &observed(NOTHING, 60, counter(30 * 60)), &policy());
         assert_eq!(d.reason, Reason::FrozenData, "{name} stopped 10 minutes ago: {}", d.message);
     }
+}
+
+// Keeping busy work running (`extend_while_busy`): when Coder's deadline moves, and when not.
+
+fn extending() -> Policy {
+    let mut p = policy();
+    p.thresholds.extend_while_busy = true;
+    p
+}
+
+/// A disconnected workspace (last used 40 minutes ago) whose start build completed `ran` ago,
+/// with Coder's deadline `deadline_in` from now (`None`: autostop off).
+fn busy_ws(ran: Duration, deadline_in: Option<Duration>) -> Workspace {
+    let mut w = ws(mins(40));
+    w.latest_build.job.completed_at = Some(now() - ran);
+    w.latest_build.deadline = deadline_in.map(|d| now() + d);
+    w
+}
+
+fn action(d: &Decision) -> Option<DeadlineAction> {
+    d.deadline.as_ref().map(|p| p.action)
+}
+
+#[test]
+fn a_busy_gpu_with_nobody_connected_keeps_coders_deadline_ahead() {
+    let p = extending();
+    let extend = |by: Duration| Some(DeadlineAction::Extend { to: now() + by });
+    let matmul = steady(MATMUL, Fields::All, 40);
+    // Due once the deadline is closer than 30 minutes plus two 60 s intervals.
+    for (name, deadline_in, want) in [
+        ("10 minutes left", Some(mins(10)), extend(mins(60))),
+        ("31 minutes left: inside the margin", Some(mins(31)), extend(mins(60))),
+        ("33 minutes left: not yet", Some(mins(33)), Some(DeadlineAction::Ahead)),
+        ("2 hours left", Some(Duration::hours(2)), Some(DeadlineAction::Ahead)),
+        ("passed a minute ago, not stopped yet: rescued", Some(mins(-1)), extend(mins(60))),
+        ("autostop off: nothing to keep", None, None),
+    ] {
+        let d = judge(&busy_ws(Duration::hours(2), deadline_in), &matmul, &p);
+        assert_eq!((d.verdict, d.reason), (Verdict::Keep, Reason::GpuActive), "{name}");
+        assert_eq!(action(&d), want, "{name}");
+    }
+    let d = judge(&busy_ws(Duration::hours(2), Some(mins(10))), &matmul, &p);
+    let plan = d.deadline.unwrap();
+    assert_eq!((plan.limit, plan.limited_by), (now() - Duration::hours(2) + Duration::hours(24), Limit::ExtendLimit));
+    assert_eq!(plan.evidence.sm_active_peak, Some(0.984), "the evidence is the window's SM peak");
+    assert_eq!(plan.evidence.gr_engine_active_peak, Some(1.0));
+    // Off by default, and per rule.
+    assert_eq!(action(&judge(&busy_ws(Duration::hours(2), Some(mins(10))), &matmul, &policy())), None);
+    let mut rule = policy();
+    rule.rules = vec![Rule { template: Some("gpu-*".into()), extend_while_busy: Some(true), ..Rule::default() }];
+    assert_eq!(action(&judge(&busy_ws(Duration::hours(2), Some(mins(10))), &matmul, &rule)), extend(mins(60)));
+}
+
+#[test]
+fn only_work_the_gpu_itself_shows_is_kept_running() {
+    let p = extending();
+    let soon = busy_ws(Duration::hours(2), Some(mins(10)));
+    let cases = [
+        ("matmul", steady(MATMUL, Fields::All, 40), &p, Some(Reason::GpuActive), true),
+        ("one-thread kernel, only GR_ENGINE: computing as the decisions read it", steady(ONE_THREAD, Fields::NoSm, 40), &p, None, true),
+        ("one-thread kernel with SM_ACTIVE: phantom", steady(ONE_THREAD, Fields::All, 40), &p, Some(Reason::PhantomUtilization), false),
+        ("memory held, nothing computing", steady(MEMORY_ONLY, Fields::All, 40), &p, Some(Reason::MemoryHeldIdle), false),
+        ("stage 1 phantom", steady(PHANTOM, Fields::UtilOnly, 40), &p, Some(Reason::PhantomUtilization), false),
+        ("nothing running", steady(NOTHING, Fields::All, 40), &p, Some(Reason::Idle), false),
+    ];
+    for (name, g, p, reason, extended) in cases {
+        let d = judge(&soon, &g, p);
+        if let Some(r) = reason {
+            assert_eq!(d.reason, r, "{name}");
+        }
+        assert_eq!(d.deadline.as_ref().and_then(|p| p.extend_to()).is_some(), extended, "{name}: {d:?}");
+    }
+    // A power veto keeps a GPU, but a GPU drawing power alone is not kept running.
+    let veto = Policy { active_power_watts: vec![("NVIDIA A10*".into(), 80.0)], ..extending() };
+    let mut held = steady(MEMORY_ONLY, Fields::All, 40);
+    held[0].model = Some("NVIDIA A10G".into());
+    let d = judge(&soon, &held, &veto);
+    assert_eq!((d.reason, action(&d)), (Reason::GpuActive, None), "89.1 W keeps it, extends nothing");
+    // Unknown of any reason: stale readings.
+    let stale = gpu((10..=40).rev().map(|m| (m * 60, values(MATMUL, Fields::All))));
+    let d = judge(&soon, &stale, &p);
+    assert_eq!((d.verdict, action(&d)), (Verdict::Unknown, None), "{}", d.message);
+    // Connected: Coder's activity bump keeps the deadline itself.
+    let mut connected = soon.clone();
+    connected.last_used_at = now() - Duration::seconds(30);
+    assert_eq!(action(&judge(&connected, &steady(MATMUL, Fields::All, 40), &p)), None);
+}
+
+#[test]
+fn prebuilds_tasks_exempt_and_unpermitted_workspaces_are_never_kept_running() {
+    use coder_gpu_reclaimer::pass::decide::without_stop_permission;
+    let p = extending();
+    let g = steady(MATMUL, Fields::All, 40);
+    let soon = busy_ws(Duration::hours(2), Some(mins(10)));
+    let mut prebuild = soon.clone();
+    prebuild.is_prebuild = true;
+    let mut task = soon.clone();
+    task.task_id = Some("3f1c2b8a-7d6e-4f5a-9b0c-1d2e3f4a5b6c".into());
+    let exempt = Policy { rules: vec![Rule { template: Some("*".into()), exempt: true, ..Rule::default() }], ..extending() };
+    for (name, w, p) in [("prebuild", &prebuild, &p), ("task", &task, &p), ("exempt", &soon, &exempt)] {
+        let d = judge(w, &g, p);
+        assert_eq!((d.verdict, action(&d)), (Verdict::Skip, None), "{name}");
+    }
+    let mut d = judge(&soon, &g, &p);
+    assert!(d.deadline.is_some());
+    without_stop_permission(&mut d, "research");
+    assert_eq!((d.reason, action(&d)), (Reason::NoPermission, None));
+}
+
+#[test]
+fn extend_limit_and_max_deadline_clamp_then_let_coder_stop_it() {
+    let mut p = extending();
+    let g = steady(MATMUL, Fields::All, 40);
+    let plan = |w: &Workspace, p: &Policy| judge(w, &g, p).deadline.unwrap();
+    // extend_limit 24 h after completion: 23 h 20 m ago leaves 40 minutes, 23 h 40 m ago 20.
+    let near = plan(&busy_ws(Duration::hours(23) + mins(20), Some(mins(10))), &p);
+    assert_eq!((near.action, near.limited_by), (DeadlineAction::Extend { to: now() + mins(40) }, Limit::ExtendLimit));
+    let reached = plan(&busy_ws(Duration::hours(23) + mins(40), Some(mins(10))), &p);
+    assert_eq!(reached.action, DeadlineAction::LimitReached, "20 minutes is less than Coder accepts");
+    // A deadline already at the limit is not moved (and never shortened).
+    let at_limit = plan(&busy_ws(Duration::hours(23) + mins(30), Some(mins(30))), &p);
+    assert_eq!(at_limit.action, DeadlineAction::LimitReached);
+    // max_deadline (the template's autostop requirement) clamps before extend_limit does.
+    let mut capped = busy_ws(Duration::hours(2), Some(mins(10)));
+    capped.latest_build.max_deadline = Some(now() + mins(45));
+    let c = plan(&capped, &p);
+    assert_eq!((c.action, c.limited_by, c.limit), (DeadlineAction::Extend { to: now() + mins(45) }, Limit::MaxDeadline, now() + mins(45)));
+    capped.latest_build.max_deadline = Some(now() + mins(20));
+    assert_eq!(plan(&capped, &p).action, DeadlineAction::LimitReached);
+    // extend_by sets how far: 3 h.
+    p.thresholds.extend_by = StdDuration::from_secs(3 * 3600);
+    assert_eq!(plan(&busy_ws(Duration::hours(2), Some(mins(10))), &p).action, DeadlineAction::Extend { to: now() + Duration::hours(3) });
+    // Times are sent in whole seconds.
+    let mut fraction = busy_ws(Duration::hours(2), Some(mins(10)));
+    fraction.latest_build.max_deadline = Some(now() + mins(50) + Duration::milliseconds(700));
+    assert_eq!(plan(&fraction, &extending()).action, DeadlineAction::Extend { to: now() + mins(50) });
+}
+
+#[test]
+fn extensions_per_pass_are_capped_soonest_deadline_first() {
+    let mut p = extending();
+    p.max_extensions_per_pass = 2;
+    let g = steady(MATMUL, Fields::All, 40);
+    let mut decisions: Vec<Decision> = [mins(20), mins(5), mins(10)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, left)| {
+            let mut w = busy_ws(Duration::hours(2), Some(left));
+            w.id = format!("ws-{i}");
+            judge(&w, &g, &p)
+        })
+        .collect();
+    let fleet = apply_fleet_rules(&mut decisions, &p);
+    assert_eq!((fleet.extend_order, fleet.extensions_deferred), (vec![1, 2], 1));
 }

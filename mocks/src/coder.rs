@@ -165,7 +165,7 @@ pub fn build_json(w: &World, ws: &Workspace, b: &Build) -> Value {
         "workspace_id": ws.id, "workspace_name": ws.name, "workspace_owner_id": owner.id, "workspace_owner_name": owner.username,
         "workspace_owner_avatar_url": "", "template_version_id": w.template_version_id, "template_version_name": "v1",
         "transition": b.transition, "initiator_id": initiator.id, "initiator_name": initiator.username, "reason": b.reason,
-        "status": status_of(b), "job": job, "resources": resources, "deadline": opt_ts(b.deadline), "max_deadline": null,
+        "status": status_of(b), "job": job, "resources": resources, "deadline": opt_ts(b.deadline), "max_deadline": opt_ts(b.max_deadline),
         "daily_cost": 0, "matched_provisioners": {"count": 1, "available": 1}, "has_ai_task": false, "has_external_agent": false
     })
 }
@@ -562,12 +562,19 @@ async fn cancel_build(State(s): State<CoderState>, Path(id): Path<String>, req: 
     }
 }
 
-async fn put_extend(State(s): State<CoderState>, Path(id): Path<String>, axum::Json(body): axum::Json<Value>) -> Response {
+async fn put_extend(State(s): State<CoderState>, Path(id): Path<String>, req: Request) -> Response {
+    let me = caller(req.extensions());
+    let Ok(bytes) = axum::body::to_bytes(req.into_body(), 1 << 20).await else {
+        return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
+    };
+    let Ok(body) = serde_json::from_slice::<Value>(&bytes) else {
+        return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
+    };
     let deadline = body["deadline"].as_str().and_then(|d| DateTime::parse_from_rfc3339(d).ok()).map(|d| d.with_timezone(&Utc));
     let (Some(ws_id), Some(deadline)) = (Uuid::parse_str(&id).ok(), deadline) else {
         return coder_error(ApiError { status: 400, message: "Validation failed.".into(), detail: "deadline".into() });
     };
-    match lock(&s.world).extend(ws_id, deadline) {
+    match lock(&s.world).extend(ws_id, deadline, me) {
         Ok(message) => axum::Json(json!({ "message": message })).into_response(),
         Err(e) => coder_error(e),
     }

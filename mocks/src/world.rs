@@ -96,6 +96,22 @@ impl Load {
     }
 }
 
+/// Coder's activity bump (`ActivityBumpWorkspace`, NOTES §16) on an agent-stats report with
+/// connections: a completed start with a deadline, under 95% of the bump left, moves to at least
+/// now plus the bump, never past `max_deadline`, never earlier. Not for prebuilds.
+fn activity_bump(ws: &mut Workspace, now: DateTime<Utc>, bump: chrono::Duration) {
+    if ws.prebuild || bump <= chrono::Duration::zero() {
+        return;
+    }
+    let Some(b) = ws.builds.last_mut().filter(|b| b.transition == "start" && b.job.status == "succeeded") else { return };
+    let Some(deadline) = b.deadline else { return };
+    if deadline - bump * 95 / 100 >= now {
+        return;
+    }
+    let bumped = deadline.max(now + bump);
+    b.deadline = Some(b.max_deadline.map_or(bumped, |max| bumped.min(max)));
+}
+
 /// Which waiting pod gets a freed GPU. The seed saw either; Kubernetes does not promise one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Assignment {
@@ -134,6 +150,13 @@ pub struct WorldConfig {
     /// The template lets users set their own autostop TTL (`UserAutostopEnabled`); when not,
     /// `PUT .../ttl` answers 400 (`coderd/workspaces.go` `putWorkspaceTTL`).
     pub allow_user_autostop: bool,
+    /// The template's autostop requirement (Premium): a start build's `max_deadline` is its
+    /// completion plus this, and neither its deadline, an activity bump nor `PUT .../extend`
+    /// goes past it. `None`: AGPL (`max_deadline: null`). Wall-clock time, like `ttl_ms`.
+    pub max_deadline_after: Option<Duration>,
+    /// The template's `activity_bump` (default 1 h, `coderd/templates.go`): a connection moves the
+    /// deadline to at least now plus this. Wall-clock time, like `ttl_ms`; zero turns it off.
+    pub activity_bump: Duration,
 }
 
 impl Default for WorldConfig {
@@ -154,6 +177,8 @@ impl Default for WorldConfig {
             reaper_pending: Duration::from_secs(30 * 60),
             reaper_hung: Duration::from_secs(5 * 60),
             allow_user_autostop: true,
+            max_deadline_after: None,
+            activity_bump: Duration::from_secs(60 * 60),
         }
     }
 }
@@ -169,6 +194,8 @@ pub enum OrgRole {
 /// Coder's constants (usage refresh, batch flush): about every 60 s each.
 pub const USAGE_REFRESH: Duration = Duration::from_secs(60);
 pub const USAGE_FLUSH: Duration = Duration::from_secs(60);
+/// The lifecycle executor's poll (`--autobuild-poll-interval`, default 1 min; NOTES §7, §16).
+pub const AUTOBUILD_POLL: Duration = Duration::from_secs(60);
 /// After the last connection closes, the seed saw two more refreshes (about 80 s).
 pub const TAIL_REFRESHES: u32 = 2;
 
@@ -244,6 +271,8 @@ pub struct Build {
     pub created_at: DateTime<Utc>,
     pub job: Job,
     pub deadline: Option<DateTime<Utc>>,
+    /// The template's autostop requirement for this build (Premium), else `None`.
+    pub max_deadline: Option<DateTime<Utc>>,
     pub agent: Option<Agent>,
     queued_real: Instant,
     fail: bool,
@@ -335,6 +364,7 @@ pub struct World {
     rng: u64,
     next_refresh: Instant,
     next_flush: Instant,
+    next_autobuild: Instant,
     pending_usage: HashSet<Uuid>,
 }
 
@@ -399,6 +429,7 @@ impl World {
             rng: config.seed.max(1),
             next_refresh: now_real + USAGE_REFRESH.div_f64(scale),
             next_flush: now_real + USAGE_FLUSH.div_f64(scale).mul_f64(1.5),
+            next_autobuild: now_real + AUTOBUILD_POLL.div_f64(scale),
             pending_usage: HashSet::new(),
             config,
         }
@@ -626,6 +657,7 @@ impl World {
             created_at: now,
             job: Job { id: Uuid::new_v4(), status: "pending", created_at: now, started_at: None, completed_at: None, error: None },
             deadline: None,
+            max_deadline: None,
             agent: None,
             queued_real: Instant::now(),
             fail,
@@ -691,14 +723,20 @@ impl World {
         }
         if now_real >= self.next_refresh {
             self.next_refresh = now_real + self.real(USAGE_REFRESH);
+            let bump = chrono::Duration::from_std(self.config.activity_bump).unwrap_or_default();
             for ws in &mut self.workspaces {
                 if ws.connections > 0 {
+                    activity_bump(ws, now, bump);
                     self.pending_usage.insert(ws.id);
                 } else if ws.tail_refreshes > 0 {
                     ws.tail_refreshes -= 1;
                     self.pending_usage.insert(ws.id);
                 }
             }
+        }
+        if now_real >= self.next_autobuild {
+            self.next_autobuild = now_real + self.real(AUTOBUILD_POLL);
+            self.autostop(now);
         }
         if now_real >= self.next_flush {
             self.next_flush = now_real + self.real(USAGE_FLUSH);
@@ -707,6 +745,31 @@ impl World {
                 if used.contains(&ws.id) && ws.last_used_at < now {
                     ws.last_used_at = now;
                 }
+            }
+        }
+    }
+
+    /// The lifecycle executor's autostop (`coderd/autobuild/lifecycle_executor.go`, NOTES §16):
+    /// a workspace whose latest build is a start whose job did not fail, not a prebuild, and whose
+    /// deadline is set and has passed, gets a stop build with reason `autostop`, initiated by its
+    /// owner; without a provisioner it is skipped and tried on the next tick.
+    fn autostop(&mut self, tick: DateTime<Utc>) {
+        if self.provisioners_down {
+            return;
+        }
+        let due: Vec<(Uuid, usize)> = self
+            .workspaces
+            .iter()
+            .filter(|ws| !ws.prebuild && !self.users[ws.owner].system)
+            .filter(|ws| {
+                ws.latest().is_some_and(|b| b.transition == "start" && b.job.status == "succeeded" && b.deadline.is_some_and(|d| d < tick))
+            })
+            .map(|ws| (ws.id, ws.owner))
+            .collect();
+        for (id, owner) in due {
+            if self.create_build(id, "stop", owner, "autostop").is_ok() {
+                let name = self.workspaces.iter().find(|w| w.id == id).map(|w| w.name.clone()).unwrap_or_default();
+                self.log(&name, "autostop", "the deadline passed: Coder's lifecycle executor stops it".into());
             }
         }
     }
@@ -784,7 +847,12 @@ impl World {
         let name = ws.name.clone();
         match transition {
             "start" => {
+                // `schedule.CalculateAutostop`: completion plus the TTL, never past max_deadline.
+                b.max_deadline = self.config.max_deadline_after.and_then(|d| chrono::Duration::from_std(d).ok()).map(|d| now + d);
                 b.deadline = ws.ttl_ms.filter(|t| *t > 0).map(|t| now + chrono::Duration::milliseconds(t));
+                if let (Some(d), Some(max)) = (b.deadline, b.max_deadline) {
+                    b.deadline = Some(d.min(max));
+                }
                 b.agent = Some(Agent {
                     id: Uuid::new_v4(),
                     created_at: now,
@@ -978,26 +1046,45 @@ impl World {
         }
     }
 
-    /// `PUT /api/v2/workspaces/{id}/extend` with Coder's checks (the 30-minute rule in Coder time).
-    pub fn extend(&mut self, ws_id: Uuid, deadline: DateTime<Utc>) -> Result<String, ApiError> {
+    /// `PUT /api/v2/workspaces/{id}/extend` as `by` (a user index), with `putExtendWorkspace`'s
+    /// checks in its order (NOTES §16; the 30-minute rule in Coder time). A caller that may read
+    /// but not update the workspace gets the 500 dbauthz's refusal turns into.
+    pub fn extend(&mut self, ws_id: Uuid, deadline: DateTime<Utc>, by: usize) -> Result<String, ApiError> {
         let wi = self.ws_index(ws_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
-        let min_ahead = self.real(Duration::from_secs(29 * 60));
+        if !self.may_read(by, &self.workspaces[wi]) {
+            return Err(api_error(404, NOT_FOUND));
+        }
+        let may_update = self.may_act_on(by, &self.workspaces[wi]);
+        let min_ahead = chrono::Duration::from_std(self.real(Duration::from_secs(29 * 60))).unwrap_or_default();
         let now = self.now();
         let ws = &mut self.workspaces[wi];
+        if ws.prebuild {
+            return Err(api_error(409, "Deadline extension is not supported for prebuilt workspaces"));
+        }
         let b = ws.builds.last_mut().ok_or_else(|| api_error(409, "Workspace must be started, current status: stop"))?;
         if b.transition != "start" {
             return Err(api_error(409, &format!("Workspace must be started, current status: {}", b.transition)));
         }
-        if b.job.completed_at.is_none() {
-            return Err(api_error(409, "Workspace is still building!"));
-        }
+        let Some(completed) = b.job.completed_at else { return Err(api_error(409, "Workspace is still building!")) };
         if b.deadline.is_none() {
             return Err(api_error(409, "Workspace shutdown is manual."));
         }
-        if deadline < now + chrono::Duration::from_std(min_ahead).unwrap_or_default() {
+        if deadline < now + min_ahead {
             return Err(api_error(400, "Cannot extend workspace: new deadline must be at least 30 minutes in the future"));
         }
+        if deadline < completed {
+            return Err(api_error(400, "Cannot extend workspace: new deadline must be before workspace start time"));
+        }
+        if b.max_deadline.is_some_and(|max| deadline > max) {
+            return Err(api_error(400, "Cannot extend workspace beyond max deadline."));
+        }
+        if !may_update {
+            return Err(api_error(500, "Failed to extend workspace deadline."));
+        }
         b.deadline = Some(deadline);
+        let name = ws.name.clone();
+        let who = self.users[by].username.clone();
+        self.log(&name, "deadline_extended", format!("to {deadline} by {who}"));
         Ok(format!("Deadline updated to {}.", deadline.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)))
     }
 

@@ -351,6 +351,16 @@ impl CoderClient {
         self.call(Method::GET, "GET /api/v2/workspacebuilds/{workspacebuild}", path, None::<&()>).await
     }
 
+    /// `PUT /api/v2/workspaces/{id}/extend {"deadline": t}` (200 `Deadline updated to <t>.`):
+    /// moves the running start build's autostop deadline. Idempotent, so transient failures are
+    /// retried; a 400 or 409 (less than 30 minutes ahead, past `max_deadline`, not started, manual
+    /// shutdown, a prebuild; reference NOTES §16) is final.
+    pub async fn extend_deadline(&self, workspace_id: &str, deadline: Time) -> Result<(), CoderError> {
+        let path = format!("/api/v2/workspaces/{}/extend", encode_path(workspace_id));
+        let body = PutExtendWorkspaceRequest { deadline };
+        self.call::<serde::de::IgnoredAny>(Method::PUT, "PUT /api/v2/workspaces/{workspace}/extend", path, Some(&body)).await.map(|_| ())
+    }
+
     /// `PUT /api/v2/workspaces/{id}/ttl {"ttl_ms": n}` (204). `None` disables autostop.
     pub async fn set_ttl(&self, workspace_id: &str, ttl_ms: Option<i64>) -> Result<(), CoderError> {
         let path = format!("/api/v2/workspaces/{}/ttl", encode_path(workspace_id));

@@ -83,6 +83,10 @@ pub struct WorkspaceBuild {
     /// `null` means no autostop deadline (manual shutdown).
     #[serde(default)]
     pub deadline: Option<Time>,
+    /// The latest `deadline` may move to (the template's autostop requirement, Premium); `null`
+    /// on AGPL. `PUT .../extend` refuses a deadline after it (reference NOTES §16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_deadline: Option<Time>,
 }
 
 impl WorkspaceBuild {
@@ -273,6 +277,12 @@ pub struct AuthorizationObject {
     pub organization_id: Option<String>,
 }
 
+/// `codersdk.PutExtendWorkspaceRequest`: the current start build's new autostop deadline.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PutExtendWorkspaceRequest {
+    pub deadline: Time,
+}
+
 /// `codersdk.UpdateWorkspaceTTLRequest`. `None` (null) disables autostop.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct UpdateWorkspaceTtlRequest {
@@ -327,6 +337,7 @@ pub fn read_workspace(r: &mut Reader<'_>) -> Result<Workspace, ReadError> {
 fn read_build(r: &mut Reader<'_>) -> Result<WorkspaceBuild, ReadError> {
     let (mut id, mut created_at, mut transition, mut status, mut job) = (None, None, None, None, None);
     let (mut initiator_id, mut template_version_id, mut reason, mut resources, mut deadline) = (None, None, None, None, None);
+    let mut max_deadline = None;
     r.object(|r, key| match key {
         b"id" => set(&mut id, key, text(r)?),
         b"created_at" => set(&mut created_at, key, optional(r, time)?),
@@ -338,6 +349,7 @@ fn read_build(r: &mut Reader<'_>) -> Result<WorkspaceBuild, ReadError> {
         b"reason" => set(&mut reason, key, BuildReason::from_text(&r.string()?)),
         b"resources" => set(&mut resources, key, list(r, read_resource)?),
         b"deadline" => set(&mut deadline, key, optional(r, time)?),
+        b"max_deadline" => set(&mut max_deadline, key, optional(r, time)?),
         _ => r.skip(),
     })?;
     Ok(WorkspaceBuild {
@@ -351,6 +363,7 @@ fn read_build(r: &mut Reader<'_>) -> Result<WorkspaceBuild, ReadError> {
         reason: reason.unwrap_or_default(),
         resources: resources.unwrap_or_default(),
         deadline: deadline.flatten(),
+        max_deadline: max_deadline.flatten(),
     })
 }
 
@@ -517,6 +530,7 @@ mod tests {
                 reason: BuildReason::Autostop,
                 resources: vec![WorkspaceResource::default(), WorkspaceResource { agents: vec![agent] }],
                 deadline: Some(t(9)),
+                max_deadline: Some(t(10)),
             },
             ttl_ms: Some(3_600_000),
             autostart_schedule: Some("CRON_TZ=UTC 0 9 * * 1-5".into()),

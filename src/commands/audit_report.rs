@@ -1,6 +1,7 @@
 //! `report`: reads the audit log and sums it up for the weekly message to management: stops per
 //! template and owner, GPU-hours given back (from each `resumed` line, and stops not yet resumed
-//! counted until the end of the period), and would-stops in observe mode; with prices in the
+//! counted until the end of the period), would-stops in observe mode, and the deadlines moved
+//! and autostops averted for busy GPU work (`extend_while_busy`); with prices in the
 //! log (`gpu_hour_price`), the money given back too. Reads a file only.
 
 use std::collections::BTreeMap;
@@ -43,6 +44,12 @@ pub struct Row {
     pub stops: u64,
     /// Stops that would have been sent (observe mode).
     pub would_stops: u64,
+    /// Coder autostop deadlines moved while the GPU computed (`deadline_extended`), and builds
+    /// whose deadline would have been moved (observe mode, once per build).
+    pub deadline_extensions: u64,
+    pub would_extend: u64,
+    /// Builds that ran past the deadline Coder had set because their GPU computed.
+    pub autostops_averted: u64,
     pub gpu_hours_given_back: f64,
     /// The given-back GPU-hours priced at what they cost when stopped (priced stops only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -112,6 +119,9 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
         match l.event.as_str() {
             "stop_sent" if in_period => rows.entry(key).or_default().stops += 1,
             "would_stop" if in_period => rows.entry(key).or_default().would_stops += 1,
+            "deadline_extended" if in_period => rows.entry(key).or_default().deadline_extensions += 1,
+            "would_extend" if in_period => rows.entry(key).or_default().would_extend += 1,
+            "autostop_averted" if in_period => rows.entry(key).or_default().autostops_averted += 1,
             "stop_done" => {
                 if l.gpu_hour_price.is_some() && l.currency.is_some() {
                     currency.clone_from(&l.currency);
@@ -144,10 +154,15 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     let mut total = Row { template: "(all)".into(), owner: "(all)".into(), ..Row::default() };
     let rows: Vec<Row> = rows
         .into_iter()
-        .filter(|(_, r)| r.stops > 0 || r.would_stops > 0 || r.gpu_hours_given_back > 0.0)
+        .filter(|(_, r)| {
+            r.stops + r.would_stops + r.deadline_extensions + r.would_extend + r.autostops_averted > 0 || r.gpu_hours_given_back > 0.0
+        })
         .map(|((template, owner), r)| {
             total.stops += r.stops;
             total.would_stops += r.would_stops;
+            total.deadline_extensions += r.deadline_extensions;
+            total.would_extend += r.would_extend;
+            total.autostops_averted += r.autostops_averted;
             total.gpu_hours_given_back += r.gpu_hours_given_back;
             if let Some(c) = r.cost_given_back {
                 total.cost_given_back = Some(total.cost_given_back.unwrap_or(0.0) + c);
@@ -228,13 +243,15 @@ impl AuditReport {
         let money = self.currency.as_ref().map(|c| format!("{c} GIVEN BACK"));
         let _ = writeln!(
             out,
-            "{:<24} {:<16} {:>6} {:>12} {:>12}{}",
+            "{:<24} {:<16} {:>6} {:>12} {:>12}{} {:>10} {:>17}",
             "TEMPLATE",
             "OWNER",
             "STOPS",
             "WOULD-STOPS",
             "GPU-HOURS",
-            money.as_ref().map_or(String::new(), |m| format!(" {m:>16}"))
+            money.as_ref().map_or(String::new(), |m| format!(" {m:>16}")),
+            "EXTENDED",
+            "AUTOSTOPS-AVERTED"
         );
         for r in self.rows.iter().chain(std::iter::once(&self.total)) {
             let cost = match (&money, r.cost_given_back) {
@@ -244,8 +261,8 @@ impl AuditReport {
             };
             let _ = writeln!(
                 out,
-                "{:<24} {:<16} {:>6} {:>12} {:>12.2}{cost}",
-                r.template, r.owner, r.stops, r.would_stops, r.gpu_hours_given_back
+                "{:<24} {:<16} {:>6} {:>12} {:>12.2}{cost} {:>10} {:>17}",
+                r.template, r.owner, r.stops, r.would_stops, r.gpu_hours_given_back, r.deadline_extensions, r.autostops_averted
             );
         }
         if self.unreadable_lines > 0 {
@@ -260,7 +277,7 @@ impl AuditReport {
         if self.currency.is_some() {
             out.push_str(",cost_given_back,currency");
         }
-        out.push('\n');
+        out.push_str(",deadline_extensions,would_extend,autostops_averted\n");
         let field = |s: &str| {
             // A cell a spreadsheet would run as a formula is written as text.
             let s = if s.starts_with(['=', '+', '-', '@', '\t', '\r']) { format!("'{s}") } else { s.to_string() };
@@ -271,6 +288,7 @@ impl AuditReport {
             if let Some(c) = &self.currency {
                 let _ = write!(out, ",{},{}", r.cost_given_back.map_or(String::new(), |m| format!("{m:.2}")), field(c));
             }
+            let _ = write!(out, ",{},{},{}", r.deadline_extensions, r.would_extend, r.autostops_averted);
             out.push('\n');
         }
         out

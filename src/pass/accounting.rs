@@ -31,6 +31,9 @@ pub struct AccountingSummary {
     pub longest_wait_seconds: i64,
     /// The latest completed stops, newest first (at most `RECENT_STOPS`).
     pub recent_stops: Vec<RecentStop>,
+    /// Workspaces that ran past the autostop deadline Coder had set because their GPU computes
+    /// (`extend_while_busy`), over the last 7 days.
+    pub autostops_averted_7d: u64,
 }
 
 /// Money: GPU-hours times the price of their GPU model (`gpu_hour_price`), rounded to cents.
@@ -95,6 +98,7 @@ struct Day {
     given_back_cost: f64,
     idle_seconds: f64,
     idle_cost: f64,
+    autostops_averted: u64,
 }
 
 #[derive(Debug, Default)]
@@ -232,6 +236,11 @@ impl Accounting {
         inc
     }
 
+    /// Counts autostops averted this pass (`Acted::autostops_averted`).
+    pub fn autostops_averted(&mut self, now: DateTime<Utc>, count: usize) {
+        self.days.entry(now.date_naive()).or_default().autostops_averted += count as u64;
+    }
+
     pub fn summary(&self, now: DateTime<Utc>) -> AccountingSummary {
         let today = now.date_naive();
         let week_start = today - Duration::days(6);
@@ -259,6 +268,7 @@ impl Accounting {
                     ..r.clone()
                 })
                 .collect(),
+            autostops_averted_7d: self.days.range(week_start..).map(|(_, d)| d.autostops_averted).sum(),
         }
     }
 }

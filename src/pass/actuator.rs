@@ -18,14 +18,15 @@ use chrono::{DateTime, Duration, Utc};
 use tokio::sync::watch;
 
 use crate::coder::identity::Identity;
-use crate::coder::types::{Transition, WorkspaceBuild};
+use crate::coder::types::{Transition, Workspace, WorkspaceBuild};
 use crate::coder::{CoderClient, ErrorKind, StopOutcome};
 use crate::duration::human;
 use crate::error::Error;
-use crate::pass::audit::{AuditEvent, AuditKind, AuditLog, Notifier};
-use crate::pass::decide::Verdict;
+use crate::pass::audit::{AuditEvent, AuditKind, AuditLog, Extension, Notifier};
+use crate::pass::deadline::{DeadlineAction, DeadlinePlan};
+use crate::pass::decide::{Decision, Verdict};
 use crate::pass::evaluate::{Evaluation, Judged};
-use crate::pass::metrics::{Metrics, StopFailureLabels, StopLabels};
+use crate::pass::metrics::{ExtensionFailureLabels, Metrics, StopFailureLabels, StopLabels, TemplateLabels};
 use crate::pass::mode::Mode;
 use crate::pass::stop_lifecycle::{JobChange, StopState, provisioners_answer};
 use crate::retry::RetryPolicy;
@@ -129,6 +130,12 @@ pub struct Acted {
     pub stuck: Vec<String>,
     /// Workspaces whose stop build succeeded this pass: their GPUs are free.
     pub stops_done: Vec<String>,
+    /// Workspaces whose Coder deadline was moved this pass (enforce), or would have been
+    /// (observe, reported once per build).
+    pub extended: Vec<String>,
+    pub would_extend: Vec<String>,
+    /// Workspaces that passed the deadline Coder had before their first extension this pass.
+    pub autostops_averted: Vec<String>,
 }
 
 /// One stop to attempt this pass.
@@ -155,6 +162,23 @@ pub struct Actuator {
     reported: HashSet<String>,
     /// Workspaces whose TTL Coder refused for good, with the template version it refused at.
     ttl_refused: HashMap<String, String>,
+    /// Deadline extensions Coder refused (4xx), by workspace, with the build it refused for: not
+    /// asked again for that build.
+    extend_refused: HashMap<String, String>,
+    /// Builds whose deadline this service moved: the deadline Coder had before the first
+    /// extension, until it passes (one `autostop_averted`).
+    extended: HashMap<String, ExtendedBuild>,
+    /// Per workspace, the build for which `would_extend` (observe) or `extend_limit_reached`
+    /// was already said: each is said once per build.
+    said_once: HashMap<(String, &'static str), String>,
+}
+
+/// A build whose deadline was moved.
+#[derive(Debug, Clone)]
+struct ExtendedBuild {
+    build_id: String,
+    original_deadline: DateTime<Utc>,
+    event: AuditEvent,
 }
 
 impl Actuator {
@@ -183,6 +207,9 @@ impl Actuator {
             stopped: HashMap::new(),
             reported: HashSet::new(),
             ttl_refused: HashMap::new(),
+            extend_refused: HashMap::new(),
+            extended: HashMap::new(),
+            said_once: HashMap::new(),
         }
     }
 
@@ -229,6 +256,7 @@ impl Actuator {
     pub async fn act(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) -> Acted {
         let now = eval.now;
         let mut acted = Acted::default();
+        self.say_limits_once(eval);
         if !acts(self.mode) {
             self.announce_warnings(eval, AuditKind::WouldWarn);
             self.would_act(eval, &mut acted);
@@ -246,7 +274,91 @@ impl Actuator {
             self.stop(now, c, &mut acted).await;
         }
         self.restore_ttls(eval, shutdown).await;
+        self.count_averted(eval, &mut acted);
+        self.extend_deadlines(eval, shutdown, &mut acted).await;
         acted
+    }
+
+    /// Whether `what` was already said for this workspace's current build; remembers it if not.
+    fn first_time(&mut self, what: &'static str, ws: &Workspace) -> bool {
+        let key = (ws.id.clone(), what);
+        if self.said_once.get(&key) == Some(&ws.latest_build.id) {
+            return false;
+        }
+        self.said_once.insert(key, ws.latest_build.id.clone());
+        true
+    }
+
+    /// Logs, once per build, a busy workspace whose limit leaves no extension: Coder's autostop
+    /// stops it at its deadline. Forgets workspaces no longer listed.
+    fn say_limits_once(&mut self, eval: &Evaluation) {
+        let listed: HashSet<&str> = eval.workspaces().map(|w| w.id.as_str()).collect();
+        self.said_once.retain(|(id, _), _| listed.contains(id.as_str()));
+        for j in &eval.judged {
+            let Some(plan) = j.decision.deadline.as_ref().filter(|p| p.action == DeadlineAction::LimitReached) else { continue };
+            if self.first_time("extend_limit_reached", &j.workspace) {
+                tracing::info!(event = "extend_limit_reached", workspace_id = %j.workspace.id, owner = %j.workspace.owner_name, deadline = %plan.deadline, limit = %plan.limit, limited_by = plan.limited_by.as_str(), "its GPU computes, but {} leaves no extension of 30 minutes or more: Coder's autostop stops it at its deadline", plan.limited_by.as_str());
+            }
+        }
+    }
+
+    /// Sends the deadline extensions the fleet rules chose (`extend_while_busy`). A 4xx is
+    /// remembered for the build and not asked again; a 5xx or no answer is asked again next pass.
+    async fn extend_deadlines(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>, acted: &mut Acted) {
+        let listed: HashSet<&str> = eval.workspaces().map(|w| w.id.as_str()).collect();
+        self.extend_refused.retain(|id, _| listed.contains(id.as_str()));
+        self.extended.retain(|id, _| listed.contains(id.as_str()));
+        for j in eval.extend_order() {
+            let (ws, d) = (&j.workspace, &j.decision);
+            let (Some(plan), Some(to)) = (d.deadline.as_ref(), d.deadline.as_ref().and_then(DeadlinePlan::extend_to)) else { continue };
+            if *shutdown.borrow() || self.extend_refused.get(&ws.id) == Some(&ws.latest_build.id) {
+                continue;
+            }
+            let template = TemplateLabels { template: ws.template_name.as_str().into() };
+            match self.coder.extend_deadline(&ws.id, to).await {
+                Ok(()) => {
+                    let event = extension_event(AuditKind::DeadlineExtended, eval.now, self.mode, ws, d, plan, to);
+                    tracing::info!(event = "deadline_extended", workspace_id = %ws.id, owner = %ws.owner_name, from = %plan.deadline, to = %to, limit = %plan.limit, limited_by = plan.limited_by.as_str(), "its GPU computes with nobody connected: Coder's autostop deadline moved");
+                    self.metrics.deadline_extensions.get_or_create(&template).inc();
+                    self.audit(&event);
+                    let build_id = ws.latest_build.id.clone();
+                    match self.extended.get(&ws.id) {
+                        Some(e) if e.build_id == build_id => {}
+                        _ => {
+                            self.extended.insert(ws.id.clone(), ExtendedBuild { build_id, original_deadline: plan.deadline, event });
+                        }
+                    }
+                    acted.extended.push(ws.id.clone());
+                }
+                Err(err) if matches!(err.kind, ErrorKind::Conflict | ErrorKind::NoPermission | ErrorKind::Status(400..=499)) => {
+                    tracing::warn!(event = "extend_refused", workspace_id = %ws.id, template = %ws.template_name, error = %err, "Coder refuses to move this workspace's deadline: not asked again for this build");
+                    self.metrics.deadline_extension_failures.get_or_create(&ExtensionFailureLabels { reason: "refused" }).inc();
+                    self.extend_refused.insert(ws.id.clone(), ws.latest_build.id.clone());
+                }
+                Err(err) => {
+                    tracing::warn!(event = "extend_failed", workspace_id = %ws.id, error = %err, "could not move the deadline; trying again next pass");
+                    self.metrics.deadline_extension_failures.get_or_create(&ExtensionFailureLabels { reason: "error" }).inc();
+                }
+            }
+        }
+    }
+
+    /// Builds whose original deadline has passed while they still run because of an extension:
+    /// one `autostop_averted` each.
+    fn count_averted(&mut self, eval: &Evaluation, acted: &mut Acted) {
+        let coder_now = eval.coder_now();
+        for ws in eval.workspaces() {
+            let Some(e) = self.extended.get(&ws.id) else { continue };
+            if e.build_id != ws.latest_build.id || coder_now < e.original_deadline {
+                continue;
+            }
+            let Some(e) = self.extended.remove(&ws.id) else { continue };
+            let event = AuditEvent { event: AuditKind::AutostopAverted, time: eval.now, ..e.event };
+            tracing::info!(event = "autostop_averted", workspace_id = %ws.id, owner = %ws.owner_name, original_deadline = %e.original_deadline, "the workspace runs past the autostop deadline Coder had set, because its GPU computes");
+            self.metrics.autostops_averted.get_or_create(&TemplateLabels { template: ws.template_name.as_str().into() }).inc();
+            self.audit(&event);
+            acted.autostops_averted.push(ws.id.clone());
+        }
     }
 
     fn announce_warnings(&self, eval: &Evaluation, kind: AuditKind) {
@@ -275,6 +387,16 @@ impl Actuator {
         for Judged { workspace: ws, decision: d, .. } in &eval.judged {
             if let Some(ttl) = d.restore_ttl_ms {
                 tracing::info!(event = "would_restore_ttl", workspace_id = %ws.id, owner = %ws.owner_name, ttl_ms = ttl, "would set the autostop TTL back");
+            }
+        }
+        for j in eval.extend_order() {
+            let (ws, d) = (&j.workspace, &j.decision);
+            let (Some(plan), Some(to)) = (d.deadline.as_ref(), d.deadline.as_ref().and_then(DeadlinePlan::extend_to)) else { continue };
+            if self.first_time("would_extend", ws) {
+                let event = extension_event(AuditKind::WouldExtend, eval.now, self.mode, ws, d, plan, to);
+                tracing::info!(event = "would_extend", workspace_id = %ws.id, owner = %ws.owner_name, from = %plan.deadline, to = %to, "its GPU computes with nobody connected: would move Coder's autostop deadline (observe mode: Coder stops it at its deadline)");
+                self.audit(&event);
+                acted.would_extend.push(ws.id.clone());
             }
         }
     }
@@ -629,6 +751,30 @@ impl Actuator {
         }
         let listed: HashSet<&str> = eval.workspaces().map(|w| w.id.as_str()).collect();
         self.ttl_refused.retain(|id, _| listed.contains(id.as_str()));
+    }
+}
+
+/// The audit event of a deadline extension (or would-be one) from Coder's deadline to `to`.
+fn extension_event(
+    kind: AuditKind,
+    now: DateTime<Utc>,
+    mode: Mode,
+    ws: &Workspace,
+    d: &Decision,
+    plan: &DeadlinePlan,
+    to: DateTime<Utc>,
+) -> AuditEvent {
+    AuditEvent {
+        build_id: Some(ws.latest_build.id.clone()),
+        extension: Some(Extension {
+            deadline_from: plan.deadline,
+            deadline_to: to,
+            deadline_limit: plan.limit,
+            limited_by: plan.limited_by.as_str(),
+            sm_active_peak: plan.evidence.sm_active_peak,
+            gr_engine_active_peak: plan.evidence.gr_engine_active_peak,
+        }),
+        ..AuditEvent::new(kind, now, mode.as_str(), ws, d)
     }
 }
 

@@ -49,6 +49,13 @@ pub enum AuditKind {
     StopDone,
     /// A workspace this service stopped runs again: the GPUs it gave back, for how long.
     Resumed,
+    /// Coder's autostop deadline was moved because the GPU computes with nobody connected.
+    DeadlineExtended,
+    /// Observe mode: the deadline would have been moved (once per build).
+    WouldExtend,
+    /// The deadline Coder had before the first extension passed while the GPU still computed:
+    /// without the extension Coder's autostop would have stopped the work (once per build).
+    AutostopAverted,
 }
 
 impl AuditKind {
@@ -67,6 +74,9 @@ impl AuditKind {
             AuditKind::RestoreTtl => "restore_ttl",
             AuditKind::StopDone => "stop_done",
             AuditKind::Resumed => "resumed",
+            AuditKind::DeadlineExtended => "deadline_extended",
+            AuditKind::WouldExtend => "would_extend",
+            AuditKind::AutostopAverted => "autostop_averted",
         }
     }
 
@@ -93,6 +103,14 @@ impl AuditKind {
             (AuditKind::RestoreTtl, _) => "had its autostop TTL set back".into(),
             (AuditKind::StopDone, _) => "is stopped; its GPU is free".into(),
             (AuditKind::Resumed, _) => "runs again".into(),
+            (AuditKind::DeadlineExtended, _) => match &e.extension {
+                Some(x) => format!("is kept running by its GPU work until {}", x.deadline_to.format("%Y-%m-%d %H:%M UTC")),
+                None => "is kept running by its GPU work".into(),
+            },
+            (AuditKind::WouldExtend, _) => {
+                "would be kept running by its GPU work (observe mode: Coder's autostop deadline is not moved)".into()
+            }
+            (AuditKind::AutostopAverted, _) => "passed its original autostop deadline while its GPU computes".into(),
         }
     }
 }
@@ -130,6 +148,25 @@ pub struct AuditEvent {
     pub gpu_hour_price: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub currency: Option<String>,
+    /// A deadline extension (or would-be one): the deadlines and the GPU evidence.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub extension: Option<Extension>,
+}
+
+/// What an extension moved and why (`deadline_extended`, `would_extend`, `autostop_averted`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Extension {
+    /// Coder's deadline before (for `autostop_averted`: the one before the first extension).
+    pub deadline_from: DateTime<Utc>,
+    pub deadline_to: DateTime<Utc>,
+    /// The latest the service extends to, and what sets it (`extend_limit`, `max_deadline`).
+    pub deadline_limit: DateTime<Utc>,
+    pub limited_by: &'static str,
+    /// The peaks of the window the decision read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sm_active_peak: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gr_engine_active_peak: Option<f64>,
 }
 
 impl AuditEvent {
@@ -153,6 +190,7 @@ impl AuditEvent {
             gpu_seconds_given_back: None,
             gpu_hour_price: None,
             currency: None,
+            extension: None,
         }
     }
 

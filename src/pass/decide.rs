@@ -10,6 +10,7 @@ use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
 use crate::duration::{chrono as dur, human};
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
+use crate::pass::deadline::{self, CONNECTED_WITHIN, DeadlinePlan, GpuEvidence};
 use crate::pass::policy::{Policy, ReclaimWhen, Thresholds};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -113,6 +114,9 @@ pub struct Decision {
     pub stop_at: Option<DateTime<Utc>>,
     /// `restore_autostop`: the TTL to set back, when the user's is off or longer.
     pub restore_ttl_ms: Option<i64>,
+    /// `extend_while_busy`: Coder's deadline of a workspace kept because its GPU computes with
+    /// nobody connected, and whether to move it this pass (`pass::deadline`).
+    pub deadline: Option<DeadlinePlan>,
 }
 
 impl Decision {
@@ -236,6 +240,7 @@ impl Builder<'_> {
             connection_idle: self.connection_idle,
             stop_at: None,
             restore_ttl_ms: None,
+            deadline: None,
         }
     }
 }
@@ -293,6 +298,7 @@ pub fn without_stop_permission(d: &mut Decision, organization: &str) {
     );
     d.stop_at = None;
     d.restore_ttl_ms = None;
+    d.deadline = None;
 }
 
 /// Judges one workspace. `prior_stop_at` is the stop time of a warning issued in an earlier
@@ -404,6 +410,12 @@ pub fn decide_with_coder_clock(
         return b.out(Verdict::Skip, Reason::NoGpu, "no GPU series maps to this workspace".into(), None);
     }
     let mut d = judge_gpus(now, coder_now, ws, &windows, policy, &th, b);
+    // Keeping busy work running: only what the GPU itself shows computing in the latest sample
+    // (never a power veto alone), and only with nobody connected (Coder bumps a connected one).
+    if d.reason == Reason::GpuActive && d.connection_idle >= CONNECTED_WITHIN && computes_by_its_readings(&windows, policy) {
+        let evidence = evidence(&windows, now - dur(th.idle_after));
+        d.deadline = deadline::plan(coder_now, &ws.latest_build, &th, policy.extend_when_within, evidence);
+    }
     if d.is_stop_eligible() && !th.grace.is_zero() {
         let stop_at = prior_stop_at.unwrap_or(now + dur(th.grace));
         d.stop_at = Some(stop_at);
@@ -536,6 +548,25 @@ fn judge_gpus(
     b.out(Verdict::Keep, Reason::NotIdleLongEnough, msg, Some(gpu_idle))
 }
 
+/// Whether a GPU's latest sample computes by its readings alone: the compute rule of the
+/// decisions without the power veto (a GPU drawing power is kept, not kept running).
+fn computes_by_its_readings(windows: &[&GpuWindow], policy: &Policy) -> bool {
+    windows.iter().any(|w| {
+        let ctx = SampleContext { active_power_watts: None, ..SampleContext::of(w, policy) };
+        w.latest().is_some_and(|s| classify(&s.values, policy, ctx) == SampleState::Active)
+    })
+}
+
+/// The SM_ACTIVE and GR_ENGINE_ACTIVE peaks of every GPU since `from`, to four decimals (the
+/// readings are f32 underneath).
+fn evidence(windows: &[&GpuWindow], from: DateTime<Utc>) -> GpuEvidence {
+    let peak = |signal: Signal| {
+        let values = windows.iter().flat_map(|w| w.since(from)).filter_map(|s| s.values.get(signal));
+        values.fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x)))).map(|x| (x * 1e4).round() / 1e4)
+    };
+    GpuEvidence { sm_active_peak: peak(Signal::SmActive), gr_engine_active_peak: peak(Signal::GrEngineActive) }
+}
+
 fn idle_reason(idle_since: DateTime<Utc>, windows: &[&GpuWindow], policy: &Policy) -> Reason {
     let phantom = windows.iter().any(|w| {
         let ctx = SampleContext::of(w, policy);
@@ -567,6 +598,12 @@ pub struct FleetOutcome {
     pub breaker: Option<String>,
     pub waiting: usize,
     pub gpu_workspaces: usize,
+    /// Indices into the decisions whose deadline to extend this pass, soonest deadline first:
+    /// at most `max_extensions_per_pass` (the breaker, which guards against zeros, does not
+    /// hold extensions back).
+    pub extend_order: Vec<usize>,
+    /// Extensions left for a later pass by `max_extensions_per_pass`.
+    pub extensions_deferred: usize,
 }
 
 /// Applies contention, the breaker and the cap to a pass's decisions.
@@ -592,6 +629,13 @@ pub fn apply_fleet_rules(decisions: &mut [Decision], policy: &Policy) -> FleetOu
         decisions.iter().filter(|d| matches!(d.verdict, Verdict::Keep | Verdict::Warn | Verdict::Reclaim | Verdict::Unknown)).count();
     let reclaim = by_idle_desc(decisions, &|d| d.verdict == Verdict::Reclaim);
     let mut out = FleetOutcome { waiting, gpu_workspaces, ..FleetOutcome::default() };
+    let mut extend: Vec<usize> =
+        (0..decisions.len()).filter(|&i| decisions[i].deadline.as_ref().is_some_and(|p| p.extend_to().is_some())).collect();
+    let soonest = |i: usize| decisions[i].deadline.as_ref().map(|p| p.deadline);
+    extend.sort_by(|&a, &b| soonest(a).cmp(&soonest(b)).then_with(|| decisions[a].workspace_id.cmp(&decisions[b].workspace_id)));
+    out.extensions_deferred = extend.len().saturating_sub(policy.max_extensions_per_pass);
+    extend.truncate(policy.max_extensions_per_pass);
+    out.extend_order = extend;
     if gpu_workspaces >= 4 && reclaim.len() as f64 > policy.max_idle_fraction * gpu_workspaces as f64 {
         out.breaker = Some(format!(
             "{} of {} GPU workspaces are reclaimable at once (more than max_idle_fraction {}): a broken exporter reads as zeros, so no stop is sent this pass; if this is real, raise max_idle_fraction",

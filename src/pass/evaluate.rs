@@ -59,6 +59,16 @@ impl Evaluation {
         self.fleet.stop_order.iter().filter_map(|&i| self.judged.get(i))
     }
 
+    /// The workspaces whose Coder deadline the fleet rules chose to extend this pass, in order.
+    pub fn extend_order(&self) -> impl Iterator<Item = &Judged> {
+        self.fleet.extend_order.iter().filter_map(|&i| self.judged.get(i))
+    }
+
+    /// Coder's clock now: this pass's time plus the offset its listing measured.
+    pub fn coder_now(&self) -> DateTime<Utc> {
+        self.now + self.coder_clock_offset.unwrap_or_default()
+    }
+
     /// The workspaces whose warning (grace) began this pass.
     pub fn new_warnings(&self) -> impl Iterator<Item = &Judged> {
         self.new_warnings.iter().filter_map(|&i| self.judged.get(i))

@@ -40,6 +40,13 @@ pub struct StopFailureLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExtensionFailureLabels {
+    /// `refused` (Coder answered 4xx: not asked again for this build) or `error` (5xx or no
+    /// answer: asked again next pass).
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub endpoint: &'static str,
     pub code: String,
@@ -97,6 +104,9 @@ pub struct Metrics {
     pub stops: Family<StopLabels, Counter>,
     pub stop_failures: Family<StopFailureLabels, Counter>,
     pub ttl_restores: Counter,
+    pub deadline_extensions: Family<TemplateLabels, Counter>,
+    pub deadline_extension_failures: Family<ExtensionFailureLabels, Counter>,
+    pub autostops_averted: Family<TemplateLabels, Counter>,
     pub breaker_trips: Counter,
     pub coder_requests: Family<RequestLabels, Counter>,
     pub scrape_errors: Family<SourceLabels, Counter>,
@@ -129,6 +139,9 @@ impl Metrics {
             stops: Family::default(),
             stop_failures: Family::default(),
             ttl_restores: Counter::default(),
+            deadline_extensions: Family::default(),
+            deadline_extension_failures: Family::default(),
+            autostops_averted: Family::default(),
             breaker_trips: Counter::default(),
             coder_requests: Family::default(),
             scrape_errors: Family::default(),
@@ -151,6 +164,21 @@ impl Metrics {
         registry.register("stops", "Stop builds sent (enforce) or that would be sent (observe), by reason", m.stops.clone());
         registry.register("stop_failures", "Stops that failed, by kind", m.stop_failures.clone());
         registry.register("ttl_restores", "Autostop TTLs set back by restore_autostop", m.ttl_restores.clone());
+        registry.register(
+            "deadline_extensions",
+            "Coder autostop deadlines moved because the GPU computes with nobody connected (extend_while_busy), by template",
+            m.deadline_extensions.clone(),
+        );
+        registry.register(
+            "deadline_extension_failures",
+            "Deadline extensions Coder refused (refused) or that got no answer (error)",
+            m.deadline_extension_failures.clone(),
+        );
+        registry.register(
+            "autostops_averted",
+            "Workspaces still running past the autostop deadline Coder had set, because their GPU computes, by template",
+            m.autostops_averted.clone(),
+        );
         registry.register("breaker_trips", "Passes in which the circuit breaker refused every stop", m.breaker_trips.clone());
         registry.register(
             "coder_requests",

@@ -7,6 +7,7 @@
 pub mod accounting;
 pub mod actuator;
 pub mod audit;
+pub mod deadline;
 pub mod decide;
 pub mod evaluate;
 pub mod metrics;

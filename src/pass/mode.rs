@@ -2,9 +2,20 @@
 //! Whether to act is decided from it in the actuator alone (`actuator::acts`); here the mode
 //! only chooses words, so that observe mode promises nothing.
 
-use chrono::Duration;
+use chrono::{DateTime, Duration, Utc};
 
 use crate::duration::human;
+
+/// A deadline as people read it: minutes, in UTC.
+pub fn at(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+/// The words for a busy workspace whose limit leaves no extension: the same in every mode,
+/// since Coder stops it.
+pub fn limit_reached(coder_deadline: DateTime<Utc>, limited_by: &str) -> String {
+    format!("Coder will stop it at {}: {limited_by} reached", at(coder_deadline))
+}
 
 /// Observe (report only) or enforce (send stop builds).
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
@@ -43,6 +54,27 @@ impl Mode {
         match name {
             "enforce" => Mode::Enforce,
             _ => Mode::Observe,
+        }
+    }
+
+    /// What the status API, the page and the template's metadata say of a workspace whose GPU
+    /// computes with nobody connected (`extend_while_busy`): the deadline it runs to and the
+    /// words. `to` is where the plan moves Coder's deadline (the deadline itself when it is far
+    /// enough ahead), `sent` whether this pass moved it. Only enforce mode promises to keep it.
+    pub fn kept_running(self, to: DateTime<Utc>, coder_deadline: DateTime<Utc>, sent: bool) -> (DateTime<Utc>, String) {
+        match self {
+            Mode::Enforce if sent || to <= coder_deadline => (to, format!("kept running by GPU work until {}", at(to))),
+            Mode::Enforce => (
+                coder_deadline,
+                format!("its GPU computes, but moving Coder's deadline ({}) did not succeed this pass", at(coder_deadline)),
+            ),
+            Mode::Observe if to > coder_deadline => {
+                (to, format!("would be kept running by GPU work until {} (observe mode: Coder stops it at {})", at(to), at(coder_deadline)))
+            }
+            Mode::Observe => (
+                coder_deadline,
+                format!("its GPU computes; Coder stops it at {} (observe mode: the deadline is not moved)", at(coder_deadline)),
+            ),
         }
     }
 

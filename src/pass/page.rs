@@ -121,6 +121,7 @@ body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:
 header{background:#1d2329;color:#fff;padding:14px 24px}header h1{font-size:18px;margin:0}header p{margin:4px 0 0;color:#c9d1d9}
 main{padding:16px 24px;max-width:1400px}
 .cards{display:flex;flex-wrap:wrap;gap:12px;margin-bottom:16px}
+.kept{color:#1d4ed8;font-size:12px}
 .card{background:#fff;border:1px solid #dde1e6;border-radius:8px;padding:10px 14px;min-width:120px}
 .card b{display:block;font-size:22px}.card span{color:#57606a;font-size:12px}
 .breaker{background:#fff4e5;border:1px solid #f0b35b;border-radius:8px;padding:10px 14px;margin-bottom:16px}
@@ -142,11 +143,12 @@ h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-
     );
     let _ = write!(
         out,
-        r#"<section class="cards" id="summary"><div class="card"><b id="gpus-busy">{busy}</b><span>GPUs busy</span></div><div class="card"><b id="gpus-idle">{idle}</b><span>GPUs idle</span></div><div class="card"><b id="gpus-unknown">{unknown}</b><span>GPUs unknown</span></div><div class="card"><b id="waiting">{}</b><span>sessions waiting{}</span></div><div class="card"><b>{:.1}</b><span>GPU-hours given back today</span></div><div class="card"><b>{:.1}</b><span>GPU-hours given back, 7 days</span></div></section>"#,
+        r#"<section class="cards" id="summary"><div class="card"><b id="gpus-busy">{busy}</b><span>GPUs busy</span></div><div class="card"><b id="gpus-idle">{idle}</b><span>GPUs idle</span></div><div class="card"><b id="gpus-unknown">{unknown}</b><span>GPUs unknown</span></div><div class="card"><b id="waiting">{}</b><span>sessions waiting{}</span></div><div class="card"><b>{:.1}</b><span>GPU-hours given back today</span></div><div class="card"><b>{:.1}</b><span>GPU-hours given back, 7 days</span></div><div class="card"><b id="autostops-averted">{}</b><span>autostops averted, 7 days (GPU work kept running)</span></div></section>"#,
         a.waiting,
         if a.waiting > 0 { format!(", longest {}", human(chrono::Duration::seconds(a.longest_wait_seconds))) } else { String::new() },
         a.gpu_hours_given_back_today,
-        a.gpu_hours_given_back_7d
+        a.gpu_hours_given_back_7d,
+        a.autostops_averted_7d
     );
     if let Some(c) = &a.cost {
         let cur = escape(&c.currency);
@@ -170,7 +172,7 @@ h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-
             };
             let _ = write!(
                 out,
-                r#"<tr data-verdict="{v}" data-id="{id}"><td>{owner}</td><td>{name}</td><td>{template}</td><td><span class="v v-{v}">{v}</span> <span class="why" title="{msg}">{words}</span></td><td class="num">{idle}</td><td class="num">{conn}</td><td class="num countdown">{countdown}</td><td>{spark}</td></tr>"#,
+                r#"<tr data-verdict="{v}" data-id="{id}"><td>{owner}</td><td>{name}</td><td>{template}</td><td><span class="v v-{v}">{v}</span> <span class="why" title="{msg}">{words}</span>{kept}</td><td class="num">{idle}</td><td class="num">{conn}</td><td class="num countdown">{countdown}</td><td>{spark}</td></tr>"#,
                 v = w.verdict.as_str(),
                 id = escape(&w.id),
                 owner = escape(&w.owner),
@@ -178,6 +180,7 @@ h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-
                 template = escape(&w.template),
                 msg = escape(&w.message),
                 words = in_words(w, mode),
+                kept = w.kept_running.as_ref().map_or(String::new(), |k| format!(r#"<br><span class="kept">{}</span>"#, escape(&k.text))),
                 idle = ago(w.gpu_idle_seconds),
                 conn = ago(Some(w.connection_idle_seconds)),
                 spark = sparkline(&w.activity),
@@ -239,6 +242,8 @@ mod tests {
             connection_idle_seconds: 600,
             last_used_at: DateTime::UNIX_EPOCH,
             stop_at: Some(DateTime::UNIX_EPOCH),
+            deadline: None,
+            kept_running: None,
             gpus: Vec::new(),
             activity: Vec::new(),
         }

@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::coder::types::Workspace;
 
+/// Coder refuses a deadline less than 30 minutes ahead (`putExtendWorkspace` checks
+/// `now + 29m`, reference coder NOTES §16): no extension is sent for less.
+pub const CODER_MIN_AHEAD: Duration = Duration::from_secs(30 * 60);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum ReclaimWhen {
@@ -26,6 +30,13 @@ pub struct Thresholds {
     pub grace: Duration,
     pub connected_idle_after: Option<Duration>,
     pub max_lifetime: Option<Duration>,
+    /// Keeping busy work running: while the GPU computes and nobody is connected, keep Coder's
+    /// autostop deadline ahead of now (`pass::deadline`).
+    pub extend_while_busy: bool,
+    /// The new deadline is now plus this (at least `CODER_MIN_AHEAD`).
+    pub extend_by: Duration,
+    /// No extension moves the deadline past the build's completion plus this.
+    pub extend_limit: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +79,11 @@ pub struct Policy {
     pub max_sample_gap: Duration,
     pub stale_after: Duration,
     pub max_stops_per_pass: usize,
+    /// Deadline extensions sent per pass at most (the soonest deadlines first).
+    pub max_extensions_per_pass: usize,
+    /// An extension is due once Coder's deadline is closer than this: Coder's 30 minutes plus
+    /// two pass intervals, so a pass that fails or runs late still leaves one before it passes.
+    pub extend_when_within: Duration,
     pub max_idle_fraction: f64,
     /// Judge workspaces that back a Coder Task too (skipped by default: stopping one pauses an
     /// agent mid-work).
@@ -104,6 +120,12 @@ pub struct Rule {
     pub connected_idle_after: Option<Duration>,
     #[serde(default, with = "crate::duration::opt")]
     pub max_lifetime: Option<Duration>,
+    #[serde(default)]
+    pub extend_while_busy: Option<bool>,
+    #[serde(default, with = "crate::duration::opt")]
+    pub extend_by: Option<Duration>,
+    #[serde(default, with = "crate::duration::opt")]
+    pub extend_limit: Option<Duration>,
 }
 
 impl Rule {
@@ -122,6 +144,9 @@ impl Policy {
                 grace: Duration::ZERO,
                 connected_idle_after: None,
                 max_lifetime: None,
+                extend_while_busy: false,
+                extend_by: Duration::from_secs(60 * 60),
+                extend_limit: Duration::from_secs(24 * 60 * 60),
             },
             reclaim_when: ReclaimWhen::Always,
             gpu_templates: Vec::new(),
@@ -141,6 +166,8 @@ impl Policy {
             max_sample_gap: interval * 3,
             stale_after: interval * 2,
             max_stops_per_pass: 10,
+            max_extensions_per_pass: 50,
+            extend_when_within: CODER_MIN_AHEAD + interval * 2,
             max_idle_fraction: 0.5,
             reclaim_tasks: false,
             stop_timeout: Duration::from_secs(10 * 60),
@@ -166,6 +193,9 @@ impl Policy {
         if rule.max_lifetime.is_some() {
             t.max_lifetime = rule.max_lifetime;
         }
+        t.extend_while_busy = rule.extend_while_busy.unwrap_or(t.extend_while_busy);
+        t.extend_by = rule.extend_by.unwrap_or(t.extend_by);
+        t.extend_limit = rule.extend_limit.unwrap_or(t.extend_limit);
         (t, rule.exempt)
     }
 

@@ -17,7 +17,7 @@ use crate::pass::decide::Verdict;
 use crate::pass::evaluate::{Evaluation, Evaluator, Judged};
 use crate::pass::metrics::{Metrics, PassLabels, SourceLabels};
 use crate::pass::mode::Mode;
-use crate::pass::status::{StatusDocument, WorkspaceStatus};
+use crate::pass::status::{KeptRunning, StatusDocument, WorkspaceStatus};
 
 /// What is wrong with the token.
 #[derive(Debug, Clone, PartialEq)]
@@ -236,6 +236,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
     }
     metrics.set_verdicts(eval.decisions().map(|d| (d.verdict, d.reason)));
     let inc = accounting.pass(eval.now, &eval.judged, &acted.stops_done);
+    accounting.autostops_averted(eval.now, acted.autostops_averted.len());
     metrics.account(&inc, &policy.currency);
     if let Some(offset) = eval.coder_clock_offset {
         metrics.coder_clock_offset.set(offset.num_milliseconds() as f64 / 1000.0);
@@ -260,6 +261,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
                 if let (Verdict::Warn, Some(stop_at)) = (d.verdict, d.stop_at) {
                     entry.message = format!("{}; {}", entry.message, mode.countdown(stop_at - eval.now));
                 }
+                entry.kept_running = d.deadline.as_ref().map(|plan| KeptRunning::new(plan, mode, acted.extended.contains(&ws.id)));
                 entry
             })
             .collect(),

@@ -11,7 +11,9 @@ use crate::gpu::signals::Signal;
 use crate::gpu::window::GpuWindow;
 use crate::pass::accounting::AccountingSummary;
 use crate::pass::actuator::StuckStop;
+use crate::pass::deadline::{DeadlineAction, DeadlinePlan};
 use crate::pass::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify};
+use crate::pass::mode::{Mode, limit_reached};
 use crate::pass::policy::Policy;
 
 /// The latest reading of one GPU.
@@ -87,12 +89,46 @@ pub struct WorkspaceStatus {
     pub connection_idle_seconds: i64,
     pub last_used_at: DateTime<Utc>,
     pub stop_at: Option<DateTime<Utc>>,
+    /// Coder's autostop deadline of the running build (Coder's clock; absent: autostop off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<DateTime<Utc>>,
+    /// `extend_while_busy`: the GPU computes with nobody connected, and what that does to
+    /// Coder's deadline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_running: Option<KeptRunning>,
     pub gpus: Vec<GpuSummary>,
     /// Compute activity over the window, oldest first, 0..=100 (the busiest GPU per sample; the
     /// best compute signal: SM_ACTIVE, else GR_ENGINE_ACTIVE, else utilization). For the status
     /// page's sparkline; not in the JSON.
     #[serde(skip)]
     pub activity: Vec<u8>,
+}
+
+/// A busy workspace's deadline, as the status document shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct KeptRunning {
+    /// `extend` (an extension is due this pass), `ahead` (far enough ahead for now) or
+    /// `limit_reached` (no extension of 30 minutes or more is left: Coder stops it at `deadline`).
+    pub action: &'static str,
+    /// The deadline it runs to after this pass (Coder's clock).
+    pub until: DateTime<Utc>,
+    /// The latest the service moves the deadline to, and what sets it.
+    pub limit: DateTime<Utc>,
+    pub limited_by: &'static str,
+    /// The line people read (phrased by the mode).
+    pub text: String,
+}
+
+impl KeptRunning {
+    /// `sent`: this pass moved the deadline (enforce mode).
+    pub fn new(plan: &DeadlinePlan, mode: Mode, sent: bool) -> Self {
+        let (action, (until, text)) = match plan.action {
+            DeadlineAction::Ahead => ("ahead", mode.kept_running(plan.deadline, plan.deadline, sent)),
+            DeadlineAction::Extend { to } => ("extend", mode.kept_running(to, plan.deadline, sent)),
+            DeadlineAction::LimitReached => ("limit_reached", (plan.deadline, limit_reached(plan.deadline, plan.limited_by.as_str()))),
+        };
+        KeptRunning { action, until, limit: plan.limit, limited_by: plan.limited_by.as_str(), text }
+    }
 }
 
 /// A sample's compute level, 0..=100, by the best compute signal it has.
@@ -128,6 +164,8 @@ impl WorkspaceStatus {
             connection_idle_seconds: d.connection_idle.num_seconds(),
             last_used_at: ws.last_used_at,
             stop_at: d.stop_at,
+            deadline: ws.latest_build.deadline,
+            kept_running: None,
             gpus: gpus.map_or_else(Vec::new, |g| g.iter().map(|w| GpuSummary::new(w, policy)).collect()),
             activity: gpus.map_or_else(Vec::new, activity),
         }
@@ -135,7 +173,8 @@ impl WorkspaceStatus {
 
     /// One line for a Coder agent metadata item, e.g. "reclaim (idle): GPU idle 41m, ...".
     pub fn one_line(&self) -> String {
-        format!("{} ({}): {}", self.verdict.as_str(), self.reason.as_str(), self.message)
+        let kept = self.kept_running.as_ref().map_or(String::new(), |k| format!("; {}", k.text));
+        format!("{} ({}): {}{kept}", self.verdict.as_str(), self.reason.as_str(), self.message)
     }
 }
 
@@ -169,7 +208,7 @@ impl StatusDocument {
                     w.gpu_idle_seconds.map_or("-".into(), |s| human(chrono::Duration::seconds(s))),
                     format!("{} ago", human(chrono::Duration::seconds(w.connection_idle_seconds))),
                     w.gpus.len().to_string(),
-                    w.message.clone(),
+                    w.kept_running.as_ref().map_or_else(|| w.message.clone(), |k| format!("{}; {}", w.message, k.text)),
                 ]
             })
             .collect();
