@@ -122,7 +122,8 @@ resource "coder_agent" "main" {
   metadata {
     display_name = "GPU status"
     key          = "0_gpu_reclaimer"
-    # e.g. "warn (idle): GPU idle 22m, no connection for 20m; stops in 8m unless it becomes active"
+    # e.g. "warn (idle): GPU idle 22m, no connection for 20m; stops in 8m unless it becomes active",
+    # or, with extend_while_busy, "keep (gpu-active): GPU is computing; kept running by GPU work until 2026-12-02 03:00 UTC"
     script   = "curl -fsS --max-time 3 '${var.reclaimer_url}/api/v1/workspaces/${data.coder_workspace.me.id}?format=text' || echo 'reclaimer not reachable'"
     interval = 60
     timeout  = 5

@@ -752,4 +752,21 @@ mod tests {
         let e = build_policy(&args(), &f, Duration::from_secs(60)).unwrap_err().to_string();
         assert!(e.contains("max_idle_fraction = 1.5 is out of range"), "{e}");
     }
+
+    #[test]
+    fn extension_keys_are_checked_against_coders_rules() {
+        let policy = |text: &str| build_policy(&args(), &FileConfig::parse(text).unwrap(), Duration::from_secs(60));
+        for (text, want) in [
+            ("extend_by = \"29m\"\n", "extend_by must be at least 30m: Coder refuses a deadline less than 30 minutes ahead"),
+            ("[[rule]]\ntemplate = \"ml-*\"\nextend_by = \"10m\"\n", "rule 1: extend_by must be at least 30m"),
+            ("extend_limit = \"0s\"\n", "extend_by and extend_limit must be more than 0s"),
+        ] {
+            let e = policy(text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let p = policy("extend_while_busy = true\nextend_by = \"30m\"\nmax_extensions_per_pass = 7\n").unwrap();
+        assert!(p.thresholds.extend_while_busy);
+        assert_eq!((p.thresholds.extend_by, p.max_extensions_per_pass), (Duration::from_secs(1800), 7));
+        assert_eq!(p.extend_when_within, Duration::from_secs(32 * 60), "30 minutes plus two 60 s intervals");
+    }
 }

@@ -295,7 +295,14 @@ fn import_order(base: &Path) -> Vec<String> {
 }
 
 /// Files that must stay pure: no I/O, no clock.
-const PURE: [&str; 5] = ["src/pass/decide.rs", "src/pass/policy.rs", "src/duration.rs", "src/pass/stop_lifecycle.rs", "src/gpu/window.rs"];
+const PURE: [&str; 6] = [
+    "src/pass/decide.rs",
+    "src/pass/deadline.rs",
+    "src/pass/policy.rs",
+    "src/duration.rs",
+    "src/pass/stop_lifecycle.rs",
+    "src/gpu/window.rs",
+];
 
 fn pure_code(base: &Path) -> Vec<String> {
     let mut breaches = Vec::new();
@@ -357,7 +364,7 @@ fn outgoing_http(base: &Path) -> Vec<String> {
     breaches
 }
 
-/// Stop builds, TTL changes, the audit log and the webhook: only in the actuator.
+/// Stop builds, TTL changes, deadline extensions, the audit log and the webhook: only in the actuator.
 fn only_the_actuator_acts(base: &Path) -> Vec<String> {
     let mut breaches = Vec::new();
     for file in rust_files(base, "src") {
@@ -366,7 +373,7 @@ fn only_the_actuator_acts(base: &Path) -> Vec<String> {
         }
         let code = code(base, &file);
         let compact: String = code.chars().filter(|c| !c.is_whitespace()).collect();
-        for needle in [".stop_workspace(", ".set_ttl(", "AuditLog", "Notifier", "AuditEvent::new("] {
+        for needle in [".stop_workspace(", ".set_ttl(", ".extend_deadline(", "AuditLog", "Notifier", "AuditEvent::new("] {
             if compact.contains(needle) {
                 breaches.push(format!("{file} uses {needle}: only the actuator acts"));
             }
@@ -704,6 +711,15 @@ fn planted_actions_outside_the_actuator_are_caught() {
         only_the_actuator_acts,
         Copy::new().plant("src/app.rs", "use ", "async fn s(c: &crate::coder::CoderClient) { let _ = c.stop_workspace(\"id\").await; }"),
         ".stop_workspace(",
+    );
+    fails_on(
+        only_the_actuator_acts,
+        Copy::new().plant(
+            "src/pass/evaluate.rs",
+            "use ",
+            "async fn x(c: &crate::coder::CoderClient) { let _ = c\n    .extend_deadline(\"id\", chrono::Utc::now()).await; }",
+        ),
+        ".extend_deadline(",
     );
 }
 

@@ -30,8 +30,17 @@ impl Service {
 
     /// `run --enforce` against any Coder URL (a hostile peer's, say).
     pub fn start_url(coder_url: &str, exporters: &[String], token: &str, extra: &[&str]) -> Service {
+        Self::spawn(coder_url, exporters, token, extra, &["--enforce"])
+    }
+
+    /// `run` in observe mode (no `--enforce`).
+    pub fn start_observing(coder: &FakeCoder, exporters: &[String], token: &str, extra: &[&str]) -> Service {
+        Self::spawn(&coder.url(), exporters, token, extra, &[])
+    }
+
+    fn spawn(coder_url: &str, exporters: &[String], token: &str, extra: &[&str], mode: &[&str]) -> Service {
         let mut cmd = Command::new(binary());
-        cmd.args(["run", "--enforce", "--coder-url", coder_url, "--listen", "127.0.0.1:0", "--log-format", "json"]);
+        cmd.arg("run").args(mode).args(["--coder-url", coder_url, "--listen", "127.0.0.1:0", "--log-format", "json"]);
         // The story's clock (1 s = 1 Coder minute), unless the test sets its own.
         for (flag, value) in [("--interval", "1s"), ("--idle-after", "6s")] {
             if !extra.contains(&flag) {
@@ -489,6 +498,12 @@ async fn the_demo_plays_the_seed_story() {
         "b-notebook             gpu_assigned GPU 0",
         "a-train (alice)        waiting  waiting-for-gpu",
         "Done: 1 stop build sent for a-train",
+        // Busy work survives Coder's autostop, and is reclaimed once it idles.
+        "ACTION    Coder's autostop deadline of overnight (bob) moved to ",
+        "overnight is past the deadline Coder had set and still training: autostop averted",
+        "overnight (bob)        reclaim  idle",
+        "ACTION    stop build sent for overnight (bob)",
+        "overnight ran past its Coder autostop deadline while training (0 autostop builds)",
     ] {
         assert!(out.contains(want), "missing {want:?} in\n{out}");
     }

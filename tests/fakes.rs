@@ -114,6 +114,70 @@ async fn extend_and_ttl_follow_coders_rules() {
     );
 }
 
+/// The rest of `putExtendWorkspace` (NOTES §16, in coderd's order): a prebuild 409s, a deadline
+/// past `max_deadline` 400s, a member who may read but not update gets dbauthz's 500.
+#[tokio::test]
+async fn extend_refuses_prebuilds_a_deadline_past_max_deadline_and_callers_without_update() {
+    let c = fake(WorldConfig { scale: 60.0, max_deadline_after: Some(Duration::from_secs(2 * 3600)), ..fast(3) }).await;
+    let a = c.with(|w| w.create_workspace("alice", "a", Some(8 * 3_600_000))).unwrap();
+    let p = c.with(|w| w.create_prebuild("pre")).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ws = get_json(&c, &format!("/api/v2/workspaces/{a}"), &c.owner_token()).await;
+    let (deadline, max) = (ws["latest_build"]["deadline"].as_str().unwrap(), ws["latest_build"]["max_deadline"].as_str().unwrap());
+    assert!(deadline <= max, "the TTL's deadline is capped at max_deadline: {deadline} {max}");
+    let http = reqwest::Client::new();
+    let put = |id: uuid::Uuid, token: String, hours: i64| {
+        let deadline = (chrono::Utc::now() + chrono::Duration::hours(hours)).to_rfc3339();
+        http.put(format!("{}/api/v2/workspaces/{id}/extend", c.url()))
+            .header("Coder-Session-Token", token)
+            .json(&json!({ "deadline": deadline }))
+            .send()
+    };
+    let message = |r: reqwest::Response| async move { (r.status(), r.json::<Value>().await.unwrap()["message"].clone()) };
+    let owner = c.owner_token();
+    assert_eq!(
+        message(put(p, owner.clone(), 1).await.unwrap()).await,
+        (StatusCode::CONFLICT, json!("Deadline extension is not supported for prebuilt workspaces"))
+    );
+    assert_eq!(
+        message(put(a, owner.clone(), 3).await.unwrap()).await,
+        (StatusCode::BAD_REQUEST, json!("Cannot extend workspace beyond max deadline."))
+    );
+    c.with(|w| w.grant("bob", 0, mocks::world::OrgRole::TemplateAdmin));
+    let bob = c.with(|w| w.token_of("bob")).unwrap();
+    assert_eq!(
+        message(put(a, bob, 1).await.unwrap()).await,
+        (StatusCode::INTERNAL_SERVER_ERROR, json!("Failed to extend workspace deadline."))
+    );
+    assert_eq!(message(put(a, owner, 1).await.unwrap()).await.0, StatusCode::OK);
+}
+
+/// The lifecycle executor stops a workspace once its deadline passed (reason `autostop`, by its
+/// owner), and the activity bump keeps a connected one's deadline ahead (NOTES §7, §16).
+#[tokio::test]
+async fn autostop_stops_at_the_deadline_and_a_connection_bumps_it() {
+    // The executor polls every Coder minute: 1 s at 60x. The bump is 20 s of wall-clock time.
+    let c = fake(WorldConfig { scale: 60.0, activity_bump: Duration::from_secs(20), ..fast(2) }).await;
+    let left = c.with(|w| w.create_workspace("alice", "left", Some(3_000))).unwrap();
+    let used = c.with(|w| w.create_workspace("bob", "used", Some(3_000))).unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.with(|w| w.open_connection(used));
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let reasons = |id: uuid::Uuid| {
+        c.with(|w| {
+            w.workspaces[w.ws_index(id).unwrap()]
+                .builds
+                .iter()
+                .map(|b| (b.transition, b.reason, w.users[b.initiator].username.clone()))
+                .collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(reasons(left), vec![("start", "initiator", "alice".to_string()), ("stop", "autostop", "alice".to_string())]);
+    assert_eq!(reasons(used).len(), 1, "a connected workspace's deadline is bumped ahead: not stopped");
+    let bumped = c.with(|w| w.workspaces[w.ws_index(used).unwrap()].latest().unwrap().deadline.unwrap());
+    assert!(bumped > chrono::Utc::now() + chrono::Duration::seconds(5), "now + 20 s at the last refresh: {bumped}");
+}
+
 #[tokio::test]
 async fn a_pending_pods_agent_is_connecting_then_timeout() {
     // connection_timeout 120 Coder-seconds = 0.2 s at 600x.

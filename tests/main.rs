@@ -5,6 +5,7 @@
 mod accounting;
 mod alerts;
 mod architecture;
+mod busy_work;
 mod cli;
 mod coder_client;
 mod coder_world;

@@ -190,7 +190,15 @@ async fn the_demo_serves_its_page_to_a_newcomer() {
     let errors = crate::status_schema::errors(&doc, None);
     assert!(errors.is_empty(), "the demo's status document fits docs/status.schema.json: {errors:#?}");
     let metrics = reqwest::get(format!("{url}metrics")).await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("coder_gpu_reclaimer_gpus_reclaimed_total{template=\"gpu-workspace\"} 1"), "{metrics}");
+    // a-train, and overnight once its training ended; overnight ran past its deadline first.
+    for line in [
+        "coder_gpu_reclaimer_gpus_reclaimed_total{template=\"gpu-workspace\"} 2",
+        "coder_gpu_reclaimer_deadline_extensions_total{template=\"gpu-workspace\"} 1",
+        "coder_gpu_reclaimer_autostops_averted_total{template=\"gpu-workspace\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in {metrics}");
+    }
+    assert!(dom.contains(r#"<b id="autostops-averted">1</b>"#), "the page counts the autostop averted:\n{dom}");
     // --hold: still serving after the story, until Ctrl-C.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(reqwest::get(format!("{url}readyz")).await.unwrap().status(), 200, "passes go on while it holds");

@@ -7,8 +7,10 @@
 //! connection is open and written in 60 s batches; a build while another is active is a 409.
 //! coderd's job reaper fails a job pending 30 minutes or hung 5 (`coderd/jobreaper/detector.go`);
 //! a build can be canceled; permissions are per organization (`rbac/roles.go`): an organization
-//! admin acts on its own organization's workspaces, a template admin only reads them. The facts
-//! are in `reference/coder/NOTES.md` sections 14 and 15.
+//! admin acts on its own organization's workspaces, a template admin only reads them. Coder's
+//! lifecycle executor stops a workspace whose deadline passed (reason `autostop`), a connection
+//! bumps the deadline, and `PUT .../extend` checks what `putExtendWorkspace` checks. The facts
+//! are in `reference/coder/NOTES.md` sections 7 and 14-16.
 //! Timestamps are real wall-clock times; Coder's own durations are divided by `scale`, so a
 //! 30-minute story plays in 30 s at scale 60.
 

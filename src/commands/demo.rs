@@ -1,8 +1,11 @@
 //! `demo`: the seed experiment on the built-in fakes. One GPU; session A holds it and walks
 //! away (a notebook kernel keeps 19 GiB of GPU memory, nothing computes); session B starts and
 //! waits. The real pass runs in enforce mode, stops A with a Coder stop build, B gets the GPU,
-//! and A, started again, waits while B works. The fakes run Coder's clocks 60x faster, and the
-//! policy is scaled to match (idle_after 10 s = 10 Coder minutes), so it ends in about 30 s.
+//! and A, started again, waits while B works. Beside them, on a second GPU, bob's overnight
+//! training runs with nobody connected: it passes its Coder autostop deadline while its GPU
+//! computes (`extend_while_busy` moves the deadline) and is reclaimed once its job ends and the
+//! GPU idles. The fakes run Coder's clocks 60x faster, and the policy is scaled to match
+//! (idle_after 10 s = 10 Coder minutes), so it ends in about 30 s.
 //! Meanwhile it serves what `run` serves on `--listen`, and `--hold` keeps serving afterwards.
 
 use std::collections::HashMap;
@@ -28,6 +31,8 @@ const SCALE: f64 = 60.0;
 const INTERVAL: Duration = Duration::from_secs(1);
 const IDLE_AFTER: Duration = Duration::from_secs(10);
 const DEADLINE: Duration = Duration::from_secs(55);
+/// The overnight workspace's autostop TTL: 15 s (15 Coder minutes).
+const OVERNIGHT_TTL_MS: i64 = 15_000;
 
 fn runtime(e: impl std::fmt::Display) -> Error {
     Error::runtime(format!("demo: {e}"))
@@ -45,6 +50,15 @@ impl Timeline {
         println!("{line}");
         let _ = writeln!(self.out, "{line}");
     }
+}
+
+/// Where bob's overnight training is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Overnight {
+    Starting,
+    Training,
+    JobDone,
+    Reclaimed,
 }
 
 /// What stage of the story we are in.
@@ -66,7 +80,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     })?;
     let bound = listener.local_addr().map_err(runtime)?;
     let world = WorldConfig {
-        gpus: 1,
+        gpus: 2,
         scale: SCALE,
         build_queue: Duration::from_secs(5),
         build_run: Duration::from_secs(60),
@@ -76,10 +90,10 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     let coder = FakeCoder::start(world).await.map_err(runtime)?;
     let exporter = FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.map_err(runtime)?;
     println!("coder-gpu-reclaimer demo: the seed experiment on built-in fakes (no network, no GPU).");
-    println!("Fake Coder at {}, fake dcgm-exporter at {}; one GPU.", coder.url(), exporter.url());
+    println!("Fake Coder at {}, fake dcgm-exporter at {}; two GPUs.", coder.url(), exporter.url());
     println!("Coder's clocks run 60x faster here: 1 s below is 1 Coder minute (usage refresh, batching, builds).");
     println!(
-        "Policy: idle_after {} (= 10 Coder minutes), a pass every {}, enforce mode.\n",
+        "Policy: idle_after {} (= 10 Coder minutes), a pass every {}, extend_while_busy, enforce mode.\n",
         human(chrono::Duration::seconds(10)),
         human(chrono::Duration::seconds(1))
     );
@@ -93,6 +107,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     settings.mode = Mode::Enforce;
     settings.policy = Policy::defaults(INTERVAL);
     settings.policy.thresholds.idle_after = IDLE_AFTER;
+    settings.policy.thresholds.extend_while_busy = true;
     let mut app = Application::build(&settings, Role::Run).await.map_err(runtime)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = tokio::spawn(crate::serve::serve(listener, app.state.clone(), None, stop_rx.clone()));
@@ -101,6 +116,9 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     let mut tl = Timeline { started: Instant::now(), out: String::new() };
     let a = coder.with(|w| w.create_workspace("alice", "a-train", None)).map_err(|e| runtime(e.message))?;
     tl.line("alice starts workspace a-train (GPU template)");
+    let overnight = coder.with(|w| w.create_workspace("bob", "overnight", Some(OVERNIGHT_TTL_MS))).map_err(|e| runtime(e.message))?;
+    tl.line("bob starts workspace overnight for a training run; its autostop TTL is 15 Coder minutes");
+    let mut night = Overnight::Starting;
     let mut b = None;
     let mut stage = Stage::AStarting;
     let mut seen_events = 0;
@@ -111,14 +129,31 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
 
     while tl.started.elapsed() < DEADLINE {
         // The story: what people do, driven by what happened.
-        let (a_ready, b_ready) = coder.with(|w| {
+        let (a_ready, b_ready, night_ready) = coder.with(|w| {
             let ready = |id| {
                 w.ws_index(id)
                     .and_then(|i| w.workspaces[i].latest().and_then(|b| b.agent.clone()))
                     .is_some_and(|ag| ag.first_connected_at.is_some())
             };
-            (ready(a), b.is_some_and(ready))
+            (ready(a), b.is_some_and(ready), ready(overnight))
         });
+        if night == Overnight::Starting && night_ready {
+            coder.with(|w| {
+                w.set_load(overnight, Load::Matmul);
+                if let Some(i) = w.ws_index(overnight) {
+                    w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
+                }
+                // Its GPU is in the training pool: a taint keeps the other sessions' pods off it
+                // (the fake cordons it), so the seed story keeps its one GPU.
+                if let Some(g) = w.gpu_holders.iter().position(|h| *h == Some(overnight)) {
+                    w.cordoned[g] = true;
+                }
+            });
+            tl.line(
+                "bob's training job runs (matmul) and bob goes home: nobody is connected to overnight (its GPU is in the training pool)",
+            );
+            night = Overnight::Training;
+        }
         match stage {
             Stage::AStarting if a_ready => {
                 coder.with(|w| {
@@ -190,6 +225,22 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
                 a_waited_again += 1;
             }
         }
+        for j in pass.eval.judged.iter().filter(|j| pass.acted.extended.contains(&j.workspace.id)) {
+            let to = j.decision.deadline.as_ref().and_then(|p| p.extend_to()).map(crate::pass::mode::at).unwrap_or_default();
+            let who = names.get(j.workspace.id.as_str()).cloned().unwrap_or_default();
+            tl.line(&format!(
+                "  ACTION    Coder's autostop deadline of {who} moved to {to}: its GPU computes, nobody connected (PUT /api/v2/workspaces/{{id}}/extend, 200)"
+            ));
+        }
+        if night == Overnight::Training && pass.acted.autostops_averted.contains(&overnight.to_string()) {
+            tl.line("overnight is past the deadline Coder had set and still training: autostop averted");
+            coder.with(|w| w.set_load(overnight, Load::Idle));
+            tl.line("bob's training job finishes: overnight's GPU idles");
+            night = Overnight::JobDone;
+        }
+        if pass.acted.stops_done.contains(&overnight.to_string()) {
+            night = Overnight::Reclaimed;
+        }
         for id in &pass.acted.stops_sent {
             stopped_a |= *id == a.to_string();
             let who = names.get(id.as_str()).cloned().unwrap_or_default();
@@ -197,21 +248,27 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
         }
         if stage == Stage::BWorking && a_waited_again >= 3 {
             stage = Stage::ABack;
+            tl.line("a-train, started again, waits while bob works on b-notebook");
         }
-        if stage == Stage::ABack {
+        if stage == Stage::ABack && night == Overnight::Reclaimed {
             break;
         }
         tokio::time::sleep(INTERVAL).await;
     }
-    if stage != Stage::ABack || !stopped_a {
+    if stage != Stage::ABack || !stopped_a || night != Overnight::Reclaimed {
         return Err(runtime(format!(
-            "the story did not finish within {}s (stage {stage:?}); run with --verbose to see every pass",
+            "the story did not finish within {}s (stage {stage:?}, overnight {night:?}); run with --verbose to see every pass",
             DEADLINE.as_secs()
         )));
     }
     let stops_by_admin = coder.with(|w| w.stop_builds_by(a, "admin"));
+    let autostops =
+        coder.with(|w| w.ws_index(overnight).map_or(0, |i| w.workspaces[i].builds.iter().filter(|b| b.reason == "autostop").count()));
     println!(
-        "\nDone: {stops_by_admin} stop build sent for a-train; its GPU went to b-notebook; a-train, started again, now waits while bob works."
+        "\nDone: {stops_by_admin} stop build sent for a-train; its GPU went to b-notebook, and a-train, started again, waited while bob worked."
+    );
+    println!(
+        "overnight ran past its Coder autostop deadline while training ({autostops} autostop builds) and was reclaimed once its GPU idled."
     );
     if args.hold {
         println!("Serving http://{bound}/ until Ctrl-C.");
