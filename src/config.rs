@@ -518,9 +518,9 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     t.extend_limit = file.extend_limit.unwrap_or(t.extend_limit);
     let per_rule = file.rules.iter().enumerate().map(|(i, r)| (format!("rule {}: ", i + 1), r.extend_by, r.extend_limit));
     for (at, by, limit) in [(String::new(), Some(t.extend_by), Some(t.extend_limit))].into_iter().chain(per_rule) {
-        if by.is_some_and(|d| d < CODER_MIN_AHEAD) {
+        if by.is_some_and(|d| d < CODER_MIN_AHEAD + interval * 3) {
             return err(format!(
-                "{at}extend_by must be at least 30m: Coder refuses a deadline less than 30 minutes ahead, e.g. extend_by = \"1h\""
+                "{at}extend_by must be at least 30m plus three intervals: Coder refuses a deadline less than 30 minutes ahead, and an extension must outlast the passes until the next one is due, e.g. extend_by = \"1h\""
             ));
         }
         if by.into_iter().chain(limit).any(|d| d > crate::duration::MAX) || limit.is_some_and(|d| d.is_zero()) {
@@ -757,16 +757,19 @@ mod tests {
     fn extension_keys_are_checked_against_coders_rules() {
         let policy = |text: &str| build_policy(&args(), &FileConfig::parse(text).unwrap(), Duration::from_secs(60));
         for (text, want) in [
-            ("extend_by = \"29m\"\n", "extend_by must be at least 30m: Coder refuses a deadline less than 30 minutes ahead"),
+            (
+                "extend_by = \"32m\"\n",
+                "extend_by must be at least 30m plus three intervals: Coder refuses a deadline less than 30 minutes ahead",
+            ),
             ("[[rule]]\ntemplate = \"ml-*\"\nextend_by = \"10m\"\n", "rule 1: extend_by must be at least 30m"),
             ("extend_limit = \"0s\"\n", "extend_by and extend_limit must be more than 0s"),
         ] {
             let e = policy(text).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
-        let p = policy("extend_while_busy = true\nextend_by = \"30m\"\nmax_extensions_per_pass = 7\n").unwrap();
+        let p = policy("extend_while_busy = true\nextend_by = \"33m\"\nmax_extensions_per_pass = 7\n").unwrap();
         assert!(p.thresholds.extend_while_busy);
-        assert_eq!((p.thresholds.extend_by, p.max_extensions_per_pass), (Duration::from_secs(1800), 7));
+        assert_eq!((p.thresholds.extend_by, p.max_extensions_per_pass), (Duration::from_secs(33 * 60), 7));
         assert_eq!(p.extend_when_within, Duration::from_secs(32 * 60), "30 minutes plus two 60 s intervals");
     }
 }

@@ -226,7 +226,7 @@ async fn extend_limit_clamps_then_coder_stops_it() {
 
 #[tokio::test]
 async fn autostop_off_and_prebuilds_get_no_request_and_a_refusal_is_not_sent_again() {
-    let coder = FakeCoder::start(world(3)).await.unwrap();
+    let coder = FakeCoder::start(world(4)).await.unwrap();
     let ex = exporter(&coder).await;
     let manual = left_running(&coder, "manual", None, Load::Matmul).await;
     let pre = coder.with(|w| w.create_prebuild("pre")).unwrap();
@@ -239,12 +239,37 @@ async fn autostop_off_and_prebuilds_get_no_request_and_a_refusal_is_not_sent_aga
     assert!(deadline(&coder, pre).is_some(), "the prebuild has a deadline");
     let refused = left_running(&coder, "refused", Some(TTL_MS), Load::Matmul).await;
     coder.set_fault(&format!("/api/v2/workspaces/{refused}/extend"), Fault { fail_next: 1_000, status: 400, ..Fault::default() });
-    let dir = Dir::new("extend_while_busy = true\n");
+    // Its deadline is later than the refused one's: the one slot goes to the refused one first.
+    let other = left_running(&coder, "other", Some(TTL_MS + 5_000), Load::Matmul).await;
+    let dir = Dir::new("extend_while_busy = true\nmax_extensions_per_pass = 1\n");
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
     svc.wait_event("extend_refused", Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!((extends(&coder, manual), extends(&coder, pre)), (0, 0), "no deadline, or a prebuild: nothing to extend");
     assert_eq!(extends(&coder, refused), 1, "a 400 is remembered for the build, not sent every pass");
+    assert_eq!(extends(&coder, other), 1, "a refused one takes no slot once refused: the other gets the one slot");
     let metrics = reqwest::get(format!("http://{}/metrics", svc.addr().await)).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("coder_gpu_reclaimer_deadline_extension_failures_total{reason=\"refused\"} 1"), "{metrics}");
+}
+
+#[tokio::test]
+async fn an_autostop_averted_is_counted_once_per_build_however_often_it_is_extended() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let train = left_running(&coder, "train", Some(TTL_MS), Load::Matmul).await;
+    let original = deadline(&coder, train).unwrap();
+    // The shortest extend_by at a 1 s interval (30 minutes and three intervals): every other
+    // pass finds the deadline inside the margin again and moves it once more.
+    let dir = Dir::new("extend_while_busy = true\nextend_by = \"30m3s\"\n");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    let past = (original - chrono::Utc::now()).to_std().unwrap_or_default() + Duration::from_secs(6);
+    tokio::time::sleep(past).await;
+    assert!(coder.with(|w| running(w, train)), "still running past its original deadline");
+    let extended = extends(&coder, train);
+    assert!(extended >= 4, "extended again and again: {extended}\n{}", svc.raw());
+    assert_eq!(svc.events("autostop_averted").len(), 1, "one build, one autostop averted");
+    assert!(dir.audit("deadline_extended").len() >= extended, "one audit line per extension");
+    assert_eq!(dir.audit("autostop_averted").len(), 1);
+    let metrics = reqwest::get(format!("http://{}/metrics", svc.addr().await)).await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l == "coder_gpu_reclaimer_autostops_averted_total{template=\"gpu-workspace\"} 1"), "{metrics}");
 }

@@ -872,6 +872,11 @@ fn only_work_the_gpu_itself_shows_is_kept_running() {
     held[0].model = Some("NVIDIA A10G".into());
     let d = judge(&soon, &held, &veto);
     assert_eq!((d.reason, action(&d)), (Reason::GpuActive, None), "89.1 W keeps it, extends nothing");
+    // Readings that could not judge it idle either: one sample, or a gap within the window.
+    let one = gpu([(0, values(MATMUL, Fields::All))]);
+    assert_eq!(action(&judge(&soon, &one, &p)), None, "one sample: kept, not kept running");
+    let gap = gpu((0..=40).rev().filter(|m| !(10..20).contains(m)).map(|m| (m * 60, values(MATMUL, Fields::All))));
+    assert_eq!(action(&judge(&soon, &gap, &p)), None, "a 10-minute gap: kept, not kept running");
     // Unknown of any reason: stale readings.
     let stale = gpu((10..=40).rev().map(|m| (m * 60, values(MATMUL, Fields::All))));
     let d = judge(&soon, &stale, &p);
@@ -933,7 +938,7 @@ fn extend_limit_and_max_deadline_clamp_then_let_coder_stop_it() {
 }
 
 #[test]
-fn extensions_per_pass_are_capped_soonest_deadline_first() {
+fn extensions_are_ordered_soonest_deadline_first_with_slots_for_the_cap() {
     let mut p = extending();
     p.max_extensions_per_pass = 2;
     let g = steady(MATMUL, Fields::All, 40);
@@ -947,5 +952,5 @@ fn extensions_per_pass_are_capped_soonest_deadline_first() {
         })
         .collect();
     let fleet = apply_fleet_rules(&mut decisions, &p);
-    assert_eq!((fleet.extend_order, fleet.extensions_deferred), (vec![1, 2], 1));
+    assert_eq!((fleet.extend_order, fleet.extension_slots), (vec![1, 2, 0], 2), "every due one, soonest first; two slots");
 }

@@ -94,7 +94,9 @@ async fn extend_and_ttl_follow_coders_rules() {
     };
     let soon = (chrono::Utc::now() + chrono::Duration::seconds(5)).to_rfc3339();
     let r = put("extend", json!({"deadline": soon})).await.unwrap();
-    assert_eq!(r.status(), StatusCode::BAD_REQUEST, "less than 30 Coder minutes ahead (30 s at 60x)");
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST, "less than 30 minutes ahead (wall-clock, as deadlines are)");
+    let twenty = (chrono::Utc::now() + chrono::Duration::minutes(20)).to_rfc3339();
+    assert_eq!(put("extend", json!({"deadline": twenty})).await.unwrap().status(), StatusCode::BAD_REQUEST, "20 minutes is too soon too");
     let later = (chrono::Utc::now() + chrono::Duration::hours(4)).to_rfc3339();
     let r = put("extend", json!({"deadline": later})).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);

@@ -564,6 +564,14 @@ async fn cancel_build(State(s): State<CoderState>, Path(id): Path<String>, req: 
 
 async fn put_extend(State(s): State<CoderState>, Path(id): Path<String>, req: Request) -> Response {
     let me = caller(req.extensions());
+    // The workspace middleware answers before the body is read.
+    let found = {
+        let w = lock(&s.world);
+        Uuid::parse_str(&id).ok().and_then(|id| w.ws_index(id)).is_some_and(|i| w.may_read(me, &w.workspaces[i]))
+    };
+    if !found {
+        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+    }
     let Ok(bytes) = axum::body::to_bytes(req.into_body(), 1 << 20).await else {
         return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
     };

@@ -731,7 +731,9 @@ impl World {
                     activity_bump(ws, now, bump);
                     self.pending_usage.insert(ws.id);
                 } else if ws.tail_refreshes > 0 {
+                    // The same agent-stats report with connections: it bumps too.
                     ws.tail_refreshes -= 1;
+                    activity_bump(ws, now, bump);
                     self.pending_usage.insert(ws.id);
                 }
             }
@@ -753,8 +755,10 @@ impl World {
 
     /// The lifecycle executor's autostop (`coderd/autobuild/lifecycle_executor.go`, NOTES §16):
     /// a workspace whose latest build is a start whose job did not fail, not a prebuild, and whose
-    /// deadline is set and has passed, gets a stop build with reason `autostop`, initiated by its
-    /// owner; without a provisioner it is skipped and tried on the next tick.
+    /// deadline is set and has passed (or whose owner is suspended), gets a stop build with
+    /// reason `autostop`, initiated by its owner; without a provisioner it is skipped and tried on
+    /// the next tick. The tick is not truncated to the minute here (coderd's is: its stop comes 0
+    /// to about 2 minutes after the deadline, this one within a poll).
     fn autostop(&mut self, tick: DateTime<Utc>) {
         if self.provisioners_down {
             return;
@@ -764,7 +768,13 @@ impl World {
             .iter()
             .filter(|ws| !ws.prebuild && !self.users[ws.owner].system)
             .filter(|ws| {
-                ws.latest().is_some_and(|b| b.transition == "start" && b.job.status == "succeeded" && b.deadline.is_some_and(|d| d < tick))
+                let suspended = self.users[ws.owner].status == "suspended";
+                ws.latest().is_some_and(|b| {
+                    b.transition == "start"
+                        && b.job.completed_at.is_some()
+                        && b.job.status != "failed"
+                        && (b.deadline.is_some_and(|d| d < tick) || suspended)
+                })
             })
             .map(|ws| (ws.id, ws.owner))
             .collect();
@@ -1049,7 +1059,7 @@ impl World {
     }
 
     /// `PUT /api/v2/workspaces/{id}/extend` as `by` (a user index), with `putExtendWorkspace`'s
-    /// checks in its order (NOTES §16; the 30-minute rule in Coder time). A caller that may read
+    /// checks in its order (NOTES §16; the 30-minute rule in wall-clock time, like deadlines). A caller that may read
     /// but not update the workspace gets the 500 dbauthz's refusal turns into.
     pub fn extend(&mut self, ws_id: Uuid, deadline: DateTime<Utc>, by: usize) -> Result<String, ApiError> {
         let wi = self.ws_index(ws_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
@@ -1057,7 +1067,8 @@ impl World {
             return Err(api_error(404, NOT_FOUND));
         }
         let may_update = self.may_act_on(by, &self.workspaces[wi]);
-        let min_ahead = chrono::Duration::from_std(self.real(Duration::from_secs(29 * 60))).unwrap_or_default();
+        // Deadlines here are wall-clock, as TTLs are: so is Coder's 29-minute rule on them.
+        let min_ahead = chrono::Duration::minutes(29);
         let now = self.now();
         let ws = &mut self.workspaces[wi];
         if ws.prebuild {

@@ -24,7 +24,7 @@ use crate::duration::human;
 use crate::error::Error;
 use crate::pass::audit::{AuditEvent, AuditKind, AuditLog, Extension, Notifier};
 use crate::pass::deadline::{DeadlineAction, DeadlinePlan};
-use crate::pass::decide::{Decision, Verdict};
+use crate::pass::decide::Verdict;
 use crate::pass::evaluate::{Evaluation, Judged};
 use crate::pass::metrics::{ExtensionFailureLabels, Metrics, StopFailureLabels, StopLabels, TemplateLabels};
 use crate::pass::mode::Mode;
@@ -165,8 +165,8 @@ pub struct Actuator {
     /// Deadline extensions Coder refused (4xx), by workspace, with the build it refused for: not
     /// asked again for that build.
     extend_refused: HashMap<String, String>,
-    /// Builds whose deadline this service moved: the deadline Coder had before the first
-    /// extension, until it passes (one `autostop_averted`).
+    /// Builds whose deadline this service moved, while listed: Coder's own deadline, and
+    /// whether its passing was counted (one `autostop_averted` per build).
     extended: HashMap<String, ExtendedBuild>,
     /// Per workspace, the build for which `would_extend` (observe) or `extend_limit_reached`
     /// was already said: each is said once per build.
@@ -177,7 +177,10 @@ pub struct Actuator {
 #[derive(Debug, Clone)]
 struct ExtendedBuild {
     build_id: String,
+    /// Coder's own deadline for the build (or the one it had when first moved).
     original_deadline: DateTime<Utc>,
+    /// `autostop_averted` was written for the build (or cannot be known: see `extend_deadlines`).
+    averted: bool,
     event: AuditEvent,
 }
 
@@ -289,11 +292,14 @@ impl Actuator {
         true
     }
 
-    /// Logs, once per build, a busy workspace whose limit leaves no extension: Coder's autostop
-    /// stops it at its deadline. Forgets workspaces no longer listed.
+    /// Forgets what it remembers about deadlines for workspaces no longer listed, and logs, once
+    /// per build, a busy workspace whose limit leaves no extension: Coder's autostop stops it at
+    /// its deadline.
     fn say_limits_once(&mut self, eval: &Evaluation) {
         let listed: HashSet<&str> = eval.workspaces().map(|w| w.id.as_str()).collect();
         self.said_once.retain(|(id, _), _| listed.contains(id.as_str()));
+        self.extend_refused.retain(|id, _| listed.contains(id.as_str()));
+        self.extended.retain(|id, _| listed.contains(id.as_str()));
         for j in &eval.judged {
             let Some(plan) = j.decision.deadline.as_ref().filter(|p| p.action == DeadlineAction::LimitReached) else { continue };
             if self.first_time("extend_limit_reached", &j.workspace) {
@@ -302,31 +308,34 @@ impl Actuator {
         }
     }
 
-    /// Sends the deadline extensions the fleet rules chose (`extend_while_busy`). A 4xx is
-    /// remembered for the build and not asked again; a 5xx or no answer is asked again next pass.
+    /// Sends the deadline extensions the fleet rules found due (`extend_while_busy`), in their
+    /// slots. A 4xx is remembered for the build and not asked again (nor does it take a slot);
+    /// a 5xx or no answer is asked again next pass.
     async fn extend_deadlines(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>, acted: &mut Acted) {
-        let listed: HashSet<&str> = eval.workspaces().map(|w| w.id.as_str()).collect();
-        self.extend_refused.retain(|id, _| listed.contains(id.as_str()));
-        self.extended.retain(|id, _| listed.contains(id.as_str()));
-        for j in eval.extend_order() {
-            let (ws, d) = (&j.workspace, &j.decision);
-            let (Some(plan), Some(to)) = (d.deadline.as_ref(), d.deadline.as_ref().and_then(DeadlinePlan::extend_to)) else { continue };
-            if *shutdown.borrow() || self.extend_refused.get(&ws.id) == Some(&ws.latest_build.id) {
+        let mut slots = eval.fleet.extension_slots;
+        for (j, plan, to) in eval.extend_order() {
+            let ws = &j.workspace;
+            if self.extend_refused.get(&ws.id) == Some(&ws.latest_build.id) {
                 continue;
             }
+            if slots == 0 || *shutdown.borrow() {
+                break;
+            }
+            slots -= 1;
             let template = TemplateLabels { template: ws.template_name.as_str().into() };
             match self.coder.extend_deadline(&ws.id, to).await {
                 Ok(()) => {
-                    let event = extension_event(AuditKind::DeadlineExtended, eval.now, self.mode, ws, d, plan, to);
+                    let event = extension_event(AuditKind::DeadlineExtended, eval.now, self.mode, j, plan, to);
                     tracing::info!(event = "deadline_extended", workspace_id = %ws.id, owner = %ws.owner_name, from = %plan.deadline, to = %to, limit = %plan.limit, limited_by = plan.limited_by.as_str(), "its GPU computes with nobody connected: Coder's autostop deadline moved");
                     self.metrics.deadline_extensions.get_or_create(&template).inc();
                     self.audit(&event);
-                    let build_id = ws.latest_build.id.clone();
-                    match self.extended.get(&ws.id) {
-                        Some(e) if e.build_id == build_id => {}
-                        _ => {
-                            self.extended.insert(ws.id.clone(), ExtendedBuild { build_id, original_deadline: plan.deadline, event });
-                        }
+                    if self.extended.get(&ws.id).is_none_or(|e| e.build_id != ws.latest_build.id) {
+                        let original = coders_own_deadline(ws).map_or(plan.deadline, |d| d.min(plan.deadline));
+                        // Already past when this process first moved it: a deadline this service
+                        // set before a restart (or one the user had moved), not Coder's own.
+                        let averted = eval.coder_now() >= original;
+                        let build_id = ws.latest_build.id.clone();
+                        self.extended.insert(ws.id.clone(), ExtendedBuild { build_id, original_deadline: original, averted, event });
                     }
                     acted.extended.push(ws.id.clone());
                 }
@@ -343,17 +352,17 @@ impl Actuator {
         }
     }
 
-    /// Builds whose original deadline has passed while they still run because of an extension:
-    /// one `autostop_averted` each.
+    /// Builds whose own Coder deadline has passed while they still run because this service
+    /// moved it: one `autostop_averted` per build.
     fn count_averted(&mut self, eval: &Evaluation, acted: &mut Acted) {
         let coder_now = eval.coder_now();
         for ws in eval.workspaces() {
-            let Some(e) = self.extended.get(&ws.id) else { continue };
-            if e.build_id != ws.latest_build.id || coder_now < e.original_deadline {
+            let Some(e) = self.extended.get_mut(&ws.id) else { continue };
+            if e.averted || e.build_id != ws.latest_build.id || coder_now < e.original_deadline {
                 continue;
             }
-            let Some(e) = self.extended.remove(&ws.id) else { continue };
-            let event = AuditEvent { event: AuditKind::AutostopAverted, time: eval.now, ..e.event };
+            e.averted = true;
+            let event = AuditEvent { event: AuditKind::AutostopAverted, time: eval.now, ..e.event.clone() };
             tracing::info!(event = "autostop_averted", workspace_id = %ws.id, owner = %ws.owner_name, original_deadline = %e.original_deadline, "the workspace runs past the autostop deadline Coder had set, because its GPU computes");
             self.metrics.autostops_averted.get_or_create(&TemplateLabels { template: ws.template_name.as_str().into() }).inc();
             self.audit(&event);
@@ -389,11 +398,10 @@ impl Actuator {
                 tracing::info!(event = "would_restore_ttl", workspace_id = %ws.id, owner = %ws.owner_name, ttl_ms = ttl, "would set the autostop TTL back");
             }
         }
-        for j in eval.extend_order() {
-            let (ws, d) = (&j.workspace, &j.decision);
-            let (Some(plan), Some(to)) = (d.deadline.as_ref(), d.deadline.as_ref().and_then(DeadlinePlan::extend_to)) else { continue };
+        for (j, plan, to) in eval.extend_order() {
+            let ws = &j.workspace;
             if self.first_time("would_extend", ws) {
-                let event = extension_event(AuditKind::WouldExtend, eval.now, self.mode, ws, d, plan, to);
+                let event = extension_event(AuditKind::WouldExtend, eval.now, self.mode, j, plan, to);
                 tracing::info!(event = "would_extend", workspace_id = %ws.id, owner = %ws.owner_name, from = %plan.deadline, to = %to, "its GPU computes with nobody connected: would move Coder's autostop deadline (observe mode: Coder stops it at its deadline)");
                 self.audit(&event);
                 acted.would_extend.push(ws.id.clone());
@@ -754,16 +762,18 @@ impl Actuator {
     }
 }
 
+/// The deadline Coder set when the build completed: completion plus the TTL, never past
+/// `max_deadline` (`schedule.CalculateAutostop`, reference coder NOTES §7). `None` without a TTL
+/// (the template's default TTL, which the listing does not show).
+fn coders_own_deadline(ws: &Workspace) -> Option<DateTime<Utc>> {
+    let b = &ws.latest_build;
+    let own = b.job.completed_at? + Duration::milliseconds(ws.ttl_ms.filter(|t| *t > 0)?);
+    Some(b.max_deadline.map_or(own, |max| own.min(max)))
+}
+
 /// The audit event of a deadline extension (or would-be one) from Coder's deadline to `to`.
-fn extension_event(
-    kind: AuditKind,
-    now: DateTime<Utc>,
-    mode: Mode,
-    ws: &Workspace,
-    d: &Decision,
-    plan: &DeadlinePlan,
-    to: DateTime<Utc>,
-) -> AuditEvent {
+fn extension_event(kind: AuditKind, now: DateTime<Utc>, mode: Mode, j: &Judged, plan: &DeadlinePlan, to: DateTime<Utc>) -> AuditEvent {
+    let ws = &j.workspace;
     AuditEvent {
         build_id: Some(ws.latest_build.id.clone()),
         extension: Some(Extension {
@@ -774,7 +784,7 @@ fn extension_event(
             sm_active_peak: plan.evidence.sm_active_peak,
             gr_engine_active_peak: plan.evidence.gr_engine_active_peak,
         }),
-        ..AuditEvent::new(kind, now, mode.as_str(), ws, d)
+        ..AuditEvent::new(kind, now, mode.as_str(), ws, &j.decision)
     }
 }
 

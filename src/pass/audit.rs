@@ -104,7 +104,7 @@ impl AuditKind {
             (AuditKind::StopDone, _) => "is stopped; its GPU is free".into(),
             (AuditKind::Resumed, _) => "runs again".into(),
             (AuditKind::DeadlineExtended, _) => match &e.extension {
-                Some(x) => format!("is kept running by its GPU work until {}", x.deadline_to.format("%Y-%m-%d %H:%M UTC")),
+                Some(x) => format!("is kept running by its GPU work until {}", crate::pass::mode::at(x.deadline_to)),
                 None => "is kept running by its GPU work".into(),
             },
             (AuditKind::WouldExtend, _) => {

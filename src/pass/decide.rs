@@ -411,10 +411,15 @@ pub fn decide_with_coder_clock(
     }
     let mut d = judge_gpus(now, coder_now, ws, &windows, policy, &th, b);
     // Keeping busy work running: only what the GPU itself shows computing in the latest sample
-    // (never a power veto alone), and only with nobody connected (Coder bumps a connected one).
-    if d.reason == Reason::GpuActive && d.connection_idle >= CONNECTED_WITHIN && computes_by_its_readings(&windows, policy) {
-        let evidence = evidence(&windows, now - dur(th.idle_after));
-        d.deadline = deadline::plan(coder_now, &ws.latest_build, &th, policy.extend_when_within, evidence);
+    // (never a power veto alone), on readings that would be enough to judge it idle (enough
+    // samples, no gap), and only with nobody connected (Coder bumps a connected one).
+    let span_start = now - dur(th.idle_after);
+    if d.reason == Reason::GpuActive
+        && d.connection_idle >= CONNECTED_WITHIN
+        && computes_by_its_readings(&windows, policy)
+        && enough_readings(&windows, policy, span_start, now)
+    {
+        d.deadline = deadline::plan(coder_now, &ws.latest_build, &th, policy.extend_when_within, evidence(&windows, span_start));
     }
     if d.is_stop_eligible() && !th.grace.is_zero() {
         let stop_at = prior_stop_at.unwrap_or(now + dur(th.grace));
@@ -557,6 +562,13 @@ fn computes_by_its_readings(windows: &[&GpuWindow], policy: &Policy) -> bool {
     })
 }
 
+/// At least `min_samples` in the span and no gap longer than `max_sample_gap`: what an idle
+/// judgement needs (a computing GPU is kept on its latest sample alone).
+fn enough_readings(windows: &[&GpuWindow], policy: &Policy, span_start: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+    let max_gap = dur(policy.max_sample_gap);
+    windows.iter().all(|w| w.count_since(span_start) >= policy.min_samples && w.longest_gap(span_start, now) <= max_gap)
+}
+
 /// The SM_ACTIVE and GR_ENGINE_ACTIVE peaks of every GPU since `from`, to four decimals (the
 /// readings are f32 underneath).
 fn evidence(windows: &[&GpuWindow], from: DateTime<Utc>) -> GpuEvidence {
@@ -598,12 +610,12 @@ pub struct FleetOutcome {
     pub breaker: Option<String>,
     pub waiting: usize,
     pub gpu_workspaces: usize,
-    /// Indices into the decisions whose deadline to extend this pass, soonest deadline first:
-    /// at most `max_extensions_per_pass` (the breaker, which guards against zeros, does not
-    /// hold extensions back).
+    /// Indices into the decisions whose deadline is due to be extended, soonest deadline first
+    /// (the breaker, which guards against zeros, does not hold extensions back).
     pub extend_order: Vec<usize>,
-    /// Extensions left for a later pass by `max_extensions_per_pass`.
-    pub extensions_deferred: usize,
+    /// How many of them this pass may send: `max_extensions_per_pass`. The actuator skips those
+    /// Coder refused for their build without using a slot.
+    pub extension_slots: usize,
 }
 
 /// Applies contention, the breaker and the cap to a pass's decisions.
@@ -633,9 +645,8 @@ pub fn apply_fleet_rules(decisions: &mut [Decision], policy: &Policy) -> FleetOu
         (0..decisions.len()).filter(|&i| decisions[i].deadline.as_ref().is_some_and(|p| p.extend_to().is_some())).collect();
     let soonest = |i: usize| decisions[i].deadline.as_ref().map(|p| p.deadline);
     extend.sort_by(|&a, &b| soonest(a).cmp(&soonest(b)).then_with(|| decisions[a].workspace_id.cmp(&decisions[b].workspace_id)));
-    out.extensions_deferred = extend.len().saturating_sub(policy.max_extensions_per_pass);
-    extend.truncate(policy.max_extensions_per_pass);
     out.extend_order = extend;
+    out.extension_slots = policy.max_extensions_per_pass;
     if gpu_workspaces >= 4 && reclaim.len() as f64 > policy.max_idle_fraction * gpu_workspaces as f64 {
         out.breaker = Some(format!(
             "{} of {} GPU workspaces are reclaimable at once (more than max_idle_fraction {}): a broken exporter reads as zeros, so no stop is sent this pass; if this is real, raise max_idle_fraction",

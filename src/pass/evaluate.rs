@@ -13,6 +13,7 @@ use crate::coder::types::Workspace;
 use crate::coder::{CoderClient, CoderError};
 use crate::gpu::window::Windows;
 use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
+use crate::pass::deadline::DeadlinePlan;
 use crate::pass::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide_with_coder_clock, without_stop_permission};
 use crate::pass::policy::Policy;
 
@@ -49,6 +50,8 @@ pub struct Evaluation {
     /// without the header). Coder's timestamps were judged by it, except that an offset within
     /// `CLOCK_RESOLUTION` counts as none and a listing without the header keeps the last one.
     pub coder_clock_offset: Option<chrono::Duration>,
+    /// The offset the decisions used (the filtered, remembered one; zero when unknown).
+    pub coder_offset: chrono::Duration,
     /// The currency of the prices, when GPU time is priced.
     pub currency: Option<String>,
 }
@@ -59,14 +62,19 @@ impl Evaluation {
         self.fleet.stop_order.iter().filter_map(|&i| self.judged.get(i))
     }
 
-    /// The workspaces whose Coder deadline the fleet rules chose to extend this pass, in order.
-    pub fn extend_order(&self) -> impl Iterator<Item = &Judged> {
-        self.fleet.extend_order.iter().filter_map(|&i| self.judged.get(i))
+    /// Coder's clock now, as the decisions read it: this pass's time plus `coder_offset`.
+    pub fn coder_now(&self) -> DateTime<Utc> {
+        self.now + self.coder_offset
     }
 
-    /// Coder's clock now: this pass's time plus the offset its listing measured.
-    pub fn coder_now(&self) -> DateTime<Utc> {
-        self.now + self.coder_clock_offset.unwrap_or_default()
+    /// The workspaces whose Coder deadline is due to be extended, soonest first, each with its
+    /// plan and the deadline to send.
+    pub fn extend_order(&self) -> impl Iterator<Item = (&Judged, &DeadlinePlan, DateTime<Utc>)> {
+        self.fleet.extend_order.iter().filter_map(|&i| {
+            let j = self.judged.get(i)?;
+            let plan = j.decision.deadline.as_ref()?;
+            Some((j, plan, plan.extend_to()?))
+        })
     }
 
     /// The workspaces whose warning (grace) began this pass.
@@ -280,6 +288,7 @@ impl Evaluator {
             source_failures: collection.failures,
             duplicates,
             coder_clock_offset: listing.clock_offset,
+            coder_offset: self.coder_clock_offset,
             currency: self.policy.prices_gpu_time().then(|| self.policy.currency.clone()),
         })
     }

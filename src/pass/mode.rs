@@ -58,23 +58,19 @@ impl Mode {
     }
 
     /// What the status API, the page and the template's metadata say of a workspace whose GPU
-    /// computes with nobody connected (`extend_while_busy`): the deadline it runs to and the
-    /// words. `to` is where the plan moves Coder's deadline (the deadline itself when it is far
-    /// enough ahead), `sent` whether this pass moved it. Only enforce mode promises to keep it.
-    pub fn kept_running(self, to: DateTime<Utc>, coder_deadline: DateTime<Utc>, sent: bool) -> (DateTime<Utc>, String) {
+    /// computes with nobody connected (`extend_while_busy`). `to` is where the plan moves Coder's
+    /// deadline (the deadline itself while it is far enough ahead), `sent` whether this pass
+    /// moved it there. Only enforce mode promises to keep it running.
+    pub fn kept_running(self, to: DateTime<Utc>, coder_deadline: DateTime<Utc>, sent: bool) -> String {
         match self {
-            Mode::Enforce if sent || to <= coder_deadline => (to, format!("kept running by GPU work until {}", at(to))),
-            Mode::Enforce => (
-                coder_deadline,
-                format!("its GPU computes, but moving Coder's deadline ({}) did not succeed this pass", at(coder_deadline)),
-            ),
+            Mode::Enforce if sent || to <= coder_deadline => format!("kept running by GPU work until {}", at(to)),
+            Mode::Enforce => format!("its GPU computes: Coder's deadline {} is due to be moved (not this pass)", at(coder_deadline)),
             Mode::Observe if to > coder_deadline => {
-                (to, format!("would be kept running by GPU work until {} (observe mode: Coder stops it at {})", at(to), at(coder_deadline)))
+                format!("would be kept running by GPU work until {} (observe mode: Coder stops it at {})", at(to), at(coder_deadline))
             }
-            Mode::Observe => (
-                coder_deadline,
-                format!("its GPU computes; Coder stops it at {} (observe mode: the deadline is not moved)", at(coder_deadline)),
-            ),
+            Mode::Observe => {
+                format!("its GPU computes; Coder stops it at {} (observe mode: the deadline is not moved)", at(coder_deadline))
+            }
         }
     }
 

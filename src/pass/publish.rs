@@ -261,7 +261,11 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
                 if let (Verdict::Warn, Some(stop_at)) = (d.verdict, d.stop_at) {
                     entry.message = format!("{}; {}", entry.message, mode.countdown(stop_at - eval.now));
                 }
-                entry.kept_running = d.deadline.as_ref().map(|plan| KeptRunning::new(plan, mode, acted.extended.contains(&ws.id)));
+                if let Some(plan) = &d.deadline {
+                    let kept = KeptRunning::new(plan, mode, acted.extended.contains(&ws.id));
+                    entry.deadline = Some(kept.until);
+                    entry.kept_running = Some(kept);
+                }
                 entry
             })
             .collect(),

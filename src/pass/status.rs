@@ -110,7 +110,7 @@ pub struct KeptRunning {
     /// `extend` (an extension is due this pass), `ahead` (far enough ahead for now) or
     /// `limit_reached` (no extension of 30 minutes or more is left: Coder stops it at `deadline`).
     pub action: &'static str,
-    /// The deadline it runs to after this pass (Coder's clock).
+    /// Coder's deadline after this pass (Coder's clock): moved only when this pass moved it.
     pub until: DateTime<Utc>,
     /// The latest the service moves the deadline to, and what sets it.
     pub limit: DateTime<Utc>,
@@ -120,12 +120,17 @@ pub struct KeptRunning {
 }
 
 impl KeptRunning {
-    /// `sent`: this pass moved the deadline (enforce mode).
+    /// `sent`: this pass moved the deadline to the plan's (enforce mode); otherwise it stays
+    /// where Coder has it.
     pub fn new(plan: &DeadlinePlan, mode: Mode, sent: bool) -> Self {
-        let (action, (until, text)) = match plan.action {
+        let until = match plan.action {
+            DeadlineAction::Extend { to } if sent => to,
+            _ => plan.deadline,
+        };
+        let (action, text) = match plan.action {
             DeadlineAction::Ahead => ("ahead", mode.kept_running(plan.deadline, plan.deadline, sent)),
             DeadlineAction::Extend { to } => ("extend", mode.kept_running(to, plan.deadline, sent)),
-            DeadlineAction::LimitReached => ("limit_reached", (plan.deadline, limit_reached(plan.deadline, plan.limited_by.as_str()))),
+            DeadlineAction::LimitReached => ("limit_reached", limit_reached(plan.deadline, plan.limited_by.as_str())),
         };
         KeptRunning { action, until, limit: plan.limit, limited_by: plan.limited_by.as_str(), text }
     }
@@ -173,8 +178,15 @@ impl WorkspaceStatus {
 
     /// One line for a Coder agent metadata item, e.g. "reclaim (idle): GPU idle 41m, ...".
     pub fn one_line(&self) -> String {
-        let kept = self.kept_running.as_ref().map_or(String::new(), |k| format!("; {}", k.text));
-        format!("{} ({}): {}{kept}", self.verdict.as_str(), self.reason.as_str(), self.message)
+        format!("{} ({}): {}", self.verdict.as_str(), self.reason.as_str(), self.message_with_deadline())
+    }
+
+    /// The message, and what happens to Coder's deadline when that is said (`kept_running`).
+    pub fn message_with_deadline(&self) -> String {
+        match &self.kept_running {
+            Some(k) => format!("{}; {}", self.message, k.text),
+            None => self.message.clone(),
+        }
     }
 }
 
@@ -208,7 +220,7 @@ impl StatusDocument {
                     w.gpu_idle_seconds.map_or("-".into(), |s| human(chrono::Duration::seconds(s))),
                     format!("{} ago", human(chrono::Duration::seconds(w.connection_idle_seconds))),
                     w.gpus.len().to_string(),
-                    w.kept_running.as_ref().map_or_else(|| w.message.clone(), |k| format!("{}; {}", w.message, k.text)),
+                    w.message_with_deadline(),
                 ]
             })
             .collect();
