@@ -116,7 +116,7 @@ pub struct Decision {
     pub restore_ttl_ms: Option<i64>,
     /// `extend_while_busy`: Coder's deadline of a workspace kept because its GPU computes with
     /// nobody connected, and whether to move it this pass (`pass::deadline`).
-    pub deadline: Option<DeadlinePlan>,
+    pub deadline: Option<Box<DeadlinePlan>>,
 }
 
 impl Decision {
@@ -414,12 +414,14 @@ pub fn decide_with_coder_clock(
     // (never a power veto alone), on readings that would be enough to judge it idle (enough
     // samples, no gap), and only with nobody connected (Coder bumps a connected one).
     let span_start = now - dur(th.idle_after);
-    if d.reason == Reason::GpuActive
+    if th.extend_while_busy
+        && d.reason == Reason::GpuActive
         && d.connection_idle >= CONNECTED_WITHIN
         && computes_by_its_readings(&windows, policy)
         && enough_readings(&windows, policy, span_start, now)
     {
-        d.deadline = deadline::plan(coder_now, &ws.latest_build, &th, policy.extend_when_within, evidence(&windows, span_start));
+        d.deadline =
+            deadline::plan(coder_now, &ws.latest_build, &th, policy.extend_when_within, evidence(&windows, span_start)).map(Box::new);
     }
     if d.is_stop_eligible() && !th.grace.is_zero() {
         let stop_at = prior_stop_at.unwrap_or(now + dur(th.grace));

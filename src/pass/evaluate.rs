@@ -72,7 +72,7 @@ impl Evaluation {
     pub fn extend_order(&self) -> impl Iterator<Item = (&Judged, &DeadlinePlan, DateTime<Utc>)> {
         self.fleet.extend_order.iter().filter_map(|&i| {
             let j = self.judged.get(i)?;
-            let plan = j.decision.deadline.as_ref()?;
+            let plan = j.decision.deadline.as_deref()?;
             Some((j, plan, plan.extend_to()?))
         })
     }
