@@ -86,6 +86,8 @@ pub struct FileConfig {
     #[serde(default, with = "crate::duration::opt")]
     pub extend_limit: Option<Duration>,
     pub max_extensions_per_pass: Option<usize>,
+    /// The default GPU pool's name (`contended`: demand is per pool).
+    pub pool: Option<String>,
     pub gpu_templates: Option<Vec<String>>,
     pub sm_active_min: Option<f64>,
     pub gr_engine_active_min: Option<f64>,
@@ -584,7 +586,32 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
         }
     }
     p.rules = file.rules.clone();
+    p.pools = pools(file)?;
     Ok(p)
+}
+
+/// The most pools: each is a label value of `waiting_workspaces`.
+const MAX_POOLS: usize = 32;
+
+/// The pools the file names: the default (`pool`, else `"default"`) first, then each rule's in
+/// order of first use.
+fn pools(file: &FileConfig) -> Result<Vec<String>, Error> {
+    let mut out = vec![file.pool.clone().unwrap_or_else(|| crate::pass::policy::DEFAULT_POOL.to_string())];
+    for name in file.rules.iter().filter_map(|r| r.pool.as_ref()) {
+        if !out.contains(name) {
+            out.push(name.clone());
+        }
+    }
+    for name in &out {
+        let ok = (1..=63).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !ok {
+            return err(format!("pool {name:?}: a short name of letters, digits, '-', '_' and '.', e.g. pool = \"a10g\""));
+        }
+    }
+    if out.len() > MAX_POOLS {
+        return err(format!("{} pools: at most {MAX_POOLS}; group templates that share nodes into one pool", out.len()));
+    }
+    Ok(out)
 }
 
 /// A per-model table (glob -> positive number), the most specific glob first: a longer glob
@@ -771,5 +798,16 @@ mod tests {
         assert!(p.thresholds.extend_while_busy);
         assert_eq!((p.thresholds.extend_by, p.max_extensions_per_pass), (Duration::from_secs(33 * 60), 7));
         assert_eq!(p.extend_when_within, Duration::from_secs(32 * 60), "30 minutes plus two 60 s intervals");
+    }
+
+    #[test]
+    fn pools_are_named_and_listed_once_the_default_first() {
+        let policy = |text: &str| build_policy(&args(), &FileConfig::parse(text).unwrap(), Duration::from_secs(60));
+        assert_eq!(policy("").unwrap().pools, ["default"]);
+        let e = policy("[[rule]]\ntemplate = \"x\"\npool = \"h100 sxm\"\n").unwrap_err().to_string();
+        assert!(e.contains("pool \"h100 sxm\": a short name"), "{e}");
+        let p = policy("pool = \"a10g\"\n[[rule]]\ntemplate = \"big-*\"\npool = \"h100\"\n[[rule]]\ntemplate = \"x\"\npool = \"a10g\"\n")
+            .unwrap();
+        assert_eq!(p.pools, ["a10g", "h100"], "the default first, then each rule's once");
     }
 }

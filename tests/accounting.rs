@@ -35,6 +35,7 @@ fn decision(id: &str, verdict: Verdict, reason: Reason, gpu_idle: Option<i64>) -
         stop_at: None,
         restore_ttl_ms: None,
         deadline: None,
+        pool: 0,
     }
 }
 

@@ -309,6 +309,42 @@ async fn a_stop_a_person_canceled_is_not_sent_again() {
     assert_eq!(stop_posts(&coder, a), 2);
 }
 
+/// A stop canceled while its job runs, whose job then ends in an error (the provisioner's force
+/// cancel, "Cancel timed out"), reads `failed` in Coder with `canceled_at` set: coderd's
+/// `job_status` tests the error first (reference NOTES §16). It is still a person's cancel: never
+/// sent again after a back-off.
+#[tokio::test]
+async fn a_stop_canceled_while_running_that_then_fails_is_not_sent_again() {
+    // Builds run 5 s here (300 Coder seconds), long enough to cancel one while it runs.
+    let config = WorldConfig { build_run: Duration::from_secs(300), reaper_hung: Duration::from_secs(3600), ..world(1) };
+    let coder = FakeCoder::start(config).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(10), |w| running(w, a)).await;
+    coder.with(|w| w.fail_next_stop(a));
+    let dir = TempDir::new("canceled-running");
+    let audit = dir.0.join("audit.jsonl");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--audit-log", audit.to_str().unwrap()]);
+    let sent = svc.wait_event("stop_sent", Duration::from_secs(20)).await;
+    let build = sent["build_id"].as_str().unwrap().to_string();
+    let job_status = |w: &mocks::World| w.ws_index(a).and_then(|i| w.workspaces[i].latest()).map(|b| b.job.status).unwrap_or_default();
+    until(&coder, "the stop's job runs", Duration::from_secs(5), |w| job_status(w) == "running").await;
+    let alice = coder.with(|w| w.token_of("alice")).unwrap();
+    let canceled = reqwest::Client::new()
+        .patch(format!("{}/api/v2/workspacebuilds/{build}/cancel", coder.url()))
+        .header("Coder-Session-Token", alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(canceled.status(), 200);
+    until(&coder, "the canceled job ends failed", Duration::from_secs(10), |w| job_status(w) == "failed").await;
+    svc.wait_event("stop_canceled", Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(6)).await; // a failed stop would have been retried by now
+    assert_eq!(stop_posts(&coder, a), 1, "{}", svc.raw());
+    assert!(svc.events("stop_retry_scheduled").is_empty());
+    assert_eq!(audit_kinds(&audit, a), ["stop_sent", "stop_canceled"]);
+}
+
 /// Permissions are per organization (reference NOTES §15): a token that is organization admin
 /// in one organization and template admin in another stops idle workspaces in the first only;
 /// the second's get `skip`/`no-permission` and no POST, and `check` names the organization.

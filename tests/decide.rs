@@ -379,11 +379,22 @@ fn starting_workspace(ago: Duration, connection_timeout: i64) -> Workspace {
 }
 
 #[test]
-fn a_never_connected_agent_waits_even_with_stale_gpu_series() {
-    // kubelet may keep reporting the old pod's GPU for a while after a restart: past the
-    // start-up allowance, a never-connected agent is a pod waiting for a GPU, series or not.
-    let w = starting_workspace(mins(15), 120);
+fn a_pod_that_reports_a_gpu_is_never_waiting_but_judged_by_its_gpu() {
+    // Past the start-up allowance, a never-connected agent whose pod still reports a fresh GPU
+    // (an image that never pulls, a crash-looping entrypoint: kubelet keeps the device) is no
+    // demand: it holds a GPU, and an idle one is given back like any other (reference NOTES §16).
+    let mut w = starting_workspace(mins(15), 120);
+    w.last_used_at = now() - mins(40);
     let d = decide(now(), &w, Some(&steady(NOTHING, Fields::All, 40)), &policy(), None);
+    assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "{}", d.message);
+    assert!(
+        d.message.starts_with("its agent never connected, but its pod holds a GPU past start_allowance; GPU idle 40m"),
+        "{}",
+        d.message
+    );
+    // A series that stopped is no GPU: that pod waits.
+    let stopped = gpu((10..=40).rev().map(|m| (m * 60, values(NOTHING, Fields::All))));
+    let d = decide(now(), &w, Some(&stopped), &policy(), None);
     assert_eq!((d.verdict, d.reason), (Verdict::Waiting, Reason::WaitingForGpu), "{}", d.message);
 }
 
@@ -400,7 +411,7 @@ fn starting_is_not_waiting() {
     let cases: [Case; 7] = [
         ("3 minutes in, its GPU reports", mins(3), 120, &fresh, Verdict::Keep, Reason::Starting),
         ("9 minutes in: Coder says timeout, still within the allowance", mins(9), 120, &fresh, Verdict::Keep, Reason::Starting),
-        ("11 minutes in: past the allowance", mins(11), 120, &fresh, Verdict::Waiting, Reason::WaitingForGpu),
+        ("11 minutes in: past the allowance, judged by its GPU", mins(11), 120, &fresh, Verdict::Keep, Reason::GpuActive),
         ("11 minutes in, the agent may take 30", mins(11), 1800, &fresh, Verdict::Keep, Reason::Starting),
         ("3 minutes in, no GPU series: Pending", mins(3), 120, &[], Verdict::Waiting, Reason::WaitingForGpu),
         ("3 minutes in, only a stale series", mins(3), 120, &stale, Verdict::Waiting, Reason::WaitingForGpu),
@@ -526,12 +537,12 @@ fn prebuilds_tasks_evictions_and_coders_clock() {
     // Coder's clock 2 h behind: last_used_at 1 minute ago by Coder's clock reads 2h01m old here.
     let behind = Duration::hours(-2);
     let connected = running_workspace(WS_ID, now() + behind - mins(1));
-    let d = decide_with_coder_clock(now(), behind, &connected, Some(&idle), &p, None);
+    let d = decide_with_coder_clock(now(), behind, &connected, Some(&idle), &p, None, true);
     assert_eq!((d.verdict, d.reason), (Verdict::Keep, Reason::Connected), "judged by Coder's clock: {}", d.message);
     let d = decide(now(), &connected, Some(&idle), &p, None);
     assert_eq!(d.verdict, Verdict::Reclaim, "without the correction the connected user would be stopped");
     let away = running_workspace(WS_ID, now() + behind - mins(40));
-    let d = decide_with_coder_clock(now(), behind, &away, Some(&idle), &p, None);
+    let d = decide_with_coder_clock(now(), behind, &away, Some(&idle), &p, None, true);
     assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "a disconnected idle one is still stopped");
 }
 
@@ -953,4 +964,69 @@ fn extensions_are_ordered_soonest_deadline_first_with_slots_for_the_cap() {
         .collect();
     let fleet = apply_fleet_rules(&mut decisions, &p);
     assert_eq!((fleet.extend_order, fleet.extension_slots), (vec![1, 2, 0], 2), "every due one, soonest first; two slots");
+}
+
+// Contention that is real: GPU templates only, per pool, waiting tasks and exempt workspaces.
+
+#[test]
+fn only_a_gpu_templates_workspace_waits_for_a_gpu() {
+    use coder_gpu_reclaimer::pass::decide::decide_with_coder_clock;
+    let p = policy();
+    let pending = pending_workspace(WS_ID);
+    let as_gpu = decide_with_coder_clock(now(), Duration::zero(), &pending, None, &p, None, true);
+    assert_eq!((as_gpu.verdict, as_gpu.reason), (Verdict::Waiting, Reason::WaitingForGpu));
+    // Not (yet) a GPU template: a CPU workspace starting, or Pending for want of CPU, is no demand.
+    let not_gpu = decide_with_coder_clock(now(), Duration::zero(), &pending, None, &p, None, false);
+    assert_eq!((not_gpu.verdict, not_gpu.reason), (Verdict::Skip, Reason::NoGpu));
+}
+
+#[test]
+fn a_task_or_an_exempt_workspace_that_waits_is_demand_and_is_never_stopped() {
+    let p = Policy { rules: vec![Rule { workspace: Some("bob-*".into()), exempt: true, ..Rule::default() }], ..policy() };
+    let mut task = pending_workspace(WS_ID);
+    task.task_id = Some("3f1c2b8a-7d6e-4f5a-9b0c-1d2e3f4a5b6c".into());
+    let exempt = pending_workspace(WS_ID); // bob-gpu
+    for (name, w) in [("task", &task), ("exempt", &exempt)] {
+        let d = decide(now(), w, None, &p, None);
+        assert_eq!((d.verdict, d.reason), (Verdict::Waiting, Reason::WaitingForGpu), "{name}");
+    }
+    // Running with an idle GPU, they are still never judged.
+    let mut idle_task = ws(mins(40));
+    idle_task.task_id = task.task_id.clone();
+    assert_eq!(decide(now(), &idle_task, Some(&steady(NOTHING, Fields::All, 40)), &p, None).reason, Reason::Task);
+}
+
+#[test]
+fn in_contended_mode_demand_is_per_pool() {
+    // Pools by workspace name: "h100-*" and "a10g-*"; everything else is in the default pool.
+    let mut p = Policy { reclaim_when: ReclaimWhen::Contended, ..policy() };
+    p.pools = vec!["default".into(), "h100".into(), "a10g".into()];
+    p.rules = vec![
+        Rule { workspace: Some("h100-*".into()), pool: Some("h100".into()), ..Rule::default() },
+        Rule { workspace: Some("a10g-*".into()), pool: Some("a10g".into()), ..Rule::default() },
+    ];
+    let named = |mut w: Workspace, name: &str, id: &str| {
+        w.name = name.into();
+        w.id = id.into();
+        w
+    };
+    let idle = steady(NOTHING, Fields::All, 40);
+    let decided = |ws: Vec<Workspace>| -> Vec<Decision> {
+        ws.iter().map(|w| decide(now(), w, if w.name.contains("idle") { Some(&idle[..]) } else { None }, &p, None)).collect()
+    };
+    let a10g_idle = named(ws(mins(40)), "a10g-idle", "1");
+    let h100_wait = named(pending_workspace(WS_ID), "h100-wait", "2");
+    let mut ds = decided(vec![a10g_idle.clone(), h100_wait.clone()]);
+    let out = apply_fleet_rules(&mut ds, &p);
+    assert_eq!((out.waiting, out.stop_order.len(), ds[0].reason), (1, 0, Reason::NoContention), "an H100 waiter stops no A10G");
+    assert!(ds[0].message.ends_with("kept: no workspace is waiting for a GPU in its pool \"a10g\""), "{}", ds[0].message);
+    let counts: Vec<(usize, usize)> = out.pools.iter().map(|c| (c.waiting, c.idle)).collect();
+    assert_eq!(counts, vec![(0, 0), (1, 0), (0, 1)]);
+    // An A10G waiter: one stop, of the A10G pool's longest idle, however many idle elsewhere.
+    let default_idle = named(ws(mins(50)), "idle-elsewhere", "3");
+    let a10g_wait = named(pending_workspace(WS_ID), "a10g-wait", "4");
+    let mut ds = decided(vec![a10g_idle, h100_wait, default_idle, a10g_wait]);
+    let out = apply_fleet_rules(&mut ds, &p);
+    assert_eq!((out.waiting, out.stop_order.clone()), (2, vec![0]), "{ds:#?}");
+    assert_eq!(ds[2].reason, Reason::NoContention, "the default pool's idle one stays: nobody waits there");
 }

@@ -10,6 +10,7 @@ mod cli;
 mod coder_client;
 mod coder_world;
 mod common;
+mod contention;
 mod contract;
 mod dashboard;
 mod decide;

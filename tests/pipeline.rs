@@ -325,7 +325,7 @@ async fn the_status_api_and_metrics_serve_what_they_promise() {
         "coder_gpu_reclaimer_passes_total{result=\"ok\"} 4",
         "coder_gpu_reclaimer_workspaces{verdict=\"waiting\",reason=\"waiting-for-gpu\"} 1",
         "coder_gpu_reclaimer_workspaces{verdict=\"keep\",reason=\"gpu-active\"} 1",
-        "coder_gpu_reclaimer_waiting_workspaces 1",
+        "coder_gpu_reclaimer_waiting_workspaces{pool=\"default\"} 1",
         "coder_gpu_reclaimer_coder_requests_total{endpoint=\"GET /api/v2/workspaces\",code=\"200\"} 4",
         "coder_gpu_reclaimer_pass_duration_seconds_count 4",
         "# TYPE coder_gpu_reclaimer_token_expiry_timestamp_seconds gauge",

@@ -413,7 +413,7 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
         Settings::new(crate::common::url("http://coder.invalid"), SessionToken::new("x-y").unwrap(), GpuSourceSettings::Exporters(vec![]));
     let windows = exporter_windows(now, &texts, &workspaces, &settings.policy, settings.interval, &Ownership::default());
     for ws in &workspaces {
-        let d = decide_with_coder_clock(now, chrono::Duration::zero(), ws, windows.get(&ws.id), &settings.policy, None);
+        let d = decide_with_coder_clock(now, chrono::Duration::zero(), ws, windows.get(&ws.id), &settings.policy, None, true);
         let Some(i) = ids.iter().position(|id| id.to_string() == d.workspace_id) else { continue };
         let p = planned(&d.workspace_id);
         let exporter = (serde_json::to_value(d.verdict).unwrap(), serde_json::to_value(d.reason).unwrap());

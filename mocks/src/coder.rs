@@ -150,9 +150,9 @@ pub fn build_json(w: &World, ws: &Workspace, b: &Build) -> Value {
         "id": b.job.id, "created_at": ts(b.job.created_at), "status": b.job.status, "queue_position": 0, "queue_size": 0,
         "initiator_id": initiator.id, "organization_id": w.organizations[ws.org].0, "type": "workspace_build", "tags": {"scope": "organization"},
         "file_id": derived(&w.template_version_id, 3), "available_workers": [], "logs_overflowed": false,
-        "input": {"workspace_build_id": b.id}, "metadata": {"template_version_name": "v1", "template_id": w.template_id, "template_name": "gpu-workspace", "template_display_name": "GPU workspace", "template_icon": "", "workspace_id": ws.id, "workspace_name": ws.name}
+        "input": {"workspace_build_id": b.id}, "metadata": {"template_version_name": "v1", "template_id": w.template_id, "template_name": ws.template, "template_display_name": ws.template, "template_icon": "", "workspace_id": ws.id, "workspace_name": ws.name}
     });
-    for (k, v) in [("started_at", b.job.started_at), ("completed_at", b.job.completed_at)] {
+    for (k, v) in [("started_at", b.job.started_at), ("completed_at", b.job.completed_at), ("canceled_at", b.job.canceled_at)] {
         if let Some(t) = v {
             job[k] = json!(ts(t));
         }
@@ -184,7 +184,7 @@ pub fn workspace_json(w: &World, ws: &Workspace) -> Value {
     let mut out = json!({
         "id": ws.id, "created_at": ts(ws.created_at), "updated_at": ts(ws.last_used_at), "owner_id": owner.id, "owner_name": owner.username,
         "owner_avatar_url": "", "organization_id": w.organizations[ws.org].0, "organization_name": w.organizations[ws.org].1, "template_id": w.template_id,
-        "template_name": "gpu-workspace", "template_display_name": "GPU workspace", "template_icon": "", "template_allow_user_cancel_workspace_jobs": false,
+        "template_name": ws.template, "template_display_name": ws.template, "template_icon": "", "template_allow_user_cancel_workspace_jobs": false,
         "template_active_version_id": w.template_version_id, "template_require_active_version": false, "template_use_classic_parameter_flow": false,
         "latest_build": latest, "latest_app_status": null, "outdated": false, "name": ws.name, "last_used_at": ts(ws.last_used_at),
         "deleting_at": null, "dormant_at": null, "health": {"healthy": failing.is_empty(), "failing_agents": failing},

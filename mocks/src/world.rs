@@ -261,6 +261,8 @@ pub struct Job {
     pub started_at: Option<DateTime<Utc>>,
     pub completed_at: Option<DateTime<Utc>>,
     pub error: Option<String>,
+    /// Someone canceled the job (`patchCancelWorkspaceBuild`).
+    pub canceled_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone)]
@@ -314,7 +316,17 @@ pub struct Workspace {
     pub prebuild: bool,
     /// The Coder Task this workspace backs, if any.
     pub task_id: Option<Uuid>,
+    /// Its template's name (`gpu-workspace` unless made with `create_workspace_of`).
+    pub template: String,
+    /// Its pod asks for a GPU (`nvidia.com/gpu`); a CPU template's does not, and runs at once.
+    pub needs_gpu: bool,
+    /// Its agent never connects (an image that never pulls, a crash-looping entrypoint), while
+    /// its pod keeps whatever GPU it was given (kubelet's device stays allocated).
+    pub agent_never_connects: bool,
 }
+
+/// The template of workspaces made with `create_workspace`.
+pub const GPU_TEMPLATE: &str = "gpu-workspace";
 
 impl Workspace {
     pub fn latest(&self) -> Option<&Build> {
@@ -597,9 +609,30 @@ impl World {
             stall_next_stop: false,
             prebuild: false,
             task_id: None,
+            template: GPU_TEMPLATE.into(),
+            needs_gpu: true,
+            agent_never_connects: false,
         });
         self.create_build(id, "start", owner_idx, "initiator")?;
         Ok(id)
+    }
+
+    /// A workspace of another template; `needs_gpu: false` is a CPU template's (its pod runs
+    /// without a GPU).
+    pub fn create_workspace_of(&mut self, owner: &str, name: &str, template: &str, needs_gpu: bool) -> Result<Uuid, ApiError> {
+        let id = self.create_workspace(owner, name, None)?;
+        if let Some(wi) = self.ws_index(id) {
+            self.workspaces[wi].template = template.into();
+            self.workspaces[wi].needs_gpu = needs_gpu;
+        }
+        Ok(id)
+    }
+
+    /// Its agent never connects from now on (its pod keeps any GPU it has).
+    pub fn agent_never_connects(&mut self, ws_id: Uuid) {
+        if let Some(wi) = self.ws_index(ws_id) {
+            self.workspaces[wi].agent_never_connects = true;
+        }
     }
 
     /// Creates a workspace in organization `org` (an index into `organizations`).
@@ -657,7 +690,15 @@ impl World {
             reason,
             initiator: by,
             created_at: now,
-            job: Job { id: Uuid::new_v4(), status: "pending", created_at: now, started_at: None, completed_at: None, error: None },
+            job: Job {
+                id: Uuid::new_v4(),
+                status: "pending",
+                created_at: now,
+                started_at: None,
+                completed_at: None,
+                error: None,
+                canceled_at: None,
+            },
             deadline: None,
             max_deadline: None,
             agent: None,
@@ -704,7 +745,7 @@ impl World {
             let now = self.now();
             let ws = &mut self.workspaces[wi];
             let Some(pod) = &mut ws.pod else { continue };
-            if pod.connect_at.is_some_and(|t| now_real >= t) {
+            if pod.connect_at.is_some_and(|t| now_real >= t) && !ws.agent_never_connects {
                 pod.connect_at = None;
                 if let Some(agent) = ws.builds.last_mut().and_then(|b| b.agent.as_mut()) {
                     agent.first_connected_at = agent.first_connected_at.or(Some(now));
@@ -819,8 +860,12 @@ impl World {
             "pending" => {
                 b.job.status = "canceled";
                 b.job.completed_at = Some(now);
+                b.job.canceled_at = Some(now);
             }
-            "running" => b.job.status = "canceling",
+            "running" => {
+                b.job.status = "canceling";
+                b.job.canceled_at = Some(now);
+            }
             "canceling" | "canceled" => return Err(api_error(400, "Job has already been marked as canceled!")),
             _ => return Err(api_error(400, "Job has already completed!")),
         }
@@ -842,9 +887,15 @@ impl World {
         let b = &mut ws.builds[bi];
         b.job.completed_at = Some(now);
         if b.job.status == "canceling" {
-            b.job.status = "canceled";
+            // coderd's `job_status` reads `error` before `canceled_at` (NOTES §16): a canceled job
+            // that ends in an error (here a build set to fail: the provisioner's force-cancel,
+            // "Cancel timed out") is `failed`, with `canceled_at` set.
+            let (status, what) =
+                if b.fail { ("failed", "the canceled job failed (Cancel timed out)") } else { ("canceled", "the job ended canceled") };
+            b.job.status = status;
+            b.job.error = b.fail.then(|| "Cancel timed out".to_string());
             let name = ws.name.clone();
-            self.log(&name, "build_canceled", "the job ended canceled".into());
+            self.log(&name, "build_canceled", what.into());
             return;
         }
         if b.fail {
@@ -890,7 +941,10 @@ impl World {
                     None => {
                         let rs = &Uuid::new_v4().simple().to_string()[..10];
                         let suffix = &Uuid::new_v4().simple().to_string()[..5];
-                        ws.pod = Some(Pod { name: format!("coder-{}-{rs}-{suffix}", ws.id), gpu: None, created_at: now, connect_at: None });
+                        // A CPU template's pod is scheduled at once; a GPU one waits for a GPU.
+                        let connect_at =
+                            (!ws.needs_gpu).then(|| Instant::now() + self.config.agent_connect.div_f64(self.config.scale.max(0.001)));
+                        ws.pod = Some(Pod { name: format!("coder-{}-{rs}-{suffix}", ws.id), gpu: None, created_at: now, connect_at });
                     }
                 }
                 self.log(&name, "build_succeeded", "start: the Deployment exists (wait_for_rollout = false)".into());
@@ -914,8 +968,9 @@ impl World {
     fn schedule_pods(&mut self) {
         loop {
             let Some(free) = (0..self.gpu_holders.len()).find(|&g| self.gpu_holders[g].is_none() && !self.cordoned[g]) else { return };
-            let mut waiting: Vec<usize> =
-                (0..self.workspaces.len()).filter(|&i| self.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none())).collect();
+            let mut waiting: Vec<usize> = (0..self.workspaces.len())
+                .filter(|&i| self.workspaces[i].needs_gpu && self.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none()))
+                .collect();
             if waiting.is_empty() {
                 return;
             }

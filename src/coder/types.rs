@@ -103,6 +103,11 @@ pub struct ProvisionerJob {
     pub completed_at: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Set when someone canceled the job. coderd's `job_status` tests `error` first, so a job
+    /// canceled while running that then fails (the provisioner's "Cancel timed out") reads
+    /// `failed` with this set (reference coder NOTES §16): it was still a person's cancel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canceled_at: Option<Time>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
@@ -368,12 +373,13 @@ fn read_build(r: &mut Reader<'_>) -> Result<WorkspaceBuild, ReadError> {
 }
 
 fn read_job(r: &mut Reader<'_>) -> Result<ProvisionerJob, ReadError> {
-    let (mut id, mut status, mut completed_at, mut error) = (None, None, None, None);
+    let (mut id, mut status, mut completed_at, mut error, mut canceled_at) = (None, None, None, None, None);
     r.object(|r, key| match key {
         b"id" => set(&mut id, key, text(r)?),
         b"status" => set(&mut status, key, JobStatus::from_text(&r.string()?)),
         b"completed_at" => set(&mut completed_at, key, optional(r, time)?),
         b"error" => set(&mut error, key, optional(r, text)?),
+        b"canceled_at" => set(&mut canceled_at, key, optional(r, time)?),
         _ => r.skip(),
     })?;
     Ok(ProvisionerJob {
@@ -381,6 +387,7 @@ fn read_job(r: &mut Reader<'_>) -> Result<ProvisionerJob, ReadError> {
         status: required(status, "status")?,
         completed_at: completed_at.flatten(),
         error: error.flatten(),
+        canceled_at: canceled_at.flatten(),
     })
 }
 
@@ -524,7 +531,13 @@ mod tests {
                 created_at: Some(t(7)),
                 transition: Transition::Stop,
                 status: WorkspaceStatus::Failed,
-                job: ProvisionerJob { id: "job".into(), status: JobStatus::Failed, completed_at: Some(t(8)), error: Some("boom".into()) },
+                job: ProvisionerJob {
+                    id: "job".into(),
+                    status: JobStatus::Failed,
+                    completed_at: Some(t(8)),
+                    error: Some("boom".into()),
+                    canceled_at: Some(t(11)),
+                },
                 initiator_id: Some("initiator".into()),
                 template_version_id: Some("version".into()),
                 reason: BuildReason::Autostop,

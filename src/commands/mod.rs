@@ -222,6 +222,7 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
                 organization_permissions(&coder, &ws, &mut line).await;
                 let (ok, detail) = coverage(&collection.series, &ws, &settings);
                 line(ok, "coverage", &detail);
+                line(true, "gpu templates", &gpu_templates(&collection.series, &ws, &settings.policy));
             }
             Err(e) => line(false, "coverage", &format!("cannot list workspaces: {e}")),
         }
@@ -284,6 +285,27 @@ fn frozen_detection(series: &[GpuSeries]) -> String {
     )
 }
 
+/// Which templates are GPU templates (only their waiting workspaces are demand): the ones
+/// `gpu_templates` names, or while it is unset, the ones learned from GPU series (those of this
+/// check's running workspaces here; `run` remembers them for `LEARNED_TEMPLATE_MEMORY`).
+fn gpu_templates(series: &[GpuSeries], workspaces: &[Workspace], policy: &crate::pass::policy::Policy) -> String {
+    if !policy.gpu_templates.is_empty() {
+        return format!("gpu_templates {:?}: only their workspaces wait for a GPU or lack GPU data", policy.gpu_templates);
+    }
+    let mapped: HashSet<&str> = series.iter().filter_map(|s| s.workspace_id.as_deref()).collect();
+    let learned: std::collections::BTreeSet<&str> =
+        workspaces.iter().filter(|w| mapped.contains(w.id.as_str())).map(|w| w.template_name.as_str()).collect();
+    let list = if learned.is_empty() { "none yet".to_string() } else { format!("{learned:?}") };
+    let contended = if policy.reclaim_when == crate::pass::policy::ReclaimWhen::Contended {
+        "; with reclaim_when = \"contended\", set gpu_templates: a GPU template none of whose workspaces has had a GPU yet is no demand until one has"
+    } else {
+        ""
+    };
+    format!(
+        "gpu_templates is unset: learned from GPU series, {list}; a workspace of another template never counts as waiting for a GPU{contended}"
+    )
+}
+
 /// How many running workspaces have GPU series, and a failure when no workspace of a GPU
 /// template has any: then nothing can ever be judged, and the likely cause is named.
 fn coverage(series: &[GpuSeries], workspaces: &[Workspace], settings: &Settings) -> (bool, String) {
@@ -318,7 +340,7 @@ fn coverage(series: &[GpuSeries], workspaces: &[Workspace], settings: &Settings)
         format!("no GPU series{filter} names a workspace by {by}: check dcgm-exporter's --kubernetes and the label names Prometheus keeps")
     };
     let templates = if settings.policy.gpu_templates.is_empty() {
-        " (every template counts as a GPU template: set gpu_templates if some have no GPU)"
+        " (gpu_templates is unset: every template's workspaces were looked for; set gpu_templates if some have no GPU)"
     } else {
         ""
     };

@@ -117,6 +117,8 @@ pub struct Decision {
     /// `extend_while_busy`: Coder's deadline of a workspace kept because its GPU computes with
     /// nobody connected, and whether to move it this pass (`pass::deadline`).
     pub deadline: Option<Box<DeadlinePlan>>,
+    /// Its GPU pool: an index into `Policy::pools` (`pool` of its rule, else the default).
+    pub pool: usize,
 }
 
 impl Decision {
@@ -224,9 +226,11 @@ fn gr_stuck(samples: &[&SignalValues], p: &Policy) -> bool {
     samples.windows(2).any(|pair| one(pair[0]) && one(pair[1]))
 }
 
+#[derive(Clone, Copy)]
 struct Builder<'a> {
     ws: &'a Workspace,
     connection_idle: Duration,
+    pool: usize,
 }
 
 impl Builder<'_> {
@@ -241,6 +245,7 @@ impl Builder<'_> {
             stop_at: None,
             restore_ttl_ms: None,
             deadline: None,
+            pool: self.pool,
         }
     }
 }
@@ -303,7 +308,8 @@ pub fn without_stop_permission(d: &mut Decision, organization: &str) {
 
 /// Judges one workspace. `prior_stop_at` is the stop time of a warning issued in an earlier
 /// pass (grace), which the caller remembers and clears when the verdict is no longer eligible.
-/// Coder's timestamps are read on this machine's clock; see `decide_with_coder_clock`.
+/// Coder's timestamps are read on this machine's clock, and its template is a GPU template when
+/// `gpu_templates` says so (every template while it is unset); see `decide_with_coder_clock`.
 pub fn decide(
     now: DateTime<Utc>,
     ws: &Workspace,
@@ -311,10 +317,14 @@ pub fn decide(
     policy: &Policy,
     prior_stop_at: Option<DateTime<Utc>>,
 ) -> Decision {
-    decide_with_coder_clock(now, Duration::zero(), ws, gpus, policy, prior_stop_at)
+    let gpu_template = policy.gpu_templates.is_empty() || policy.is_gpu_template(&ws.template_name);
+    decide_with_coder_clock(now, Duration::zero(), ws, gpus, policy, prior_stop_at, gpu_template)
 }
 
-/// `decide`, with Coder's clock `coder_offset` ahead of this machine's (negative: behind).
+/// `decide`, with Coder's clock `coder_offset` ahead of this machine's (negative: behind), and
+/// whether the workspace's template is a GPU template (the evaluator's answer: `gpu_templates`,
+/// or while that is unset, a template one of whose workspaces has had a GPU series). Only a GPU
+/// template's workspaces wait for a GPU (demand) or lack GPU data.
 /// `last_used_at` and build times are Coder's, so they are judged against `now + coder_offset`;
 /// GPU samples are this machine's, judged against `now`.
 pub fn decide_with_coder_clock(
@@ -324,10 +334,12 @@ pub fn decide_with_coder_clock(
     gpus: Option<&[GpuWindow]>,
     policy: &Policy,
     prior_stop_at: Option<DateTime<Utc>>,
+    gpu_template: bool,
 ) -> Decision {
     let coder_now = now + coder_offset;
     let windows: Vec<&GpuWindow> = gpus.map(|g| g.iter().filter(|w| !w.samples.is_empty()).collect()).unwrap_or_default();
-    let b = Builder { ws, connection_idle: (coder_now - ws.last_used_at).max(Duration::zero()) };
+    let (th, exempt) = policy.for_workspace(ws);
+    let b = Builder { ws, connection_idle: (coder_now - ws.last_used_at).max(Duration::zero()), pool: th.pool };
     let build = &ws.latest_build;
     if build.job.status.is_active() {
         return b.out(
@@ -346,62 +358,22 @@ pub fn decide_with_coder_clock(
     if ws.is_prebuild() {
         return b.out(Verdict::Skip, Reason::Prebuild, "a prebuilt workspace, waiting to be claimed".into(), None);
     }
-    // Stopping a Task's workspace pauses an agent mid-work without telling anyone.
-    if ws.task_id.is_some() && !policy.reclaim_tasks {
-        return b.out(Verdict::Skip, Reason::Task, "backs a Coder Task (set reclaim_tasks = true to judge it)".into(), None);
-    }
-    let (th, exempt) = policy.for_workspace(ws);
-    if exempt {
-        return b.out(Verdict::Skip, Reason::Excluded, "exempt by a policy rule".into(), None);
-    }
-    let gpu_template = policy.is_gpu_template(&ws.template_name);
-    let fresh_gpu = windows.iter().any(|w| w.last_at().is_some_and(|t| now - t <= dur(policy.stale_after)));
-    // Before any GPU judgement: kubelet keeps reporting a finished pod's GPU for a while
-    // (stale pod labels), so series may still carry the id of a workspace whose new pod waits.
-    // Every start passes through `connecting` (image pull, container start), and the device
-    // plugin gives the pod its GPU at admission, before the pull: a young start whose pod
-    // already reports a GPU is starting, not waiting.
-    if let Some(created) = agent_never_connected(ws).filter(|_| gpu_template) {
-        let age = (coder_now - created).max(Duration::zero());
-        let allowance = start_allowance(ws, policy);
-        if fresh_gpu && age < allowance {
-            return b.out(
-                Verdict::Keep,
-                Reason::Starting,
-                format!(
-                    "starting for {}: its pod already reports a GPU, its agent has not connected yet (image pull, container start; allowance {})",
-                    human(age),
-                    human(allowance)
-                ),
-                None,
-            );
-        }
-        return b.out(
-            Verdict::Waiting,
-            Reason::WaitingForGpu,
-            "started, but its agent never connected: the pod is waiting for a GPU".into(),
-            None,
-        );
-    }
-    if let Some(since) = agent_lost(ws).filter(|_| gpu_template && !fresh_gpu) {
-        let lost_for = (coder_now - since).max(Duration::zero());
-        if lost_for >= dur(policy.agent_lost_after) {
-            return b.out(
-                Verdict::Unknown,
-                Reason::AgentLost,
-                format!(
-                    "its agent has been disconnected for {} and no GPU reports for it: the pod is gone for good (a bare pod after an eviction, a lost node?); not counted as waiting; restart or stop it in Coder",
-                    human(lost_for)
-                ),
-                None,
-            );
-        }
-        return b.out(
-            Verdict::Waiting,
-            Reason::WaitingForGpu,
-            "its agent lost its connection and no GPU reports for it: the pod was evicted or rescheduled and waits for a GPU".into(),
-            None,
-        );
+    // Stopping a Task's workspace pauses an agent mid-work without telling anyone; an exempt one
+    // is never judged. Neither is ever stopped, but one waiting for a GPU waits like anyone
+    // else: it is demand.
+    let not_judged = if ws.task_id.is_some() && !policy.reclaim_tasks {
+        Some((Reason::Task, "backs a Coder Task (set reclaim_tasks = true to judge it)"))
+    } else if exempt {
+        Some((Reason::Excluded, "exempt by a policy rule"))
+    } else {
+        None
+    };
+    let absent = without_an_agent(now, coder_now, ws, &windows, policy, gpu_template, b);
+    match (absent, not_judged) {
+        (Some(d), None) => return d,
+        (Some(d), Some(_)) if d.verdict == Verdict::Waiting => return d,
+        (_, Some((reason, why))) => return b.out(Verdict::Skip, reason, why.into(), None),
+        (None, None) => {}
     }
     if windows.is_empty() {
         if gpu_template && !policy.gpu_templates.is_empty() {
@@ -410,6 +382,9 @@ pub fn decide_with_coder_clock(
         return b.out(Verdict::Skip, Reason::NoGpu, "no GPU series maps to this workspace".into(), None);
     }
     let mut d = judge_gpus(now, coder_now, ws, &windows, policy, &th, b);
+    if gpu_template && agent_never_connected(ws).is_some() {
+        d.message = format!("its agent never connected, but its pod holds a GPU past start_allowance; {}", d.message);
+    }
     // Keeping busy work running: only what the GPU itself shows computing in the latest sample
     // (never a power veto alone), on readings that would be enough to judge it idle (enough
     // samples, no gap), and only with nobody connected (Coder bumps a connected one).
@@ -439,6 +414,76 @@ pub fn decide_with_coder_clock(
         }
     }
     d
+}
+
+/// A workspace whose agent never connected, or lost its connection: `starting` (kept) while
+/// young with its pod already reporting a GPU, `waiting` for a GPU (demand), or `unknown`
+/// (`agent-lost`) once lost for good. `None` when it is judged by its GPUs: its agents are
+/// connected, it is no GPU template's, or its pod reports a GPU past `start_allowance`.
+fn without_an_agent(
+    now: DateTime<Utc>,
+    coder_now: DateTime<Utc>,
+    ws: &Workspace,
+    windows: &[&GpuWindow],
+    policy: &Policy,
+    gpu_template: bool,
+    b: Builder<'_>,
+) -> Option<Decision> {
+    let fresh_gpu = windows.iter().any(|w| w.last_at().is_some_and(|t| now - t <= dur(policy.stale_after)));
+    // Before any GPU judgement: kubelet keeps reporting a finished pod's GPU for a while
+    // (stale pod labels), so series may still carry the id of a workspace whose new pod waits.
+    // Every start passes through `connecting` (image pull, container start), and the device
+    // plugin gives the pod its GPU at admission, before the pull: a young start whose pod
+    // already reports a GPU is starting, not waiting.
+    if let Some(created) = agent_never_connected(ws).filter(|_| gpu_template) {
+        let age = (coder_now - created).max(Duration::zero());
+        let allowance = start_allowance(ws, policy);
+        if fresh_gpu && age < allowance {
+            return Some(b.out(
+                Verdict::Keep,
+                Reason::Starting,
+                format!(
+                    "starting for {}: its pod already reports a GPU, its agent has not connected yet (image pull, container start; allowance {})",
+                    human(age),
+                    human(allowance)
+                ),
+                None,
+            ));
+        }
+        // Past the allowance with its pod reporting a GPU (an image that never pulls, a
+        // crash-looping entrypoint: kubelet keeps the device allocated): not waiting, it holds
+        // a GPU, and is judged by it like any other workspace.
+        if fresh_gpu {
+            return None;
+        }
+        return Some(b.out(
+            Verdict::Waiting,
+            Reason::WaitingForGpu,
+            "started, but its agent never connected: the pod is waiting for a GPU".into(),
+            None,
+        ));
+    }
+    if let Some(since) = agent_lost(ws).filter(|_| gpu_template && !fresh_gpu) {
+        let lost_for = (coder_now - since).max(Duration::zero());
+        if lost_for >= dur(policy.agent_lost_after) {
+            return Some(b.out(
+                Verdict::Unknown,
+                Reason::AgentLost,
+                format!(
+                    "its agent has been disconnected for {} and no GPU reports for it: the pod is gone for good (a bare pod after an eviction, a lost node?); not counted as waiting; restart or stop it in Coder",
+                    human(lost_for)
+                ),
+                None,
+            ));
+        }
+        return Some(b.out(
+            Verdict::Waiting,
+            Reason::WaitingForGpu,
+            "its agent lost its connection and no GPU reports for it: the pod was evicted or rescheduled and waits for a GPU".into(),
+            None,
+        ));
+    }
+    None
 }
 
 fn judge_gpus(
@@ -612,6 +657,8 @@ pub struct FleetOutcome {
     pub breaker: Option<String>,
     pub waiting: usize,
     pub gpu_workspaces: usize,
+    /// Per pool (`Policy::pools`, same order): who waits there and who is idle there.
+    pub pools: Vec<PoolCounts>,
     /// Indices into the decisions whose deadline is due to be extended, soonest deadline first
     /// (the breaker, which guards against zeros, does not hold extensions back).
     pub extend_order: Vec<usize>,
@@ -620,29 +667,54 @@ pub struct FleetOutcome {
     pub extension_slots: usize,
 }
 
-/// Applies contention, the breaker and the cap to a pass's decisions.
+/// One pool's demand and supply in a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolCounts {
+    /// Workspaces waiting for a GPU in the pool.
+    pub waiting: usize,
+    /// Idle workspaces of the pool: stop-eligible, or kept only because nobody waits there.
+    pub idle: usize,
+}
+
+/// Applies contention (per pool), the breaker and the caps to a pass's decisions.
 pub fn apply_fleet_rules(decisions: &mut [Decision], policy: &Policy) -> FleetOutcome {
-    let waiting = decisions.iter().filter(|d| d.verdict == Verdict::Waiting).count();
+    let pools = policy.pools.len().max(1);
+    let pool_of = |d: &Decision| d.pool.min(pools - 1);
+    let mut waiting_in = vec![0usize; pools];
+    for d in decisions.iter().filter(|d| d.verdict == Verdict::Waiting) {
+        waiting_in[pool_of(d)] += 1;
+    }
+    let waiting = waiting_in.iter().sum();
     let by_idle_desc = |ds: &[Decision], pick: &dyn Fn(&Decision) -> bool| {
         let mut idx: Vec<usize> = (0..ds.len()).filter(|&i| pick(&ds[i])).collect();
         idx.sort_by(|&a, &b| ds[b].gpu_idle.cmp(&ds[a].gpu_idle).then_with(|| ds[a].workspace_id.cmp(&ds[b].workspace_id)));
         idx
     };
     if policy.reclaim_when == ReclaimWhen::Contended {
-        for (rank, i) in by_idle_desc(decisions, &|d| d.is_stop_eligible()).into_iter().enumerate() {
-            if rank >= waiting {
-                let d = &mut decisions[i];
-                d.message = format!("{}; kept: no workspace is waiting for a GPU", d.message);
-                d.verdict = Verdict::Keep;
-                d.reason = Reason::NoContention;
-                d.stop_at = None;
+        // Longest idle first, as many in each pool as wait there.
+        let mut given = vec![0usize; pools];
+        for i in by_idle_desc(decisions, &|d| d.is_stop_eligible()) {
+            let p = pool_of(&decisions[i]);
+            if given[p] < waiting_in[p] {
+                given[p] += 1;
+                continue;
             }
+            let d = &mut decisions[i];
+            let whose = if pools > 1 { format!(" in its pool {:?}", policy.pools[p]) } else { String::new() };
+            d.message = format!("{}; kept: no workspace is waiting for a GPU{whose}", d.message);
+            d.verdict = Verdict::Keep;
+            d.reason = Reason::NoContention;
+            d.stop_at = None;
         }
     }
     let gpu_workspaces =
         decisions.iter().filter(|d| matches!(d.verdict, Verdict::Keep | Verdict::Warn | Verdict::Reclaim | Verdict::Unknown)).count();
     let reclaim = by_idle_desc(decisions, &|d| d.verdict == Verdict::Reclaim);
-    let mut out = FleetOutcome { waiting, gpu_workspaces, ..FleetOutcome::default() };
+    let mut counts: Vec<PoolCounts> = waiting_in.iter().map(|&waiting| PoolCounts { waiting, idle: 0 }).collect();
+    for d in decisions.iter().filter(|d| d.is_stop_eligible() || d.reason == Reason::NoContention) {
+        counts[pool_of(d)].idle += 1;
+    }
+    let mut out = FleetOutcome { waiting, gpu_workspaces, pools: counts, ..FleetOutcome::default() };
     let mut extend: Vec<usize> =
         (0..decisions.len()).filter(|&i| decisions[i].deadline.as_ref().is_some_and(|p| p.extend_to().is_some())).collect();
     let soonest = |i: usize| decisions[i].deadline.as_ref().map(|p| p.deadline);

@@ -116,7 +116,16 @@ pub struct Evaluator {
     may_stop: HashMap<String, bool>,
     /// A listing succeeded once: `sessions` holds the running workspaces.
     listed: bool,
+    /// While `gpu_templates` is unset: templates one of whose workspaces had a GPU series, and
+    /// when that was last seen (`LEARNED_TEMPLATE_MEMORY`).
+    gpu_templates_seen: HashMap<String, DateTime<Utc>>,
 }
+
+/// How long a template counts as a GPU template after the last of its workspaces that had a GPU
+/// series was seen with one.
+pub const LEARNED_TEMPLATE_MEMORY: chrono::Duration = chrono::Duration::days(7);
+/// The most templates learned at once (Coder deployments have tens): the longest unseen go first.
+const MAX_LEARNED_TEMPLATES: usize = 10_000;
 
 impl Evaluator {
     pub fn new(coder: CoderClient, source: Sources, policy: Policy, interval: std::time::Duration) -> Self {
@@ -131,6 +140,7 @@ impl Evaluator {
             coder_clock_offset: chrono::Duration::zero(),
             may_stop: HashMap::new(),
             listed: false,
+            gpu_templates_seen: HashMap::new(),
         }
     }
 
@@ -169,6 +179,47 @@ impl Evaluator {
 
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Whether a template is a GPU template: one `gpu_templates` names, or while that is unset,
+    /// one of whose workspaces has had a GPU series within `LEARNED_TEMPLATE_MEMORY`.
+    pub fn is_gpu_template(&self, template: &str) -> bool {
+        if self.policy.gpu_templates.is_empty() {
+            self.gpu_templates_seen.contains_key(template)
+        } else {
+            self.policy.is_gpu_template(template)
+        }
+    }
+
+    /// The templates learned as GPU templates (`gpu_templates` unset), sorted.
+    pub fn learned_gpu_templates(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.gpu_templates_seen.keys().cloned().collect();
+        out.sort();
+        out
+    }
+
+    /// Remembers the templates of workspaces that have GPU series now, and forgets the ones not
+    /// seen with one for `LEARNED_TEMPLATE_MEMORY`.
+    fn learn_gpu_templates(&mut self, workspaces: &[Workspace], now: DateTime<Utc>) {
+        if !self.policy.gpu_templates.is_empty() {
+            return;
+        }
+        for ws in workspaces.iter().filter(|w| self.windows.get(&w.id).is_some_and(|g| g.iter().any(|w| !w.samples.is_empty()))) {
+            match self.gpu_templates_seen.get_mut(&ws.template_name) {
+                Some(seen) => *seen = now,
+                None => {
+                    self.gpu_templates_seen.insert(ws.template_name.clone(), now);
+                }
+            }
+        }
+        self.gpu_templates_seen.retain(|_, seen| now - *seen < LEARNED_TEMPLATE_MEMORY);
+        if self.gpu_templates_seen.len() > MAX_LEARNED_TEMPLATES {
+            let mut by_age: Vec<(DateTime<Utc>, String)> = self.gpu_templates_seen.iter().map(|(t, at)| (*at, t.clone())).collect();
+            by_age.sort();
+            for (_, t) in by_age.into_iter().take(self.gpu_templates_seen.len() - MAX_LEARNED_TEMPLATES) {
+                self.gpu_templates_seen.remove(&t);
+            }
+        }
     }
 
     pub fn windows(&self) -> &Windows {
@@ -250,12 +301,14 @@ impl Evaluator {
         let failed: HashSet<&str> = collection.failures.iter().map(|f| f.source.as_str()).collect();
         self.windows.mark_failed_sources(&failed);
         self.windows.prune(now, &live);
+        self.learn_gpu_templates(&workspaces, now);
 
         let mut decisions: Vec<Decision> = workspaces
             .iter()
             .map(|ws| {
                 let prior = self.warnings.get(&ws.id).copied();
-                decide_with_coder_clock(now, self.coder_clock_offset, ws, self.windows.get(&ws.id), &self.policy, prior)
+                let gpu_template = self.is_gpu_template(&ws.template_name);
+                decide_with_coder_clock(now, self.coder_clock_offset, ws, self.windows.get(&ws.id), &self.policy, prior, gpu_template)
             })
             .collect();
         for (ws, d) in workspaces.iter().zip(decisions.iter_mut()) {

@@ -1,7 +1,7 @@
 //! Prometheus metrics, all prefixed `coder_gpu_reclaimer_`. Labels are typed and bounded:
 //! pass results, verdicts, reason codes, modes, stop failure kinds, route templates and status
-//! codes, GPU source addresses (`host:port`), template names and the currency; never a
-//! workspace id or name.
+//! codes, GPU source addresses (`host:port`), template names, pools (from the config) and the
+//! currency; never a workspace id or name.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -91,6 +91,12 @@ pub struct CostLabels {
     pub currency: LabelText,
 }
 
+/// A GPU pool (`pool` in the config: bounded, at most 32).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: LabelText,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
     pub source: LabelText,
@@ -111,7 +117,7 @@ pub struct Metrics {
     pub coder_requests: Family<RequestLabels, Counter>,
     pub scrape_errors: Family<SourceLabels, Counter>,
     pub token_expiry: Gauge<f64, AtomicU64>,
-    pub waiting: Gauge,
+    pub waiting: Family<PoolLabels, Gauge>,
     pub last_pass: Gauge<f64, AtomicU64>,
     pub coder_clock_offset: Gauge<f64, AtomicU64>,
     pub stuck_stops: Gauge,
@@ -146,7 +152,7 @@ impl Metrics {
             coder_requests: Family::default(),
             scrape_errors: Family::default(),
             token_expiry: Gauge::default(),
-            waiting: Gauge::default(),
+            waiting: Family::default(),
             last_pass: Gauge::default(),
             coder_clock_offset: Gauge::default(),
             stuck_stops: Gauge::default(),
@@ -187,7 +193,7 @@ impl Metrics {
         );
         registry.register("scrape_errors", "Failed GPU source reads, by source", m.scrape_errors.clone());
         registry.register("token_expiry_timestamp_seconds", "When the owner session token expires (unix time)", m.token_expiry.clone());
-        registry.register("waiting_workspaces", "GPU workspaces waiting for a GPU in the latest pass", m.waiting.clone());
+        registry.register("waiting_workspaces", "GPU workspaces waiting for a GPU in the latest pass, by pool", m.waiting.clone());
         registry.register("last_pass_timestamp_seconds", "When the latest successful pass finished (unix time)", m.last_pass.clone());
         registry.register(
             "coder_clock_offset_seconds",

@@ -158,6 +158,19 @@ h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-
             c.given_back_today, c.given_back_7d, c.idle_today, a.gpu_hours_idle_today, c.idle_7d
         );
     }
+    if doc.pools.len() > 1 {
+        out.push_str(r#"<section class="cards" id="pools">"#);
+        for p in &doc.pools {
+            let _ = write!(
+                out,
+                r#"<div class="card" data-pool="{name}"><b>{} waiting &middot; {} idle</b><span>pool {name}</span></div>"#,
+                p.waiting,
+                p.idle,
+                name = escape(&p.pool)
+            );
+        }
+        out.push_str("</section>");
+    }
     if let Some(b) = &doc.breaker {
         let _ = write!(out, r#"<div class="breaker" id="breaker"><b>Circuit breaker open:</b> {}</div>"#, escape(b));
     }

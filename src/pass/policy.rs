@@ -37,6 +37,8 @@ pub struct Thresholds {
     pub extend_by: Duration,
     /// No extension moves the deadline past the build's completion plus this.
     pub extend_limit: Duration,
+    /// Its GPU pool: an index into `Policy::pools`.
+    pub pool: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -98,7 +100,14 @@ pub struct Policy {
     /// (a bare pod after an eviction, a lost node): it stops counting as demand.
     pub agent_lost_after: Duration,
     pub rules: Vec<Rule>,
+    /// The GPU pools, by name: the default one first (`pool`, `"default"` unless set), then
+    /// every other one a rule names. In `contended` mode a waiting workspace is demand for its
+    /// own pool only.
+    pub pools: Vec<String>,
 }
+
+/// The default pool's name.
+pub const DEFAULT_POOL: &str = "default";
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -126,6 +135,9 @@ pub struct Rule {
     pub extend_by: Option<Duration>,
     #[serde(default, with = "crate::duration::opt")]
     pub extend_limit: Option<Duration>,
+    /// The GPU pool its workspaces wait in and give back to (`contended` mode).
+    #[serde(default)]
+    pub pool: Option<String>,
 }
 
 impl Rule {
@@ -147,6 +159,7 @@ impl Policy {
                 extend_while_busy: false,
                 extend_by: Duration::from_secs(60 * 60),
                 extend_limit: Duration::from_secs(24 * 60 * 60),
+                pool: 0,
             },
             reclaim_when: ReclaimWhen::Always,
             gpu_templates: Vec::new(),
@@ -174,6 +187,7 @@ impl Policy {
             start_allowance: Duration::from_secs(10 * 60),
             agent_lost_after: Duration::from_secs(60 * 60),
             rules: Vec::new(),
+            pools: vec![DEFAULT_POOL.to_string()],
         }
     }
 
@@ -196,6 +210,9 @@ impl Policy {
         t.extend_while_busy = rule.extend_while_busy.unwrap_or(t.extend_while_busy);
         t.extend_by = rule.extend_by.unwrap_or(t.extend_by);
         t.extend_limit = rule.extend_limit.unwrap_or(t.extend_limit);
+        if let Some(pool) = &rule.pool {
+            t.pool = self.pools.iter().position(|p| p == pool).unwrap_or(0);
+        }
         (t, rule.exempt)
     }
 

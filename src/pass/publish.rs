@@ -15,9 +15,9 @@ use crate::pass::accounting::Accounting;
 use crate::pass::actuator::{Acted, StuckStop};
 use crate::pass::decide::Verdict;
 use crate::pass::evaluate::{Evaluation, Evaluator, Judged};
-use crate::pass::metrics::{Metrics, PassLabels, SourceLabels};
+use crate::pass::metrics::{Metrics, PassLabels, PoolLabels, SourceLabels};
 use crate::pass::mode::Mode;
-use crate::pass::status::{KeptRunning, StatusDocument, WorkspaceStatus};
+use crate::pass::status::{KeptRunning, PoolStatus, StatusDocument, WorkspaceStatus};
 
 /// What is wrong with the token.
 #[derive(Debug, Clone, PartialEq)]
@@ -241,7 +241,9 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
     if let Some(offset) = eval.coder_clock_offset {
         metrics.coder_clock_offset.set(offset.num_milliseconds() as f64 / 1000.0);
     }
-    metrics.waiting.set(eval.fleet.waiting as i64);
+    for (name, counts) in policy.pools.iter().zip(&eval.fleet.pools) {
+        metrics.waiting.get_or_create(&PoolLabels { pool: name.as_str().into() }).set(counts.waiting as i64);
+    }
     metrics.passes.get_or_create(&PassLabels { result: "ok" }).inc();
     metrics.pass_duration.observe(eval.started.elapsed().as_secs_f64());
     metrics.last_pass.set(Utc::now().timestamp_millis() as f64 / 1000.0);
@@ -252,6 +254,12 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
         coder_clock_offset_seconds: eval.coder_clock_offset.map(|o| o.num_seconds()),
         accounting: accounting.summary(eval.now),
         stuck_stops: stuck_stops.clone(),
+        pools: policy
+            .pools
+            .iter()
+            .zip(&eval.fleet.pools)
+            .map(|(name, c)| PoolStatus { pool: name.clone(), waiting: c.waiting, idle: c.idle })
+            .collect(),
         notes: Vec::new(),
         workspaces: eval
             .judged

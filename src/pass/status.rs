@@ -70,6 +70,10 @@ pub struct StatusDocument {
     /// they are pending.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stuck_stops: Vec<StuckStop>,
+    /// Per GPU pool (the config's `pool` keys; one, `default`, without them): who waits there and
+    /// who is idle there. In `contended` mode only a pool's own idle workspaces are stopped for
+    /// its waiters.
+    pub pools: Vec<PoolStatus>,
     /// Caveats about this document (for example, a short sampling history in `plan`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -102,6 +106,16 @@ pub struct WorkspaceStatus {
     /// page's sparkline; not in the JSON.
     #[serde(skip)]
     pub activity: Vec<u8>,
+}
+
+/// One pool's demand and supply in the latest pass.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PoolStatus {
+    pub pool: String,
+    /// Workspaces waiting for a GPU in this pool.
+    pub waiting: usize,
+    /// Its idle workspaces: to be stopped, or kept because nobody waits in this pool.
+    pub idle: usize,
 }
 
 /// A busy workspace's deadline, as the status document shows it.
@@ -199,6 +213,7 @@ impl StatusDocument {
             coder_clock_offset_seconds: None,
             accounting: AccountingSummary::default(),
             stuck_stops: Vec::new(),
+            pools: Vec::new(),
             notes: Vec::new(),
             workspaces: Vec::new(),
         }
@@ -249,6 +264,11 @@ impl StatusDocument {
         }
         if self.workspaces.is_empty() {
             out.push_str("(no running workspaces)\n");
+        }
+        if self.pools.len() > 1 {
+            for p in &self.pools {
+                out.push_str(&format!("\npool {}: {} waiting, {} idle\n", p.pool, p.waiting, p.idle));
+            }
         }
         if let Some(b) = &self.breaker {
             out.push_str(&format!("\ncircuit breaker: {b}\n"));

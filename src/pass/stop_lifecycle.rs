@@ -116,6 +116,9 @@ pub fn job_change(
         (JobStatus::Running, StopState::Sent { .. } | StopState::Stuck { .. }) => Some(JobChange::Running),
         (JobStatus::Succeeded, _) => Some(JobChange::Succeeded),
         (JobStatus::Canceled, _) => Some(JobChange::Canceled),
+        // Canceled while running, then failed (coderd reads an error before `canceled_at`): a
+        // person's cancel all the same, never re-sent.
+        (JobStatus::Failed, _) if job.canceled_at.is_some() => Some(JobChange::Canceled),
         (JobStatus::Failed, _) if reaped_by_coder(job) => Some(JobChange::Reaped),
         (JobStatus::Failed, _) => Some(JobChange::Failed),
         // Pending (not yet stuck, or already reported), running on, canceling, or a status this
@@ -140,7 +143,7 @@ mod tests {
     use super::*;
 
     fn job(status: JobStatus, error: Option<&str>) -> ProvisionerJob {
-        ProvisionerJob { id: "j".into(), status, completed_at: None, error: error.map(str::to_string) }
+        ProvisionerJob { id: "j".into(), status, completed_at: None, error: error.map(str::to_string), canceled_at: None }
     }
 
     const REAPED: &str = "Coder: Build has been detected as pending for 30 minutes and has been terminated by the reaper.";
@@ -179,6 +182,19 @@ mod tests {
             let got = job_change(state, &job(status, error), pending_for, timeout, reported);
             assert_eq!(got, want, "{} + job {} ({error:?}), pending {pending_for}, reported {reported}", state.as_str(), status.as_str());
         }
+    }
+
+    #[test]
+    fn a_stop_canceled_while_running_is_canceled_whatever_its_error_says() {
+        let canceled_at = DateTime::<Utc>::from_timestamp(1_764_583_200, 0);
+        let timed_out = ProvisionerJob { canceled_at, ..job(JobStatus::Failed, Some("Cancel timed out")) };
+        let running = StopState::Running { build_id: "b".into() };
+        let change = job_change(&running, &timed_out, Duration::zero(), Duration::minutes(10), false);
+        assert_eq!(change, Some(JobChange::Canceled), "not `failed`: it is not sent again after a back-off");
+        let canceling = ProvisionerJob { canceled_at, ..job(JobStatus::Canceling, None) };
+        assert_eq!(job_change(&running, &canceling, Duration::zero(), Duration::minutes(10), false), None, "wait for the end");
+        let reaped = ProvisionerJob { canceled_at, ..job(JobStatus::Failed, Some(REAPED)) };
+        assert_eq!(job_change(&running, &reaped, Duration::zero(), Duration::minutes(10), false), Some(JobChange::Canceled));
     }
 
     #[test]

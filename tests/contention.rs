@@ -1,0 +1,170 @@
+//! Contention that is real (`reclaim_when = "contended"`), the real binary against the fake
+//! Coder: only GPU templates' workspaces are demand (with `gpu_templates` unset, the templates
+//! learned from GPU series), demand is per pool, a task or exempt workspace that waits is demand
+//! (it is only never stopped), and a pod that holds a GPU while its agent never connects is
+//! judged by its GPU instead of waiting forever. Facts: reference coder NOTES §15-16.
+
+use std::time::Duration;
+
+use mocks::{FakeCoder, FakeExporter};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::e2e::{Service, holds_gpu, until, until_with, world};
+
+fn stops(coder: &FakeCoder, id: Uuid) -> usize {
+    coder.with(|w| w.stop_builds_by(id, "admin"))
+}
+
+fn running(w: &mocks::World, id: Uuid) -> bool {
+    w.ws_index(id).is_some_and(|i| w.is_running(&w.workspaces[i]))
+}
+
+async fn exporter(coder: &FakeCoder) -> FakeExporter {
+    FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap()
+}
+
+async fn get(svc: &Service, path: &str) -> Value {
+    reqwest::get(format!("http://{}{path}", svc.addr().await)).await.unwrap().json().await.unwrap()
+}
+
+/// A workspace that holds a GPU and idles, its owner last seen an hour ago.
+async fn idle_on_a_gpu(coder: &FakeCoder, owner: &str, name: &str) -> Uuid {
+    let id = coder.with(|w| w.create_workspace(owner, name, None)).unwrap();
+    until(coder, &format!("{name} holds a GPU"), Duration::from_secs(5), |w| holds_gpu(w, id) && running(w, id)).await;
+    coder.with(|w| {
+        let i = w.ws_index(id).unwrap();
+        w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
+    });
+    id
+}
+
+fn policy_file(name: &str, text: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("cgr-contention-{name}-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("policy.toml");
+    std::fs::write(&path, text).unwrap();
+    let arg = path.to_string_lossy().into_owned();
+    (dir, arg)
+}
+
+#[tokio::test]
+async fn a_cpu_template_starting_is_no_demand_for_a_gpu() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let idle = idle_on_a_gpu(&coder, "alice", "idle").await;
+    // A CPU template's workspace whose agent never connects (a crash-looping image): with every
+    // template a GPU template it read as waiting for a GPU, and the idle GPU was stopped for it.
+    let cpu = coder.with(|w| {
+        let id = w.create_workspace_of("bob", "cpu", "cpu-small", false)?;
+        w.agent_never_connects(id);
+        Ok::<_, mocks::world::ApiError>(id)
+    });
+    let cpu = cpu.unwrap();
+    until(&coder, "the CPU workspace runs", Duration::from_secs(5), |w| running(w, cpu)).await;
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended"]);
+    svc.wait_event("pass", Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await; // idle_after is 6 s
+    assert_eq!(stops(&coder, idle), 0, "nobody waits for a GPU:\n{}", svc.raw());
+    let s = get(&svc, &format!("/api/v1/workspaces/{cpu}")).await;
+    assert_eq!((s["verdict"].as_str(), s["reason"].as_str()), (Some("skip"), Some("no-gpu")), "{s}");
+    let s = get(&svc, &format!("/api/v1/workspaces/{idle}")).await;
+    assert_eq!(s["reason"], "no-contention", "{s}");
+    // A workspace of the GPU template (learned from the idle one's series) that waits is demand.
+    let waiter = coder.with(|w| w.create_workspace("orgadmin", "waiter", None)).unwrap();
+    until_with(&coder, Some(&svc), "the idle GPU is given to the waiter", Duration::from_secs(20), |w| !holds_gpu(w, idle)).await;
+    assert_eq!(stops(&coder, idle), 1);
+    until(&coder, "the waiter gets the GPU", Duration::from_secs(10), |w| holds_gpu(w, waiter)).await;
+}
+
+#[tokio::test]
+async fn demand_is_per_pool_and_only_that_pools_idle_workspaces_are_stopped() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let idle = idle_on_a_gpu(&coder, "alice", "a10g-idle").await;
+    let policy = "[[rule]]\nworkspace = \"h100-*\"\npool = \"h100\"\n\n[[rule]]\nworkspace = \"a10g-*\"\npool = \"a10g\"\n";
+    let (dir, policy) = policy_file("pools", policy);
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended", "--config", &policy]);
+    // Someone waits for 8 H100s: the A10G workspace cannot serve them.
+    let h100 = coder.with(|w| w.create_workspace("bob", "h100-wait", None)).unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(stops(&coder, idle), 0, "a waiter in another pool stops nothing here:\n{}", svc.raw());
+    let s = get(&svc, &format!("/api/v1/workspaces/{h100}")).await;
+    assert_eq!(s["verdict"], "waiting", "{s}");
+    let doc = get(&svc, "/api/v1/workspaces").await;
+    let pool = |name: &str| doc["pools"].as_array().unwrap().iter().find(|p| p["pool"] == name).cloned().unwrap_or_default();
+    assert_eq!((pool("h100")["waiting"].as_u64(), pool("h100")["idle"].as_u64()), (Some(1), Some(0)), "{doc}");
+    assert_eq!((pool("a10g")["waiting"].as_u64(), pool("a10g")["idle"].as_u64()), (Some(0), Some(1)), "{doc}");
+    let idle_status = get(&svc, &format!("/api/v1/workspaces/{idle}")).await;
+    assert!(
+        idle_status["message"].as_str().unwrap().ends_with("kept: no workspace is waiting for a GPU in its pool \"a10g\""),
+        "{idle_status}"
+    );
+    let metrics = reqwest::get(format!("http://{}/metrics", svc.addr().await)).await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l == "coder_gpu_reclaimer_waiting_workspaces{pool=\"h100\"} 1"), "{metrics}");
+    // An A10G waiter: exactly one stop, of the A10G pool's idle workspace.
+    coder.with(|w| w.create_workspace("orgadmin", "a10g-wait", None)).unwrap();
+    until_with(&coder, Some(&svc), "the A10G waiter gets the idle A10G", Duration::from_secs(20), |w| !holds_gpu(w, idle)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(stops(&coder, idle), 1);
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_task_or_an_exempt_workspace_that_waits_is_demand() {
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let first = idle_on_a_gpu(&coder, "alice", "idle-1").await;
+    let second = idle_on_a_gpu(&coder, "bob", "idle-2").await;
+    let (dir, policy) = policy_file("exempt", "[[rule]]\nworkspace = \"vip-*\"\nexempt = true\n");
+    let task = coder.with(|w| {
+        let id = w.create_workspace("orgadmin", "agent-task", None)?;
+        w.make_task(id);
+        Ok::<_, mocks::world::ApiError>(id)
+    });
+    let task = task.unwrap();
+    let vip = coder.with(|w| w.create_workspace("orgadmin", "vip-notebook", None)).unwrap();
+    until(&coder, "both wait (Pending pods)", Duration::from_secs(5), |w| running(w, task) && running(w, vip)).await;
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended", "--config", &policy]);
+    until_with(&coder, Some(&svc), "both idle GPUs are given back", Duration::from_secs(25), |w| {
+        !holds_gpu(w, first) && !holds_gpu(w, second)
+    })
+    .await;
+    assert_eq!((stops(&coder, first), stops(&coder, second), stops(&coder, task), stops(&coder, vip)), (1, 1, 0, 0));
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_pod_that_holds_a_gpu_while_its_agent_never_connects_is_judged_by_its_gpu() {
+    // The allowance is the longer of start_allowance and the agent's connection_timeout: 2 s.
+    let coder = FakeCoder::start(mocks::WorldConfig { connection_timeout_seconds: 2, ..world(1) }).await.unwrap();
+    let ex = exporter(&coder).await;
+    // An image that never pulls: kubelet keeps the GPU allocated to the pod, the agent never
+    // connects. Past start_allowance it used to be `waiting` forever, its GPU never given back.
+    let stuck = coder.with(|w| {
+        let id = w.create_workspace("alice", "stuck", None)?;
+        w.agent_never_connects(id);
+        Ok::<_, mocks::world::ApiError>(id)
+    });
+    let stuck = stuck.unwrap();
+    until(&coder, "its pod holds the GPU", Duration::from_secs(5), |w| holds_gpu(w, stuck) && running(w, stuck)).await;
+    coder.with(|w| {
+        let i = w.ws_index(stuck).unwrap();
+        w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
+    });
+    let (dir, policy) = policy_file("stuck", "start_allowance = \"3s\"\n");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--config", &policy]);
+    svc.wait_event("pass", Duration::from_secs(5)).await;
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while coder.with(|w| holds_gpu(w, stuck)) && started.elapsed() < Duration::from_secs(25) {
+        let s = get(&svc, &format!("/api/v1/workspaces/{stuck}")).await;
+        assert_ne!(s["verdict"], "waiting", "a pod that reports a GPU is never waiting: {s}");
+        seen.push(format!("{} {}", s["verdict"], s["reason"]));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    until_with(&coder, Some(&svc), "its idle GPU is given back", Duration::from_secs(5), |w| !holds_gpu(w, stuck)).await;
+    assert_eq!(stops(&coder, stuck), 1, "{seen:?}");
+    assert!(seen.iter().any(|s| s == "\"keep\" \"starting\""), "young, it was starting: {seen:?}");
+    std::fs::remove_dir_all(dir).ok();
+}
