@@ -460,3 +460,50 @@ async fn a_suspended_owner_is_told_to_reactivate_the_account() {
     coder.with(|w| w.set_user_status("admin", "active"));
     svc.wait_event("token_accepted", Duration::from_secs(10)).await;
 }
+
+/// A stop no provisioner takes stays pending; meanwhile the old agent still authenticates, and
+/// the user comes back (reference NOTES §16). The service withdraws the stop
+/// (`PATCH .../cancel?expect_status=pending`) instead of letting it run whenever a provisioner
+/// frees up; a refusal of the withdrawal is reported once, not asked every pass.
+#[tokio::test]
+async fn a_pending_stop_is_withdrawn_when_its_user_comes_back() {
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    let b = coder.with(|w| w.create_workspace("bob", "b", None)).unwrap();
+    until(&coder, "both run", Duration::from_secs(5), |w| running(w, a) && running(w, b)).await;
+    coder.with(|w| {
+        w.stall_next_stop(a);
+        w.stall_next_stop(b);
+    });
+    let dir = TempDir::new("withdraw");
+    let audit = dir.0.join("audit.jsonl");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--audit-log", audit.to_str().unwrap()]);
+    until_with(&coder, Some(&svc), "both stops are sent", Duration::from_secs(20), |w| {
+        w.stop_builds_by(a, "admin") == 1 && w.stop_builds_by(b, "admin") == 1
+    })
+    .await;
+    // Bob's withdrawal will be refused: as if a provisioner took the job in between.
+    let b_build = coder.with(|w| w.latest_build_id(b)).unwrap();
+    coder.set_fault(
+        &format!("/api/v2/workspacebuilds/{b_build}/cancel"),
+        mocks::Fault { fail_next: 1_000, status: 412, ..Default::default() },
+    );
+    coder.with(|w| {
+        w.open_connection(a);
+        w.open_connection(b);
+    });
+    let withdrawn = svc.wait_event("stop_withdrawn", Duration::from_secs(10)).await;
+    assert_eq!(withdrawn["workspace_id"], a.to_string(), "{withdrawn}");
+    let a_job = coder.with(|w| w.workspaces[w.ws_index(a).unwrap()].latest().unwrap().job.status);
+    assert_eq!(a_job, "canceled", "no provisioner ever runs alice's stop");
+    svc.wait_event("stop_withdraw_refused", Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let cancels = |build: Uuid| {
+        let path = format!("/api/v2/workspacebuilds/{build}/cancel?expect_status=pending");
+        coder.requests().iter().filter(|(m, uri)| m == "PATCH" && *uri == path).count()
+    };
+    assert_eq!(cancels(b_build), 1, "a refused withdrawal is not asked again every pass");
+    assert_eq!((stop_posts(&coder, a), stop_posts(&coder, b)), (1, 1), "withdrawn is not sent again");
+    assert_eq!(audit_kinds(&audit, a), ["stop_sent", "stop_withdrawn"]);
+}

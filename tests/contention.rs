@@ -168,3 +168,68 @@ async fn a_pod_that_holds_a_gpu_while_its_agent_never_connects_is_judged_by_its_
     assert!(seen.iter().any(|s| s == "\"keep\" \"starting\""), "young, it was starting: {seen:?}");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// The whole picture behind a real Prometheus scraping the fake exporter: in `contended` mode,
+/// with a CPU template starting, an H100 waiter and an idle A10G workspace in different pools,
+/// and a new A10G start whose pod has its GPU but whose series Prometheus cannot show yet (it
+/// answers for complete steps only), no stop is sent; an A10G waiter gets exactly one.
+#[tokio::test]
+async fn behind_prometheus_only_real_demand_in_the_same_pool_stops_an_idle_gpu() {
+    let Some((prometheus, _)) = crate::common::installed_or_skip(crate::prometheus_world::installed(), "prometheus") else { return };
+    // Agents take 10 s to connect (600 Coder seconds): a new start stays `connecting` a while.
+    let coder = FakeCoder::start(mocks::WorldConfig { agent_connect: Duration::from_secs(600), ..world(2) }).await.unwrap();
+    let ex = exporter(&coder).await;
+    let idle = coder.with(|w| w.create_workspace("alice", "a10g-idle", None)).unwrap();
+    until(&coder, "the idle one's agent connects", Duration::from_secs(20), |w| {
+        w.ws_index(idle).and_then(|i| w.workspaces[i].latest()?.agent.clone()).is_some_and(|a| a.first_connected_at.is_some())
+    })
+    .await;
+    coder.with(|w| {
+        let i = w.ws_index(idle).unwrap();
+        w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
+    });
+    let target = ex.url().trim_start_matches("http://").trim_end_matches("/metrics").to_string();
+    let config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n      - targets: [\"{target}\"]\n"
+    );
+    let prom = crate::prometheus_world::Prometheus::start(&prometheus, crate::prometheus_world::Prometheus::folder(), &config).await;
+    let policy = "gpu_templates = [\"gpu-*\"]\nexporter_collect_interval = \"1s\"\n\n[[rule]]\nworkspace = \"h100-*\"\npool = \"h100\"\n\n[[rule]]\nworkspace = \"a10g-*\"\npool = \"a10g\"\n";
+    let (dir, policy) = policy_file("prometheus", policy);
+    let args =
+        ["--prometheus-url", &prom.url, "--interval", "2s", "--idle-after", "10s", "--reclaim-when", "contended", "--config", &policy];
+    let svc = Service::start(&coder, &[], &coder.owner_token(), &args);
+    let eligible = std::time::Instant::now();
+    loop {
+        let s = get(&svc, &format!("/api/v1/workspaces/{idle}")).await;
+        if s["reason"] == "no-contention" {
+            break;
+        }
+        assert!(eligible.elapsed() < Duration::from_secs(40), "the idle A10G never became reclaimable: {s}\n{}", svc.raw());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Now anything counted as demand in the A10G pool would stop it.
+    // The new start first: the free GPU goes to the oldest pod, and the H100 one must wait.
+    coder.with(|w| {
+        let new = w.create_workspace("orgadmin", "a10g-new", None).unwrap();
+        w.set_load(new, mocks::Load::Matmul);
+        let cpu = w.create_workspace_of("bob", "cpu-notebook", "cpu-small", false).unwrap();
+        w.agent_never_connects(cpu);
+        w.create_workspace("bob", "h100-train", None).unwrap();
+    });
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(stops(&coder, idle), 0, "nobody waits for an A10G:\n{}", svc.raw());
+    let doc = get(&svc, "/api/v1/workspaces").await;
+    let verdict = |name: &str| {
+        let w = doc["workspaces"].as_array().unwrap().iter().find(|w| w["name"] == name).cloned().unwrap_or_default();
+        format!("{} {}", w["verdict"].as_str().unwrap_or("-"), w["reason"].as_str().unwrap_or("-"))
+    };
+    assert_eq!(verdict("h100-train"), "waiting waiting-for-gpu", "{doc}");
+    assert_eq!(verdict("cpu-notebook"), "skip no-gpu", "{doc}");
+    // The one workspace that really waits for an A10G.
+    coder.with(|w| w.create_workspace("alice", "a10g-wait", None)).unwrap();
+    until_with(&coder, Some(&svc), "the idle A10G is given back", Duration::from_secs(30), |w| !holds_gpu(w, idle)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let all_stops: usize = coder.with(|w| w.workspaces.iter().map(|ws| w.stop_builds_by(ws.id, "admin")).sum());
+    assert_eq!((stops(&coder, idle), all_stops), (1, 1), "exactly one stop");
+    std::fs::remove_dir_all(dir).ok();
+}

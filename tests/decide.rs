@@ -496,7 +496,7 @@ fn no_stop_permission_skips_but_demand_counts_everywhere() {
 #[test]
 fn prebuilds_tasks_evictions_and_coders_clock() {
     use coder_gpu_reclaimer::coder::types::{AgentStatus, PREBUILDS_USER_ID};
-    use coder_gpu_reclaimer::pass::decide::decide_with_coder_clock;
+    use coder_gpu_reclaimer::pass::decide::{PassFacts, decide_with};
     let p = policy();
     let idle = steady(NOTHING, Fields::All, 40);
 
@@ -537,12 +537,12 @@ fn prebuilds_tasks_evictions_and_coders_clock() {
     // Coder's clock 2 h behind: last_used_at 1 minute ago by Coder's clock reads 2h01m old here.
     let behind = Duration::hours(-2);
     let connected = running_workspace(WS_ID, now() + behind - mins(1));
-    let d = decide_with_coder_clock(now(), behind, &connected, Some(&idle), &p, None, true);
+    let d = decide_with(now(), &connected, Some(&idle), &p, None, PassFacts { coder_offset: behind, gpu_template: true, step: None });
     assert_eq!((d.verdict, d.reason), (Verdict::Keep, Reason::Connected), "judged by Coder's clock: {}", d.message);
     let d = decide(now(), &connected, Some(&idle), &p, None);
     assert_eq!(d.verdict, Verdict::Reclaim, "without the correction the connected user would be stopped");
     let away = running_workspace(WS_ID, now() + behind - mins(40));
-    let d = decide_with_coder_clock(now(), behind, &away, Some(&idle), &p, None, true);
+    let d = decide_with(now(), &away, Some(&idle), &p, None, PassFacts { coder_offset: behind, gpu_template: true, step: None });
     assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "a disconnected idle one is still stopped");
 }
 
@@ -970,13 +970,13 @@ fn extensions_are_ordered_soonest_deadline_first_with_slots_for_the_cap() {
 
 #[test]
 fn only_a_gpu_templates_workspace_waits_for_a_gpu() {
-    use coder_gpu_reclaimer::pass::decide::decide_with_coder_clock;
+    use coder_gpu_reclaimer::pass::decide::{PassFacts, decide_with};
     let p = policy();
     let pending = pending_workspace(WS_ID);
-    let as_gpu = decide_with_coder_clock(now(), Duration::zero(), &pending, None, &p, None, true);
+    let as_gpu = decide_with(now(), &pending, None, &p, None, PassFacts { gpu_template: true, ..PassFacts::default() });
     assert_eq!((as_gpu.verdict, as_gpu.reason), (Verdict::Waiting, Reason::WaitingForGpu));
     // Not (yet) a GPU template: a CPU workspace starting, or Pending for want of CPU, is no demand.
-    let not_gpu = decide_with_coder_clock(now(), Duration::zero(), &pending, None, &p, None, false);
+    let not_gpu = decide_with(now(), &pending, None, &p, None, PassFacts::default());
     assert_eq!((not_gpu.verdict, not_gpu.reason), (Verdict::Skip, Reason::NoGpu));
 }
 
@@ -1029,4 +1029,29 @@ fn in_contended_mode_demand_is_per_pool() {
     let out = apply_fleet_rules(&mut ds, &p);
     assert_eq!((out.waiting, out.stop_order.clone()), (2, vec![0]), "{ds:#?}");
     assert_eq!(ds[2].reason, Reason::NoContention, "the default pool's idle one stays: nobody waits there");
+}
+
+#[test]
+fn behind_prometheus_a_start_waits_only_once_a_complete_step_could_have_shown_its_pod() {
+    use coder_gpu_reclaimer::pass::decide::{PassFacts, decide_with};
+    // Prometheus answers for complete 60 s steps; dcgm-exporter maps GPUs to pods at its next
+    // collection (30 s). A start whose series cannot be in any complete step yet is no demand.
+    let p = policy();
+    let facts = PassFacts { gpu_template: true, step: Some(StdDuration::from_secs(60)), ..PassFacts::default() };
+    for (what, ago, verdict, reason) in [
+        ("30 s in: could report at 10:00:00, its first step ends 10:01:00", Duration::seconds(30), Verdict::Keep, Reason::Starting),
+        (
+            "90 s in: could report at 09:59:00, its first step 09:59-10:00 is complete",
+            Duration::seconds(90),
+            Verdict::Waiting,
+            Reason::WaitingForGpu,
+        ),
+        ("3 minutes in, no series", mins(3), Verdict::Waiting, Reason::WaitingForGpu),
+    ] {
+        let d = decide_with(now(), &starting_workspace(ago, 120), None, &p, None, facts);
+        assert_eq!((d.verdict, d.reason), (verdict, reason), "{what}: {}", d.message);
+    }
+    // The exporters are read now, not in steps: a Pending pod waits at once.
+    let d = decide_with(now(), &starting_workspace(Duration::seconds(30), 120), None, &p, None, PassFacts { step: None, ..facts });
+    assert_eq!(d.verdict, Verdict::Waiting);
 }

@@ -22,7 +22,7 @@ use coder_gpu_reclaimer::duration;
 use coder_gpu_reclaimer::gpu::expo::parse;
 use coder_gpu_reclaimer::gpu::window::Windows;
 use coder_gpu_reclaimer::gpu::{Collection, GpuSeries, Ownership, series_from_exposition};
-use coder_gpu_reclaimer::pass::decide::decide_with_coder_clock;
+use coder_gpu_reclaimer::pass::decide::{PassFacts, decide_with};
 use coder_gpu_reclaimer::pass::evaluate::merge_collection;
 use coder_gpu_reclaimer::pass::policy::Policy;
 use coder_gpu_reclaimer::retry::RetryPolicy;
@@ -413,7 +413,7 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
         Settings::new(crate::common::url("http://coder.invalid"), SessionToken::new("x-y").unwrap(), GpuSourceSettings::Exporters(vec![]));
     let windows = exporter_windows(now, &texts, &workspaces, &settings.policy, settings.interval, &Ownership::default());
     for ws in &workspaces {
-        let d = decide_with_coder_clock(now, chrono::Duration::zero(), ws, windows.get(&ws.id), &settings.policy, None, true);
+        let d = decide_with(now, ws, windows.get(&ws.id), &settings.policy, None, PassFacts { gpu_template: true, ..PassFacts::default() });
         let Some(i) = ids.iter().position(|id| id.to_string() == d.workspace_id) else { continue };
         let p = planned(&d.workspace_id);
         let exporter = (serde_json::to_value(d.verdict).unwrap(), serde_json::to_value(d.reason).unwrap());

@@ -550,13 +550,23 @@ async fn get_build(State(s): State<CoderState>, Path(id): Path<String>) -> Respo
     }
 }
 
-/// `PATCH /api/v2/workspacebuilds/{id}/cancel`: 200 with a `codersdk.Response`.
-async fn cancel_build(State(s): State<CoderState>, Path(id): Path<String>, req: Request) -> Response {
+#[derive(Deserialize)]
+struct CancelQuery {
+    expect_status: Option<String>,
+}
+
+/// `PATCH /api/v2/workspacebuilds/{id}/cancel[?expect_status=pending|running]`: 200 with a
+/// `codersdk.Response`; 412 when the job is not in the expected state (NOTES §16).
+async fn cancel_build(State(s): State<CoderState>, Path(id): Path<String>, Query(q): Query<CancelQuery>, req: Request) -> Response {
     let me = caller(req.extensions());
     let Some(build_id) = Uuid::parse_str(&id).ok() else {
         return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
     };
-    match lock(&s.world).cancel_build(build_id, me) {
+    if let Some(v) = q.expect_status.as_deref().filter(|v| !matches!(*v, "pending" | "running")) {
+        let detail = format!("expect_status must be pending or running, not {v:?}");
+        return coder_error(ApiError { status: 400, message: "Invalid expect_status.".into(), detail });
+    }
+    match lock(&s.world).cancel_build_expecting(build_id, me, q.expect_status.as_deref()) {
         Ok(()) => axum::Json(json!({"message": "Job has been marked as canceled..."})).into_response(),
         Err(e) => coder_error(e),
     }

@@ -847,6 +847,12 @@ impl World {
     /// `patchCancelWorkspaceBuild`): a pending job is canceled at once, a running one goes
     /// `canceling` and ends `canceled`; a finished one is a 400.
     pub fn cancel_build(&mut self, build_id: Uuid, by: usize) -> Result<(), ApiError> {
+        self.cancel_build_expecting(build_id, by, None)
+    }
+
+    /// `cancel_build` with `expect_status`: 412 `Job is not in the expected state.` when the
+    /// job's status is another.
+    pub fn cancel_build_expecting(&mut self, build_id: Uuid, by: usize, expect: Option<&str>) -> Result<(), ApiError> {
         let (wi, bi) = self.find_build(build_id).ok_or_else(|| api_error(404, NOT_FOUND))?;
         if !self.may_read(by, &self.workspaces[wi]) {
             return Err(api_error(404, NOT_FOUND));
@@ -856,6 +862,10 @@ impl World {
         }
         let now = self.now();
         let b = &mut self.workspaces[wi].builds[bi];
+        // After the completed and canceled checks (400), as coderd orders them.
+        if matches!(b.job.status, "pending" | "running") && expect.is_some_and(|e| e != b.job.status) {
+            return Err(api_error(412, "Job is not in the expected state."));
+        }
         match b.job.status {
             "pending" => {
                 b.job.status = "canceled";

@@ -361,6 +361,16 @@ impl CoderClient {
         self.call::<serde::de::IgnoredAny>(Method::PUT, "PUT /api/v2/workspaces/{workspace}/extend", path, Some(&body)).await.map(|_| ())
     }
 
+    /// `PATCH /api/v2/workspacebuilds/{id}/cancel?expect_status=pending` (200): withdraws a build
+    /// whose job no provisioner has taken yet. Coder answers 412 once a provisioner took it, 400
+    /// once it completed or was canceled (reference NOTES §16). One attempt: a later pass decides
+    /// again on what the build then is.
+    pub async fn cancel_pending_build(&self, build_id: &str) -> Result<(), CoderError> {
+        let path = format!("/api/v2/workspacebuilds/{}/cancel?expect_status=pending", encode_path(build_id));
+        let endpoint = "PATCH /api/v2/workspacebuilds/{workspacebuild}/cancel";
+        self.call_with::<serde::de::IgnoredAny>(RetryPolicy::none(), Method::PATCH, endpoint, path, None::<&()>).await.map(|_| ())
+    }
+
     /// `PUT /api/v2/workspaces/{id}/ttl {"ttl_ms": n}` (204). `None` disables autostop.
     pub async fn set_ttl(&self, workspace_id: &str, ttl_ms: Option<i64>) -> Result<(), CoderError> {
         let path = format!("/api/v2/workspaces/{}/ttl", encode_path(workspace_id));

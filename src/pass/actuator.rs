@@ -18,7 +18,7 @@ use chrono::{DateTime, Duration, Utc};
 use tokio::sync::watch;
 
 use crate::coder::identity::Identity;
-use crate::coder::types::{Transition, Workspace, WorkspaceBuild};
+use crate::coder::types::{JobStatus, Transition, Workspace, WorkspaceBuild};
 use crate::coder::{CoderClient, ErrorKind, StopOutcome};
 use crate::duration::human;
 use crate::error::Error;
@@ -78,6 +78,9 @@ struct TrackedStop {
     stuck_reported: bool,
     /// A reaped stop was sent again this idle episode.
     resent_after_reap: bool,
+    /// Coder refused to withdraw the pending stop (412: a provisioner took it; another 4xx):
+    /// not asked again.
+    withdraw_refused: bool,
     state: StopState,
 }
 
@@ -134,8 +137,10 @@ pub struct Acted {
     /// (observe, reported once per build).
     pub extended: Vec<String>,
     pub would_extend: Vec<String>,
-    /// Workspaces that passed the deadline Coder had before their first extension this pass.
+    /// Workspaces whose own Coder deadline passed this pass while an extension kept them running.
     pub autostops_averted: Vec<String>,
+    /// Workspaces whose pending stop was withdrawn this pass: they were used after it was sent.
+    pub withdrawn: Vec<String>,
 }
 
 /// One stop to attempt this pass.
@@ -267,7 +272,7 @@ impl Actuator {
         }
         self.announce_warnings(eval, AuditKind::Warn);
         self.resumed(eval);
-        self.follow(now, &mut acted).await;
+        self.follow(now, eval.coder_offset, &mut acted).await;
         self.reconcile(eval);
         for c in self.candidates(eval) {
             if *shutdown.borrow() {
@@ -553,6 +558,7 @@ impl Actuator {
             attempts: 0,
             stuck_reported: false,
             resent_after_reap: false,
+            withdraw_refused: false,
             state: StopState::Failed { retry_at: now, build_id: None },
         });
         t.event = c.event;
@@ -636,7 +642,7 @@ impl Actuator {
     /// Follows every stop build in flight and moves its tracked stop by what Coder says of the
     /// job (`stop_lifecycle::job_change`): running, stuck (once per episode), succeeded, failed
     /// (retried later), reaped (sent once more when provisioners answer again), canceled.
-    async fn follow(&mut self, now: DateTime<Utc>, acted: &mut Acted) {
+    async fn follow(&mut self, now: DateTime<Utc>, coder_offset: Duration, acted: &mut Acted) {
         let in_flight: Vec<(String, String)> =
             self.tracked.iter().filter_map(|(id, t)| t.state.in_flight().map(|b| (id.clone(), b.to_string()))).collect();
         for (id, build_id) in in_flight {
@@ -647,6 +653,9 @@ impl Actuator {
                     continue;
                 }
             };
+            if build.job.status == JobStatus::Pending && self.withdraw_if_used(now, coder_offset, &id, &build_id, acted).await {
+                continue;
+            }
             let Some(t) = self.tracked.get_mut(&id) else { continue };
             let Some(change) =
                 crate::pass::stop_lifecycle::job_change(&t.state, &build.job, now - t.since, self.stop_timeout, t.stuck_reported)
@@ -706,6 +715,50 @@ impl Actuator {
             }
         }
         self.metrics.stuck_stops.set(self.stuck_stops().len() as i64);
+    }
+
+    /// Withdraws a stop no provisioner has taken yet when its workspace was used after it was sent
+    /// (its `last_used_at` moved past the send): while the stop is pending the old agent still
+    /// authenticates, so the user came back and works (reference coder NOTES §16). `PATCH
+    /// .../cancel?expect_status=pending`; Coder's 4xx (412: a provisioner took it meanwhile) is
+    /// reported once and not asked again; no answer is asked again next pass. True when withdrawn.
+    async fn withdraw_if_used(&mut self, now: DateTime<Utc>, coder_offset: Duration, id: &str, build_id: &str, acted: &mut Acted) -> bool {
+        let pending = |t: &&TrackedStop| !t.withdraw_refused && matches!(t.state, StopState::Sent { .. } | StopState::Stuck { .. });
+        let Some(t) = self.tracked.get(id).filter(pending) else { return false };
+        let sent_at = t.since + coder_offset;
+        let used = match self.coder.workspace(id).await {
+            Ok(ws) => ws.last_used_at,
+            Err(e) => {
+                tracing::warn!(event = "stop_follow_failed", workspace_id = %id, error = %e, "cannot read the workspace of a pending stop; trying again next pass");
+                return false;
+            }
+        };
+        if used <= sent_at {
+            return false;
+        }
+        match self.coder.cancel_pending_build(build_id).await {
+            Ok(()) => {
+                let Some(t) = self.tracked.get_mut(id) else { return false };
+                t.state = StopState::Canceled;
+                t.since = now;
+                let t = t.clone();
+                tracing::info!(event = "stop_withdrawn", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, last_used_at = %used, "the workspace was used after its stop was sent, and no provisioner had taken the stop yet: withdrawn (it is not sent again in this session)");
+                self.audit_change(&t, AuditKind::StopWithdrawn, now);
+                acted.withdrawn.push(id.to_string());
+                true
+            }
+            Err(e) if matches!(e.kind, ErrorKind::Status(400..=499) | ErrorKind::Conflict | ErrorKind::NoPermission) => {
+                tracing::warn!(event = "stop_withdraw_refused", workspace_id = %id, build_id = %build_id, error = %e, "the workspace was used after its stop was sent, but Coder refuses to withdraw the stop (a provisioner may have taken it): not asked again");
+                if let Some(t) = self.tracked.get_mut(id) {
+                    t.withdraw_refused = true;
+                }
+                false
+            }
+            Err(e) => {
+                tracing::warn!(event = "stop_withdraw_failed", workspace_id = %id, build_id = %build_id, error = %e, "could not withdraw the pending stop; trying again next pass");
+                false
+            }
+        }
     }
 
     /// Stop builds reported stuck and still pending (for the status document).

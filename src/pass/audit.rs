@@ -42,6 +42,9 @@ pub enum AuditKind {
     StopReaped,
     /// A person canceled the stop build: not sent again in this idle episode.
     StopCanceled,
+    /// The workspace was used after its stop was sent and no provisioner had taken the stop yet:
+    /// this service withdrew it (not sent again in this session).
+    StopWithdrawn,
     /// Every attempt to stop failed; nothing more is tried until the workspace's next build.
     StopAbandoned,
     RestoreTtl,
@@ -70,6 +73,7 @@ impl AuditKind {
             AuditKind::StopFailed => "stop_failed",
             AuditKind::StopReaped => "stop_reaped",
             AuditKind::StopCanceled => "stop_canceled",
+            AuditKind::StopWithdrawn => "stop_withdrawn",
             AuditKind::StopAbandoned => "stop_abandoned",
             AuditKind::RestoreTtl => "restore_ttl",
             AuditKind::StopDone => "stop_done",
@@ -99,6 +103,10 @@ impl AuditKind {
                 "had its stop build failed by Coder's job reaper (no provisioner took it); it keeps its GPU for now".into()
             }
             (AuditKind::StopCanceled, _) => "had its stop canceled by a person; it is not stopped again while it stays idle".into(),
+            (AuditKind::StopWithdrawn, _) => {
+                "was used again before its stop build started: the reclaimer withdrew the stop; start the workspace again to reconnect"
+                    .into()
+            }
             (AuditKind::StopAbandoned, _) => "could not be stopped; the reclaimer gave up until its next build".into(),
             (AuditKind::RestoreTtl, _) => "had its autostop TTL set back".into(),
             (AuditKind::StopDone, _) => "is stopped; its GPU is free".into(),

@@ -309,7 +309,7 @@ pub fn without_stop_permission(d: &mut Decision, organization: &str) {
 /// Judges one workspace. `prior_stop_at` is the stop time of a warning issued in an earlier
 /// pass (grace), which the caller remembers and clears when the verdict is no longer eligible.
 /// Coder's timestamps are read on this machine's clock, and its template is a GPU template when
-/// `gpu_templates` says so (every template while it is unset); see `decide_with_coder_clock`.
+/// `gpu_templates` says so (every template while it is unset); see `decide_with`.
 pub fn decide(
     now: DateTime<Utc>,
     ws: &Workspace,
@@ -318,24 +318,35 @@ pub fn decide(
     prior_stop_at: Option<DateTime<Utc>>,
 ) -> Decision {
     let gpu_template = policy.gpu_templates.is_empty() || policy.is_gpu_template(&ws.template_name);
-    decide_with_coder_clock(now, Duration::zero(), ws, gpus, policy, prior_stop_at, gpu_template)
+    decide_with(now, ws, gpus, policy, prior_stop_at, PassFacts { gpu_template, ..PassFacts::default() })
 }
 
-/// `decide`, with Coder's clock `coder_offset` ahead of this machine's (negative: behind), and
-/// whether the workspace's template is a GPU template (the evaluator's answer: `gpu_templates`,
-/// or while that is unset, a template one of whose workspaces has had a GPU series). Only a GPU
-/// template's workspaces wait for a GPU (demand) or lack GPU data.
-/// `last_used_at` and build times are Coder's, so they are judged against `now + coder_offset`;
-/// GPU samples are this machine's, judged against `now`.
-pub fn decide_with_coder_clock(
+/// What a pass knows besides a workspace's record and its GPU windows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PassFacts {
+    /// Coder's clock minus this machine's (negative: behind). `last_used_at` and build times
+    /// are Coder's, so they are judged against `now + coder_offset`; GPU samples are this
+    /// machine's, judged against `now`.
+    pub coder_offset: Duration,
+    /// The workspace's template is a GPU template (the evaluator's answer: `gpu_templates`, or
+    /// while that is unset, a template one of whose workspaces has had a GPU series). Only a GPU
+    /// template's workspaces wait for a GPU (demand) or lack GPU data.
+    pub gpu_template: bool,
+    /// The GPU source's step when it reads history in complete steps (Prometheus): a start is
+    /// not waiting before a complete step could have shown its pod.
+    pub step: Option<std::time::Duration>,
+}
+
+/// `decide`, with what the pass knows (`PassFacts`).
+pub fn decide_with(
     now: DateTime<Utc>,
-    coder_offset: Duration,
     ws: &Workspace,
     gpus: Option<&[GpuWindow]>,
     policy: &Policy,
     prior_stop_at: Option<DateTime<Utc>>,
-    gpu_template: bool,
+    facts: PassFacts,
 ) -> Decision {
+    let PassFacts { coder_offset, gpu_template, step } = facts;
     let coder_now = now + coder_offset;
     let windows: Vec<&GpuWindow> = gpus.map(|g| g.iter().filter(|w| !w.samples.is_empty()).collect()).unwrap_or_default();
     let (th, exempt) = policy.for_workspace(ws);
@@ -368,7 +379,7 @@ pub fn decide_with_coder_clock(
     } else {
         None
     };
-    let absent = without_an_agent(now, coder_now, ws, &windows, policy, gpu_template, b);
+    let absent = without_an_agent(now, coder_now, ws, &windows, policy, (gpu_template, step), b);
     match (absent, not_judged) {
         (Some(d), None) => return d,
         (Some(d), Some(_)) if d.verdict == Verdict::Waiting => return d,
@@ -426,7 +437,7 @@ fn without_an_agent(
     ws: &Workspace,
     windows: &[&GpuWindow],
     policy: &Policy,
-    gpu_template: bool,
+    (gpu_template, step): (bool, Option<std::time::Duration>),
     b: Builder<'_>,
 ) -> Option<Decision> {
     let fresh_gpu = windows.iter().any(|w| w.last_at().is_some_and(|t| now - t <= dur(policy.stale_after)));
@@ -456,6 +467,17 @@ fn without_an_agent(
         if fresh_gpu {
             return None;
         }
+        if let Some(step) = step.filter(|s| !before_a_complete_step(now, created - (coder_now - now), *s, policy).is_zero()) {
+            return Some(b.out(
+                Verdict::Keep,
+                Reason::Starting,
+                format!(
+                    "starting: behind Prometheus no complete {} step has begun since its pod could report a GPU (the build's completion plus one exporter collection); not counted as waiting yet",
+                    human(dur(step))
+                ),
+                None,
+            ));
+        }
         return Some(b.out(
             Verdict::Waiting,
             Reason::WaitingForGpu,
@@ -484,6 +506,18 @@ fn without_an_agent(
         ));
     }
     None
+}
+
+/// How long until the GPU source's newest complete step began after a pod created at `created`
+/// (this machine's clock) could report a GPU: dcgm-exporter maps GPUs to pods at a collection,
+/// so one `exporter_collect_interval` after creation, and Prometheus answers for complete steps
+/// only (`max_over_time` at step ends up to now). Zero once the source can have seen the pod.
+fn before_a_complete_step(now: DateTime<Utc>, created: DateTime<Utc>, step: std::time::Duration, policy: &Policy) -> Duration {
+    let s = i64::try_from(step.as_secs()).unwrap_or(i64::MAX).max(1);
+    let could_report = (created + dur(policy.exporter_collect_interval)).timestamp();
+    let first_step_start = could_report.div_euclid(s) * s + if could_report.rem_euclid(s) == 0 { 0 } else { s };
+    let newest_complete_end = now.timestamp().div_euclid(s) * s;
+    Duration::seconds((first_step_start + s - newest_complete_end).max(0))
 }
 
 fn judge_gpus(

@@ -14,7 +14,7 @@ use crate::coder::{CoderClient, CoderError};
 use crate::gpu::window::Windows;
 use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
 use crate::pass::deadline::DeadlinePlan;
-use crate::pass::decide::{Decision, FleetOutcome, Verdict, apply_fleet_rules, decide_with_coder_clock, without_stop_permission};
+use crate::pass::decide::{Decision, FleetOutcome, PassFacts, Verdict, apply_fleet_rules, decide_with, without_stop_permission};
 use crate::pass::policy::Policy;
 
 /// One running workspace as the pass judged it: its listing entry, its decision, and what its
@@ -307,8 +307,12 @@ impl Evaluator {
             .iter()
             .map(|ws| {
                 let prior = self.warnings.get(&ws.id).copied();
-                let gpu_template = self.is_gpu_template(&ws.template_name);
-                decide_with_coder_clock(now, self.coder_clock_offset, ws, self.windows.get(&ws.id), &self.policy, prior, gpu_template)
+                let facts = PassFacts {
+                    coder_offset: self.coder_clock_offset,
+                    gpu_template: self.is_gpu_template(&ws.template_name),
+                    step: collection.step,
+                };
+                decide_with(now, ws, self.windows.get(&ws.id), &self.policy, prior, facts)
             })
             .collect();
         for (ws, d) in workspaces.iter().zip(decisions.iter_mut()) {
