@@ -185,9 +185,12 @@ impl Application {
                 acted: actuator.act(&eval, shutdown).await,
                 tracked_stops: actuator.tracked_count(),
                 stuck_stops: actuator.stuck_stops(),
+                without_provisioner: actuator.without_provisioner(),
                 eval,
             },
-            None => PassOutcome { eval, acted: Acted::default(), tracked_stops: 0, stuck_stops: Vec::new() },
+            None => {
+                PassOutcome { eval, acted: Acted::default(), tracked_stops: 0, stuck_stops: Vec::new(), without_provisioner: Vec::new() }
+            }
         };
         publish::publish(&self.state, &pass, &self.evaluator, &mut self.accounting);
         Ok(pass)

@@ -373,3 +373,38 @@ async fn extends_a_deadline_and_reads_coders_refusals() {
     assert_eq!(err.kind, ErrorKind::Conflict);
     assert!(err.to_string().contains("Workspace shutdown is manual."), "{err}");
 }
+
+/// Withdrawing a pending stop and asking which provisioners answer for a job's tags: the query
+/// parameters the spec names (`expect_status`, `tags` as JSON), each outcome Coder gives.
+#[tokio::test]
+async fn withdraws_a_pending_build_and_lists_provisioners_by_tags() {
+    let server = MockServer::start().await;
+    let build = "7f4e8d2a-3b1c-4d5e-9f6a-0b1c2d3e4f5a";
+    Mock::given(method("PATCH"))
+        .and(path(format!("/api/v2/workspacebuilds/{build}/cancel")))
+        .and(query_param("expect_status", "pending"))
+        .and(header("Coder-Session-Token", TOKEN))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"message": "Job has been marked as canceled..."})))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("PATCH")).respond_with(coder_error(412, "Job is not in the expected state.", "")).mount(&server).await;
+    let org = "42638e23-9859-4dec-8568-7bc6436fa29d";
+    Mock::given(method("GET"))
+        .and(path(format!("/api/v2/organizations/{org}/provisionerdaemons")))
+        .and(query_param("tags", r#"{"gpu":"true","owner":"","scope":"organization"}"#))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([{
+            "id": "5c1a0e1e-6a4f-4f7e-9c1d-2b3a4c5d6e7f", "name": "gpu-provisioner", "last_seen_at": "2026-12-01T20:59:30Z",
+            "status": "idle", "tags": {"gpu": "true", "owner": "", "scope": "organization"}, "organization_id": org,
+            "provisioners": ["terraform"], "version": "v2.34.3", "api_version": "1.9", "created_at": "2026-11-01T00:00:00Z"
+        }])))
+        .mount(&server)
+        .await;
+    let c = client(&server, RetryPolicy::none());
+    c.cancel_pending_build(build).await.unwrap();
+    let err = c.cancel_pending_build(build).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Status(412), "{err}");
+    let tags = [("gpu", "true"), ("owner", ""), ("scope", "organization")].map(|(k, v)| (k.to_string(), v.to_string())).into();
+    let daemons = c.provisioner_daemons(org, &tags).await.unwrap();
+    assert_eq!((daemons.len(), daemons[0].tags.get("gpu").map(String::as_str)), (1, Some("true")));
+}

@@ -507,3 +507,52 @@ async fn a_pending_stop_is_withdrawn_when_its_user_comes_back() {
     assert_eq!((stop_posts(&coder, a), stop_posts(&coder, b)), (1, 1), "withdrawn is not sent again");
     assert_eq!(audit_kinds(&audit, a), ["stop_sent", "stop_withdrawn"]);
 }
+
+/// coderd matches a job to provisioners by organization and tags (reference NOTES §16): a start
+/// that completed on an untagged provisioner says nothing about the `gpu=true` one its stop needs.
+/// A stop Coder answers with `matched_provisioners.available = 0` holds every new stop that needs
+/// the same tags; once reaped it is sent again only when the organization's daemon listing shows
+/// a matching provisioner, not because some other build completed; stops of other tags go on.
+#[tokio::test]
+async fn stops_wait_for_a_provisioner_that_matches_their_tags() {
+    // coderd's reaper fails a job pending 30 minutes: 6 here (6 s at 60x).
+    let coder = FakeCoder::start(WorldConfig { reaper_pending: Duration::from_secs(6 * 60), ..world(3) }).await.unwrap();
+    let ex = exporter(&coder).await;
+    let gpu_daemon = coder.with(|w| w.add_provisioner("gpu-provisioner", 0, &[("gpu", "true")], true));
+    let tagged = |w: &mut mocks::World, owner: &str, name: &str| {
+        let id = w.create_workspace(owner, name, None).unwrap();
+        w.set_job_tags(id, &[("gpu", "true")]);
+        id
+    };
+    let a = coder.with(|w| tagged(w, "alice", "a"));
+    let b = coder.with(|w| tagged(w, "bob", "b"));
+    let plain = coder.with(|w| w.create_workspace("orgadmin", "plain", None)).unwrap();
+    until(&coder, "all three run", Duration::from_secs(5), |w| running(w, a) && running(w, b) && running(w, plain)).await;
+    // The GPU provisioner goes away, long enough to be unseen (90 Coder seconds: 1.5 s).
+    coder.with(|w| w.provisioners[gpu_daemon].online = false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let dir = TempDir::new("provisioners");
+    let audit = dir.0.join("audit.jsonl");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--audit-log", audit.to_str().unwrap()]);
+    svc.wait_event("no_provisioner", Duration::from_secs(20)).await;
+    until_with(&coder, Some(&svc), "the untagged one is stopped", Duration::from_secs(10), |w| !holds_gpu(w, plain)).await;
+    assert_eq!(stop_posts(&coder, a) + stop_posts(&coder, b), 1, "one gpu=true stop is sent, the other held:\n{}", svc.raw());
+    let (first, held) = if stop_posts(&coder, a) == 1 { (a, b) } else { (b, a) };
+    assert!(!svc.events("stop_held").is_empty());
+    let doc: Value = reqwest::get(format!("http://{}/api/v1/workspaces", svc.addr().await)).await.unwrap().json().await.unwrap();
+    assert_eq!(doc["no_provisioner"][0]["tags"]["gpu"], "true", "{doc}");
+    svc.wait_event("stop_reaped", Duration::from_secs(15)).await;
+    // Another build completes in the organization: no sign of a gpu=true provisioner.
+    let other = coder.with(|w| w.create_workspace("alice", "other", None)).unwrap();
+    until(&coder, "another build completes", Duration::from_secs(5), |w| running(w, other)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!((stop_posts(&coder, first), stop_posts(&coder, held)), (1, 0), "not sent into the same outage:\n{}", svc.raw());
+    assert!(coder.with(|w| holds_gpu(w, first)), "the reaped one keeps its GPU meanwhile");
+    // The GPU provisioner answers again: the reaped stop is sent once more, the held one goes.
+    coder.with(|w| w.provisioners[gpu_daemon].online = true);
+    until_with(&coder, Some(&svc), "both gpu=true workspaces are stopped", Duration::from_secs(20), |w| {
+        !holds_gpu(w, first) && !holds_gpu(w, held)
+    })
+    .await;
+    assert_eq!((stop_posts(&coder, first), stop_posts(&coder, held)), (2, 1));
+}

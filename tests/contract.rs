@@ -193,6 +193,8 @@ fn every_path_the_client_calls_is_in_the_spec() {
         ("get", "/api/v2/workspacebuilds/{workspacebuild}"),
         ("put", "/api/v2/workspaces/{workspace}/ttl"),
         ("put", "/api/v2/workspaces/{workspace}/extend"),
+        ("patch", "/api/v2/workspacebuilds/{workspacebuild}/cancel"),
+        ("get", "/api/v2/organizations/{organization}/provisionerdaemons"),
         ("get", "/api/v2/workspaces/{workspace}"),
         ("post", "/api/v2/authcheck"),
     ] {

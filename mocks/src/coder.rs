@@ -108,6 +108,11 @@ fn status_of(b: &Build) -> &'static str {
 }
 
 pub fn build_json(w: &World, ws: &Workspace, b: &Build) -> Value {
+    let (count, available, seen) = w.matched_provisioners(ws, &b.job);
+    let mut matched = json!({"count": count, "available": available});
+    if let Some(t) = seen {
+        matched["most_recently_seen"] = json!(ts(t));
+    }
     let initiator = &w.users[b.initiator];
     let owner = &w.users[ws.owner];
     let pvc = json!({
@@ -148,7 +153,7 @@ pub fn build_json(w: &World, ws: &Workspace, b: &Build) -> Value {
     }
     let mut job = json!({
         "id": b.job.id, "created_at": ts(b.job.created_at), "status": b.job.status, "queue_position": 0, "queue_size": 0,
-        "initiator_id": initiator.id, "organization_id": w.organizations[ws.org].0, "type": "workspace_build", "tags": {"scope": "organization"},
+        "initiator_id": initiator.id, "organization_id": w.organizations[ws.org].0, "type": "workspace_build", "tags": b.job.tags,
         "file_id": derived(&w.template_version_id, 3), "available_workers": [], "logs_overflowed": false,
         "input": {"workspace_build_id": b.id}, "metadata": {"template_version_name": "v1", "template_id": w.template_id, "template_name": ws.template, "template_display_name": ws.template, "template_icon": "", "workspace_id": ws.id, "workspace_name": ws.name}
     });
@@ -166,7 +171,7 @@ pub fn build_json(w: &World, ws: &Workspace, b: &Build) -> Value {
         "workspace_owner_avatar_url": "", "template_version_id": w.template_version_id, "template_version_name": "v1",
         "transition": b.transition, "initiator_id": initiator.id, "initiator_name": initiator.username, "reason": b.reason,
         "status": status_of(b), "job": job, "resources": resources, "deadline": opt_ts(b.deadline), "max_deadline": opt_ts(b.max_deadline),
-        "daily_cost": 0, "matched_provisioners": {"count": 1, "available": 1}, "has_ai_task": false, "has_external_agent": false
+        "daily_cost": 0, "matched_provisioners": matched, "has_ai_task": false, "has_external_agent": false
     })
 }
 
@@ -551,6 +556,54 @@ async fn get_build(State(s): State<CoderState>, Path(id): Path<String>) -> Respo
 }
 
 #[derive(Deserialize)]
+struct DaemonsQuery {
+    tags: Option<String>,
+    offline: Option<String>,
+}
+
+/// `GET /api/v2/organizations/{org}/provisionerdaemons?tags=<json>&offline=`
+/// (`coderd/provisionerdaemons.go`, NOTES §16): the organization's daemons whose tags contain
+/// `tags`; daemons unseen for 90 s are left out unless `offline=true`. Owners and template
+/// admins may read them; others get 404.
+async fn provisioner_daemons(
+    State(s): State<CoderState>,
+    Path(org): Path<String>,
+    Query(q): Query<DaemonsQuery>,
+    req: Request,
+) -> Response {
+    let me = caller(req.extensions());
+    let w = lock(&s.world);
+    let Some(oi) = w.organizations.iter().position(|(id, name)| id.to_string() == org || *name == org) else {
+        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+    };
+    if !w.users[me].owner && !w.users[me].org_roles.iter().any(|(o, _)| *o == oi) {
+        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+    }
+    let filter: std::collections::BTreeMap<String, String> = match q.tags.as_deref().map(serde_json::from_str).transpose() {
+        Ok(t) => t.unwrap_or_default(),
+        Err(e) => return coder_error(ApiError { status: 400, message: "Invalid tags query parameter".into(), detail: e.to_string() }),
+    };
+    let offline = q.offline.as_deref().and_then(parse_bool).unwrap_or(false);
+    let (now, within) = (w.now(), w.seen_within());
+    let rows: Vec<Value> = w
+        .provisioners
+        .iter()
+        .filter(|p| p.org == oi && filter.iter().all(|(k, v)| p.tags.get(k) == Some(v)))
+        .filter(|p| offline || now - p.last_seen < within)
+        .map(|p| {
+            let recent = now - p.last_seen < within;
+            json!({
+                "id": p.id, "organization_id": w.organizations[p.org].0, "key_id": "00000000-0000-0000-0000-000000000001", "key_name": "built-in",
+                "created_at": ts(p.created_at), "last_seen_at": ts(p.last_seen), "name": p.name, "version": "v2.34.3", "api_version": "1.9",
+                "provisioners": ["terraform"], "tags": p.tags, "status": if recent { "idle" } else { "offline" },
+                "current_job": null, "previous_job": null
+            })
+        })
+        .collect();
+    axum::Json(Value::Array(rows)).into_response()
+}
+
+#[derive(Deserialize)]
 struct CancelQuery {
     expect_status: Option<String>,
 }
@@ -692,6 +745,7 @@ pub fn router(state: CoderState) -> Router {
         .route("/api/v2/workspacebuilds/{workspacebuild}/cancel", patch(cancel_build))
         .route("/api/v2/workspaces/{workspace}/extend", put(put_extend))
         .route("/api/v2/workspaces/{workspace}/ttl", put(put_ttl))
+        .route("/api/v2/organizations/{organization}/provisionerdaemons", get(provisioner_daemons))
         .route("/control/events", get(events))
         .route("/control/{*parts}", post(control))
         .layer(middleware::from_fn_with_state(state.clone(), gate))

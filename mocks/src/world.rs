@@ -14,7 +14,7 @@
 //! Timestamps are real wall-clock times; Coder's own durations are divided by `scale`, so a
 //! 30-minute story plays in 30 s at scale 60.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -263,6 +263,39 @@ pub struct Job {
     pub error: Option<String>,
     /// Someone canceled the job (`patchCancelWorkspaceBuild`).
     pub canceled_at: Option<DateTime<Utc>>,
+    /// The provisioner tags the job needs (its workspace's `job_tags`).
+    pub tags: BTreeMap<String, String>,
+}
+
+/// A provisioner daemon (`codersdk.ProvisionerDaemon`): it takes the pending jobs of its
+/// organization whose tags it has (`provisioner_tagset_contains`, NOTES §16) and heartbeats
+/// while online.
+#[derive(Debug, Clone)]
+pub struct Provisioner {
+    pub id: Uuid,
+    pub name: String,
+    /// Index into `World::organizations`.
+    pub org: usize,
+    pub tags: BTreeMap<String, String>,
+    pub online: bool,
+    pub last_seen: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The tags of an untagged job or daemon: organization scope, no owner.
+pub fn untagged() -> BTreeMap<String, String> {
+    [("scope".to_string(), "organization".to_string()), ("owner".to_string(), String::new())].into()
+}
+
+impl Provisioner {
+    /// Whether it may take a job with `tags`: an untagged job only a daemon with exactly the
+    /// untagged tags, any other job one whose tags contain the job's (NOTES §16).
+    pub fn matches(&self, tags: &BTreeMap<String, String>) -> bool {
+        if *tags == untagged() {
+            return self.tags == *tags;
+        }
+        tags.iter().all(|(k, v)| self.tags.get(k) == Some(v))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -323,6 +356,8 @@ pub struct Workspace {
     /// Its agent never connects (an image that never pulls, a crash-looping entrypoint), while
     /// its pod keeps whatever GPU it was given (kubelet's device stays allocated).
     pub agent_never_connects: bool,
+    /// The provisioner tags its builds' jobs need (its template version's; untagged at first).
+    pub job_tags: BTreeMap<String, String>,
 }
 
 /// The template of workspaces made with `create_workspace`.
@@ -368,6 +403,8 @@ pub struct World {
     pub organizations: Vec<(Uuid, String)>,
     /// No provisioner daemon answers: no pending job starts (the reaper fails them in time).
     pub provisioners_down: bool,
+    /// The provisioner daemons; at first one untagged daemon in the default organization.
+    pub provisioners: Vec<Provisioner>,
     pub workspaces: Vec<Workspace>,
     /// Which workspace's pod holds each GPU.
     pub gpu_holders: Vec<Option<Uuid>>,
@@ -435,6 +472,15 @@ impl World {
             organization_id: default_org,
             organizations: vec![(default_org, "coder".into())],
             provisioners_down: false,
+            provisioners: vec![Provisioner {
+                id: Uuid::new_v4(),
+                name: "provisioner-0".into(),
+                org: 0,
+                tags: untagged(),
+                online: true,
+                last_seen: now,
+                created_at: now,
+            }],
             workspaces: Vec::new(),
             gpu_holders: vec![None; gpus],
             cordoned: vec![false; gpus],
@@ -538,10 +584,13 @@ impl World {
         role && scoped
     }
 
-    /// A new organization (no members); returns its index.
+    /// A new organization (no members) with an untagged provisioner daemon of its own
+    /// (coderd matches jobs to daemons of the job's organization only); returns its index.
     pub fn add_organization(&mut self, name: &str) -> usize {
         self.organizations.push((Uuid::new_v4(), name.into()));
-        self.organizations.len() - 1
+        let org = self.organizations.len() - 1;
+        self.add_provisioner(&format!("{name}-provisioner"), org, &[], true);
+        org
     }
 
     /// Gives `user` a role in organization `org`.
@@ -612,6 +661,7 @@ impl World {
             template: GPU_TEMPLATE.into(),
             needs_gpu: true,
             agent_never_connects: false,
+            job_tags: untagged(),
         });
         self.create_build(id, "start", owner_idx, "initiator")?;
         Ok(id)
@@ -626,6 +676,52 @@ impl World {
             self.workspaces[wi].needs_gpu = needs_gpu;
         }
         Ok(id)
+    }
+
+    /// Its builds' jobs need these provisioner tags from now on (besides organization scope),
+    /// a build still pending included (as if its template version had them from the start).
+    pub fn set_job_tags(&mut self, ws_id: Uuid, tags: &[(&str, &str)]) {
+        if let Some(wi) = self.ws_index(ws_id) {
+            let mut all = untagged();
+            all.extend(tags.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            if let Some(b) = self.workspaces[wi].builds.last_mut().filter(|b| b.job.status == "pending") {
+                b.job.tags.clone_from(&all);
+            }
+            self.workspaces[wi].job_tags = all;
+        }
+    }
+
+    /// A provisioner daemon in organization `org` with these tags (besides organization
+    /// scope), online or not; returns its index.
+    pub fn add_provisioner(&mut self, name: &str, org: usize, tags: &[(&str, &str)], online: bool) -> usize {
+        let now = self.now();
+        let mut all = untagged();
+        all.extend(tags.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let last_seen = if online { now } else { now - chrono::Duration::hours(1) };
+        self.provisioners.push(Provisioner { id: Uuid::new_v4(), name: name.into(), org, tags: all, online, last_seen, created_at: now });
+        self.provisioners.len() - 1
+    }
+
+    /// Whether an online daemon of the organization takes jobs with these tags.
+    fn provisioner_takes(&self, org: usize, tags: &BTreeMap<String, String>) -> bool {
+        !self.provisioners_down && self.provisioners.iter().any(|p| p.online && p.org == org && p.matches(tags))
+    }
+
+    /// How recently a daemon must have been seen to count (coderd's 90 s, Coder time).
+    pub fn seen_within(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.real(Duration::from_secs(90))).unwrap_or_default()
+    }
+
+    /// `matched_provisioners` of a job: filled only while pending; `available` counts the
+    /// matching daemons seen after the job's creation minus 90 s (`db2sdk.MatchedProvisioners`).
+    pub fn matched_provisioners(&self, ws: &Workspace, job: &Job) -> (usize, usize, Option<DateTime<Utc>>) {
+        if job.status != "pending" {
+            return (0, 0, None);
+        }
+        let matching: Vec<&Provisioner> = self.provisioners.iter().filter(|p| p.org == ws.org && p.matches(&job.tags)).collect();
+        let since = job.created_at - self.seen_within();
+        let available = matching.iter().filter(|p| p.last_seen > since).count();
+        (matching.len(), available, matching.iter().map(|p| p.last_seen).max())
     }
 
     /// Its agent never connects from now on (its pod keeps any GPU it has).
@@ -698,6 +794,7 @@ impl World {
                 completed_at: None,
                 error: None,
                 canceled_at: None,
+                tags: ws.job_tags.clone(),
             },
             deadline: None,
             max_deadline: None,
@@ -731,7 +828,11 @@ impl World {
             };
             if let Some((kind, threshold)) = reap {
                 self.reap(wi, bi, kind, threshold);
-            } else if b.job.status == "pending" && age >= queue && !b.stalled && !self.provisioners_down {
+            } else if b.job.status == "pending"
+                && age >= queue
+                && !b.stalled
+                && self.provisioner_takes(self.workspaces[wi].org, &b.job.tags)
+            {
                 let now = self.now();
                 let b = &mut self.workspaces[wi].builds[bi];
                 b.job.status = "running";
@@ -755,6 +856,13 @@ impl World {
                 }
                 let name = ws.name.clone();
                 self.log(&name, "agent_connected", "the agent connected".into());
+            }
+        }
+        // Online provisioner daemons heartbeat (every minute in coderd; every tick here).
+        if !self.provisioners_down {
+            let now = self.now();
+            for p in self.provisioners.iter_mut().filter(|p| p.online) {
+                p.last_seen = now;
             }
         }
         // Connected agents heartbeat.
@@ -808,6 +916,8 @@ impl World {
             .workspaces
             .iter()
             .filter(|ws| !ws.prebuild && !self.users[ws.owner].system)
+            // `hasValidProvisioner`: without a daemon for its tags nothing is built this tick.
+            .filter(|ws| self.provisioner_takes(ws.org, &ws.job_tags))
             .filter(|ws| {
                 let suspended = self.users[ws.owner].status == "suspended";
                 ws.latest().is_some_and(|b| {

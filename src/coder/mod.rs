@@ -361,6 +361,20 @@ impl CoderClient {
         self.call::<serde::de::IgnoredAny>(Method::PUT, "PUT /api/v2/workspaces/{workspace}/extend", path, Some(&body)).await.map(|_| ())
     }
 
+    /// `GET /api/v2/organizations/{org}/provisionerdaemons?tags=<json>`: the organization's
+    /// provisioner daemons whose tags contain `tags`, seen within 90 s (coderd omits older ones
+    /// without `offline=true`; reference NOTES §16). Needs read on the organization's provisioner
+    /// jobs (owners, template admins), else 404.
+    pub async fn provisioner_daemons(
+        &self,
+        organization_id: &str,
+        tags: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<ProvisionerDaemon>, CoderError> {
+        let tags = serde_json::to_string(tags).unwrap_or_else(|_| "{}".into());
+        let path = format!("/api/v2/organizations/{}/provisionerdaemons?tags={}", encode_path(organization_id), encode_path(&tags));
+        self.call(Method::GET, "GET /api/v2/organizations/{organization}/provisionerdaemons", path, None::<&()>).await
+    }
+
     /// `PATCH /api/v2/workspacebuilds/{id}/cancel?expect_status=pending` (200): withdraws a build
     /// whose job no provisioner has taken yet. Coder answers 412 once a provisioner took it, 400
     /// once it completed or was canceled (reference NOTES §16). One attempt: a later pass decides

@@ -87,6 +87,35 @@ pub struct WorkspaceBuild {
     /// on AGPL. `PUT .../extend` refuses a deadline after it (reference NOTES §16).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_deadline: Option<Time>,
+    /// Provisioner daemons matching the job's tags; filled by Coder only while the job is
+    /// pending (`{0, 0}` otherwise), `available` counted from the job's creation (NOTES §16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_provisioners: Option<MatchedProvisioners>,
+}
+
+/// `codersdk.MatchedProvisioners`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq)]
+pub struct MatchedProvisioners {
+    #[serde(default)]
+    pub count: i64,
+    #[serde(default)]
+    pub available: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub most_recently_seen: Option<Time>,
+}
+
+/// `codersdk.ProvisionerDaemon`, the fields this service reads.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct ProvisionerDaemon {
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_seen_at: Option<Time>,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub tags: std::collections::BTreeMap<String, String>,
 }
 
 impl WorkspaceBuild {
@@ -108,6 +137,10 @@ pub struct ProvisionerJob {
     /// `failed` with this set (reference coder NOTES §16): it was still a person's cancel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canceled_at: Option<Time>,
+    /// The provisioner tags the job needs (a daemon whose tags contain them takes it; a stop
+    /// has its start's, reference coder NOTES §16).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tags: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
@@ -342,7 +375,7 @@ pub fn read_workspace(r: &mut Reader<'_>) -> Result<Workspace, ReadError> {
 fn read_build(r: &mut Reader<'_>) -> Result<WorkspaceBuild, ReadError> {
     let (mut id, mut created_at, mut transition, mut status, mut job) = (None, None, None, None, None);
     let (mut initiator_id, mut template_version_id, mut reason, mut resources, mut deadline) = (None, None, None, None, None);
-    let mut max_deadline = None;
+    let (mut max_deadline, mut matched_provisioners) = (None, None);
     r.object(|r, key| match key {
         b"id" => set(&mut id, key, text(r)?),
         b"created_at" => set(&mut created_at, key, optional(r, time)?),
@@ -355,6 +388,7 @@ fn read_build(r: &mut Reader<'_>) -> Result<WorkspaceBuild, ReadError> {
         b"resources" => set(&mut resources, key, list(r, read_resource)?),
         b"deadline" => set(&mut deadline, key, optional(r, time)?),
         b"max_deadline" => set(&mut max_deadline, key, optional(r, time)?),
+        b"matched_provisioners" => set(&mut matched_provisioners, key, optional(r, read_matched)?),
         _ => r.skip(),
     })?;
     Ok(WorkspaceBuild {
@@ -369,17 +403,46 @@ fn read_build(r: &mut Reader<'_>) -> Result<WorkspaceBuild, ReadError> {
         resources: resources.unwrap_or_default(),
         deadline: deadline.flatten(),
         max_deadline: max_deadline.flatten(),
+        matched_provisioners: matched_provisioners.flatten(),
     })
+}
+
+fn read_matched(r: &mut Reader<'_>) -> Result<MatchedProvisioners, ReadError> {
+    let (mut count, mut available, mut most_recently_seen) = (None, None, None);
+    r.object(|r, key| match key {
+        b"count" => set(&mut count, key, r.i64()?),
+        b"available" => set(&mut available, key, r.i64()?),
+        b"most_recently_seen" => set(&mut most_recently_seen, key, optional(r, time)?),
+        _ => r.skip(),
+    })?;
+    Ok(MatchedProvisioners {
+        count: count.unwrap_or_default(),
+        available: available.unwrap_or_default(),
+        most_recently_seen: most_recently_seen.flatten(),
+    })
+}
+
+/// A string map as serde reads one into a `BTreeMap` (a repeated key: the last value wins).
+fn read_tags(r: &mut Reader<'_>) -> Result<std::collections::BTreeMap<String, String>, ReadError> {
+    let mut out = std::collections::BTreeMap::new();
+    r.object(|r, key| {
+        let key = String::from_utf8_lossy(key).into_owned();
+        out.insert(key, text(r)?);
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 fn read_job(r: &mut Reader<'_>) -> Result<ProvisionerJob, ReadError> {
     let (mut id, mut status, mut completed_at, mut error, mut canceled_at) = (None, None, None, None, None);
+    let mut tags = None;
     r.object(|r, key| match key {
         b"id" => set(&mut id, key, text(r)?),
         b"status" => set(&mut status, key, JobStatus::from_text(&r.string()?)),
         b"completed_at" => set(&mut completed_at, key, optional(r, time)?),
         b"error" => set(&mut error, key, optional(r, text)?),
         b"canceled_at" => set(&mut canceled_at, key, optional(r, time)?),
+        b"tags" => set(&mut tags, key, read_tags(r)?),
         _ => r.skip(),
     })?;
     Ok(ProvisionerJob {
@@ -388,6 +451,7 @@ fn read_job(r: &mut Reader<'_>) -> Result<ProvisionerJob, ReadError> {
         completed_at: completed_at.flatten(),
         error: error.flatten(),
         canceled_at: canceled_at.flatten(),
+        tags: tags.unwrap_or_default(),
     })
 }
 
@@ -537,6 +601,7 @@ mod tests {
                     completed_at: Some(t(8)),
                     error: Some("boom".into()),
                     canceled_at: Some(t(11)),
+                    tags: [("scope".to_string(), "organization".to_string()), ("gpu".to_string(), "true".to_string())].into(),
                 },
                 initiator_id: Some("initiator".into()),
                 template_version_id: Some("version".into()),
@@ -544,6 +609,7 @@ mod tests {
                 resources: vec![WorkspaceResource::default(), WorkspaceResource { agents: vec![agent] }],
                 deadline: Some(t(9)),
                 max_deadline: Some(t(10)),
+                matched_provisioners: Some(MatchedProvisioners { count: 2, available: 1, most_recently_seen: Some(t(12)) }),
             },
             ttl_ms: Some(3_600_000),
             autostart_schedule: Some("CRON_TZ=UTC 0 9 * * 1-5".into()),

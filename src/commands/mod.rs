@@ -220,6 +220,7 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
                 }
                 let ws = listing.workspaces;
                 organization_permissions(&coder, &ws, &mut line).await;
+                provisioners(&coder, &ws, &mut line).await;
                 let (ok, detail) = coverage(&collection.series, &ws, &settings);
                 line(ok, "coverage", &detail);
                 line(true, "gpu templates", &gpu_templates(&collection.series, &ws, &settings.policy));
@@ -228,6 +229,42 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
         }
     }
     all_ok
+}
+
+/// One `check` line: whether a provisioner daemon answers (seen within 90 s) for the tags every
+/// running workspace's builds need, per organization: without one, a stop build stays pending
+/// until Coder's reaper fails it (reference NOTES §16).
+async fn provisioners(coder: &CoderClient, workspaces: &[Workspace], line: &mut impl FnMut(bool, &str, &str)) {
+    // (organization, tags) -> (organization name, running workspaces)
+    let mut needed: BTreeMap<(&str, &crate::pass::actuator::Tags), (&str, usize)> = BTreeMap::new();
+    for w in workspaces.iter().filter(|w| !w.organization_id.is_empty()) {
+        needed.entry((w.organization_id.as_str(), &w.latest_build.job.tags)).or_insert((w.organization_name.as_str(), 0)).1 += 1;
+    }
+    let mut missing = Vec::new();
+    for ((org, tags), (name, n)) in &needed {
+        match coder.provisioner_daemons(org, tags).await {
+            Ok(daemons) if daemons.is_empty() => {
+                missing.push(format!("tags {} in organization {name:?} ({n} running)", crate::pass::actuator::tags_text(tags)))
+            }
+            Ok(_) => {}
+            Err(e) => {
+                line(false, "provisioners", &format!("cannot list the provisioner daemons of organization {name:?}: {e}"));
+                return;
+            }
+        }
+    }
+    if missing.is_empty() {
+        line(true, "provisioners", &format!("a provisioner answers for the tags of all {} running-workspace tag set(s)", needed.len()));
+    } else {
+        line(
+            false,
+            "provisioners",
+            &format!(
+                "no provisioner for {} has been seen within 90 s: their stop builds would stay pending until Coder's reaper fails them; start a provisioner daemon with those tags",
+                missing.join(", ")
+            ),
+        );
+    }
 }
 
 /// One `check` line: the organizations with running workspaces where the token may not stop

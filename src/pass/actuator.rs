@@ -6,10 +6,12 @@
 //! `stop_lifecycle` (each change one audit line): a stop build is followed until its job is
 //! final; a refused or failed stop backs off (doubling from one interval, at most 30 min) and is
 //! abandoned after `MAX_STOP_ATTEMPTS`; a stop Coder's job reaper failed is sent once more when
-//! provisioners answer again; a canceled one is not sent again in that idle episode; a stop
-//! whose reply was lost (a timeout, then 409, or the latest build being our stop) counts as
-//! sent, once. Tracking starts afresh when the workspace gets a new build. No new stop starts
-//! once shutdown began.
+//! a provisioner matching its tags answers; while a stop finds none, new stops that need the
+//! same tags are held; a pending stop is withdrawn when its workspace is used again; a canceled
+//! one is not sent again in that idle episode; a stop whose reply was lost (a timeout, then 409,
+//! or the latest build being our stop) counts as sent, once. Tracking starts afresh when the
+//! workspace gets a new build. No new stop starts once shutdown began. It also keeps busy work
+//! running: Coder's deadline of a workspace whose GPU computes is moved (`extend_deadlines`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -81,7 +83,45 @@ struct TrackedStop {
     /// Coder refused to withdraw the pending stop (412: a provisioner took it; another 4xx):
     /// not asked again.
     withdraw_refused: bool,
+    /// The provisioner tags its build needs (the start's, until Coder answered with the stop's).
+    tags: Tags,
+    /// Since when no provisioner matching `tags` is available for it (Coder's
+    /// `matched_provisioners.available` of the pending stop is 0, or after a reap, the
+    /// organization's daemon listing shows none): it is not sent again meanwhile, nor is any new
+    /// stop that needs the same tags.
+    no_provisioner_since: Option<DateTime<Utc>>,
     state: StopState,
+}
+
+/// Provisioner tags (`job.tags`).
+pub type Tags = std::collections::BTreeMap<String, String>;
+
+/// Stops that wait for a provisioner matching their tags (status document, `check`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct NoProvisioner {
+    pub organization_id: String,
+    pub tags: Tags,
+    pub since: DateTime<Utc>,
+    /// How many tracked stops wait for these tags.
+    pub stops: usize,
+}
+
+impl NoProvisioner {
+    /// "no provisioner for tags {...} since <time>: ...", as the page and the plan show it.
+    pub fn words(&self) -> String {
+        format!(
+            "no provisioner for tags {} since {}: {} stop(s) wait, and new stops that need these tags are held; check the provisioner daemons in Coder",
+            tags_text(&self.tags),
+            self.since.format("%Y-%m-%d %H:%M:%S UTC"),
+            self.stops
+        )
+    }
+}
+
+/// Tags as people read them: `{gpu=true, scope=organization}`.
+pub fn tags_text(tags: &Tags) -> String {
+    let inner: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{{{}}}", inner.join(", "))
 }
 
 /// Where stop events go besides the logs. Its fields are private: only the actuator writes to
@@ -149,6 +189,7 @@ struct Candidate {
     session: String,
     organization: String,
     last_used_at: DateTime<Utc>,
+    tags: Tags,
 }
 
 pub struct Actuator {
@@ -274,10 +315,17 @@ impl Actuator {
         self.resumed(eval);
         self.follow(now, eval.coder_offset, &mut acted).await;
         self.reconcile(eval);
+        self.provisioners_for_reaped(eval).await;
         for c in self.candidates(eval) {
             if *shutdown.borrow() {
                 tracing::info!(event = "stop_skipped_shutdown", workspace_id = %c.event.workspace_id, "shutting down: no new stop");
                 break;
+            }
+            // Another stop that needs the same tags found no provisioner (this pass included).
+            let own = self.tracked.get(&c.event.workspace_id).and_then(|t| t.no_provisioner_since);
+            if let Some(since) = self.waiting_for_provisioner(&c.organization, &c.tags).filter(|_| own.is_none()) {
+                tracing::info!(event = "stop_held", workspace_id = %c.event.workspace_id, tags = %tags_text(&c.tags), since = %since, "no provisioner for these tags: the stop waits until one answers");
+                continue;
             }
             self.stop(now, c, &mut acted).await;
         }
@@ -448,7 +496,7 @@ impl Actuator {
             Some((_, eligible)) => *eligible || t.state != StopState::Canceled,
             // Not listed running: followed while in flight; otherwise kept a day (a retry of a
             // failed or reaped stop checks the workspace first).
-            None => t.state.in_flight().is_some() || now - t.since < Duration::days(1),
+            None => t.state.in_flight().is_some() || t.no_provisioner_since.is_some() || now - t.since < Duration::days(1),
         });
     }
 
@@ -467,22 +515,25 @@ impl Actuator {
                 Some(_) => false,
             };
             if due {
+                let tags = &ws.latest_build.job.tags;
                 let event = stop_event(AuditKind::StopSent, eval, j, self.mode);
                 out.push(Candidate {
                     event,
                     session: ws.latest_build.id.clone(),
                     organization: ws.organization_id.clone(),
                     last_used_at: ws.last_used_at,
+                    tags: tags.clone(),
                 });
             }
         }
         let slots_left = eval.fleet.stop_slots.saturating_sub(out.len());
         let listed: HashSet<&str> = eval.workspaces().map(|w| w.id.as_str()).collect();
-        let completed = || eval.workspaces().map(|w| (w.organization_id.as_str(), w.latest_build.job.completed_at));
         let retries = self.tracked.iter().filter(|(id, t)| {
             let due = match &t.state {
                 StopState::Failed { retry_at, build_id: Some(_) } => *retry_at <= eval.now,
-                StopState::Reaped { at, .. } => !t.resent_after_reap && provisioners_answer(&t.organization, *at, completed()),
+                // `provisioners_for_reaped` found a matching provisioner (or, without an answer,
+                // a build in the organization completed since).
+                StopState::Reaped { .. } => !t.resent_after_reap && t.no_provisioner_since.is_none(),
                 _ => false,
             };
             due && !listed.contains(id.as_str())
@@ -492,7 +543,83 @@ impl Actuator {
             session: t.session.clone(),
             organization: t.organization.clone(),
             last_used_at: t.last_used_at,
+            tags: t.tags.clone(),
         }));
+        out
+    }
+
+    /// What Coder says of the provisioners for a stop build: its tags, and while it is pending,
+    /// `matched_provisioners` (filled only then; `available` counts daemons seen since 90 s
+    /// before the job was created, reference NOTES §16). A reaped stop is left to
+    /// `provisioners_for_reaped`.
+    fn note_provisioners(&mut self, now: DateTime<Utc>, id: &str, build: &WorkspaceBuild) {
+        let Some(t) = self.tracked.get_mut(id) else { return };
+        if !build.job.tags.is_empty() {
+            t.tags.clone_from(&build.job.tags);
+        }
+        match (build.job.status, build.matched_provisioners) {
+            (JobStatus::Pending, Some(m)) if m.available == 0 => {
+                if t.no_provisioner_since.is_none() {
+                    t.no_provisioner_since = Some(now);
+                    tracing::error!(event = "no_provisioner", workspace_id = %id, build_id = %build.id, tags = ?t.tags, matched = m.count, "no provisioner for tags {:?} is available: the stop waits, and so does every new stop that needs the same tags; check the provisioner daemons in Coder", t.tags);
+                }
+            }
+            (JobStatus::Failed, _) => {}
+            _ => t.no_provisioner_since = None,
+        }
+    }
+
+    /// Since when stops needing `tags` in this organization wait for a provisioner, if they do.
+    fn waiting_for_provisioner(&self, organization: &str, tags: &Tags) -> Option<DateTime<Utc>> {
+        self.tracked.values().filter(|t| t.organization == organization && t.tags == *tags).filter_map(|t| t.no_provisioner_since).min()
+    }
+
+    /// For every reaped stop not yet sent again: whether a provisioner matching its tags answers
+    /// now (`GET .../provisionerdaemons?tags=`, daemons seen within 90 s). Without an answer from
+    /// Coder, a build in the same organization that completed since the reap stands in.
+    async fn provisioners_for_reaped(&mut self, eval: &Evaluation) {
+        let reaped: Vec<(String, String, Tags, DateTime<Utc>)> = self
+            .tracked
+            .iter()
+            .filter_map(|(id, t)| match &t.state {
+                StopState::Reaped { at, .. } if !t.resent_after_reap => Some((id.clone(), t.organization.clone(), t.tags.clone(), *at)),
+                _ => None,
+            })
+            .collect();
+        for (id, organization, tags, reaped_at) in reaped {
+            let available = match self.coder.provisioner_daemons(&organization, &tags).await {
+                Ok(daemons) => !daemons.is_empty(),
+                Err(e) => {
+                    tracing::warn!(event = "provisioners_unknown", workspace_id = %id, error = %e, "cannot list the provisioner daemons for a reaped stop; a build completed in its organization since stands in");
+                    let completed = eval.workspaces().map(|w| (w.organization_id.as_str(), w.latest_build.job.completed_at));
+                    provisioners_answer(&organization, reaped_at, completed)
+                }
+            };
+            if let Some(t) = self.tracked.get_mut(&id) {
+                if available {
+                    t.no_provisioner_since = None;
+                } else if t.no_provisioner_since.is_none() {
+                    t.no_provisioner_since = Some(eval.now);
+                    tracing::error!(event = "no_provisioner", workspace_id = %id, tags = ?tags, "no provisioner for tags {tags:?}: the reaped stop is sent again once one answers; stops that need the same tags wait");
+                }
+            }
+        }
+    }
+
+    /// Stops that wait for a provisioner, by organization and tags (for the status document).
+    pub fn without_provisioner(&self) -> Vec<NoProvisioner> {
+        let mut out: Vec<NoProvisioner> = Vec::new();
+        for t in self.tracked.values() {
+            let Some(since) = t.no_provisioner_since else { continue };
+            match out.iter_mut().find(|n| n.organization_id == t.organization && n.tags == t.tags) {
+                Some(n) => {
+                    n.since = n.since.min(since);
+                    n.stops += 1;
+                }
+                None => out.push(NoProvisioner { organization_id: t.organization.clone(), tags: t.tags.clone(), since, stops: 1 }),
+            }
+        }
+        out.sort_by(|a, b| (&a.organization_id, &a.tags).cmp(&(&b.organization_id, &b.tags)));
         out
     }
 
@@ -529,7 +656,10 @@ impl Actuator {
         // the latest build tells.
         let ours = if lost_reply { self.our_stop_build(&id).await } else { None };
         match (outcome, ours) {
-            (Ok(StopOutcome::Queued(build)), _) => self.sent(now, c, &build.id, false, acted),
+            (Ok(StopOutcome::Queued(build)), _) => {
+                self.sent(now, c, &build.id, false, acted);
+                self.note_provisioners(now, &id, &build);
+            }
             (_, Some(build)) => self.sent(now, c, &build.id, true, acted),
             (Ok(StopOutcome::BuildActive(msg)), None) => {
                 tracing::info!(event = "stop_deferred", workspace_id = %id, detail = %msg, "another build is active; deciding again next pass");
@@ -559,6 +689,8 @@ impl Actuator {
             stuck_reported: false,
             resent_after_reap: false,
             withdraw_refused: false,
+            tags: c.tags.clone(),
+            no_provisioner_since: None,
             state: StopState::Failed { retry_at: now, build_id: None },
         });
         t.event = c.event;
@@ -653,6 +785,7 @@ impl Actuator {
                     continue;
                 }
             };
+            self.note_provisioners(now, &id, &build);
             if build.job.status == JobStatus::Pending && self.withdraw_if_used(now, coder_offset, &id, &build_id, acted).await {
                 continue;
             }

@@ -12,7 +12,7 @@ use chrono::Utc;
 use crate::coder::{CoderError, ErrorKind};
 use crate::gpu::SourceFailure;
 use crate::pass::accounting::Accounting;
-use crate::pass::actuator::{Acted, StuckStop};
+use crate::pass::actuator::{Acted, NoProvisioner, StuckStop};
 use crate::pass::decide::Verdict;
 use crate::pass::evaluate::{Evaluation, Evaluator, Judged};
 use crate::pass::metrics::{Metrics, PassLabels, PoolLabels, SourceLabels};
@@ -208,12 +208,14 @@ pub struct PassOutcome {
     pub tracked_stops: usize,
     /// Stop builds reported stuck and still pending.
     pub stuck_stops: Vec<StuckStop>,
+    /// Stops that wait for a provisioner matching their tags.
+    pub without_provisioner: Vec<NoProvisioner>,
 }
 
 /// Publishes one pass: `judged_by` is the evaluator whose windows and policy it was judged with
 /// (each workspace's GPUs are shown from them); `accounting` adds the pass's figures.
 pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, accounting: &mut Accounting) {
-    let PassOutcome { eval, acted, tracked_stops, stuck_stops } = pass;
+    let PassOutcome { eval, acted, tracked_stops, stuck_stops, without_provisioner } = pass;
     let (windows, policy, mode) = (judged_by.windows(), judged_by.policy(), state.mode);
     let metrics = &state.metrics;
     scrape_failures(metrics, &eval.source_failures);
@@ -254,6 +256,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
         coder_clock_offset_seconds: eval.coder_clock_offset.map(|o| o.num_seconds()),
         accounting: accounting.summary(eval.now),
         stuck_stops: stuck_stops.clone(),
+        no_provisioner: without_provisioner.clone(),
         pools: policy
             .pools
             .iter()

@@ -10,7 +10,7 @@ use crate::gpu::GpuKey;
 use crate::gpu::signals::Signal;
 use crate::gpu::window::GpuWindow;
 use crate::pass::accounting::AccountingSummary;
-use crate::pass::actuator::StuckStop;
+use crate::pass::actuator::{NoProvisioner, StuckStop};
 use crate::pass::deadline::{DeadlineAction, DeadlinePlan};
 use crate::pass::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify};
 use crate::pass::mode::{Mode, limit_reached};
@@ -70,6 +70,10 @@ pub struct StatusDocument {
     /// they are pending.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stuck_stops: Vec<StuckStop>,
+    /// Stops that wait for a provisioner matching their job's tags (none is available): they
+    /// are not sent again meanwhile, nor are new stops that need the same tags.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub no_provisioner: Vec<NoProvisioner>,
     /// Per GPU pool (the config's `pool` keys; one, `default`, without them): who waits there and
     /// who is idle there. In `contended` mode only a pool's own idle workspaces are stopped for
     /// its waiters.
@@ -213,6 +217,7 @@ impl StatusDocument {
             coder_clock_offset_seconds: None,
             accounting: AccountingSummary::default(),
             stuck_stops: Vec::new(),
+            no_provisioner: Vec::new(),
             pools: Vec::new(),
             notes: Vec::new(),
             workspaces: Vec::new(),
@@ -272,6 +277,9 @@ impl StatusDocument {
         }
         if let Some(b) = &self.breaker {
             out.push_str(&format!("\ncircuit breaker: {b}\n"));
+        }
+        for n in &self.no_provisioner {
+            out.push_str(&format!("\n{}\n", n.words()));
         }
         for s in &self.stuck_stops {
             out.push_str(&format!("\nstuck stop: {}/{} build {} pending since {}\n", s.owner, s.workspace, s.build_id, s.pending_since));

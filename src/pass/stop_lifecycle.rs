@@ -7,9 +7,11 @@
 //!               │  ▲        │
 //!               │  └ stuck ─┤ (pending past stop_timeout: reported once per idle episode)
 //!               │           ├──► failed ──► (back-off) sent again ... abandoned after 5 attempts
-//!               │           ├──► canceled (a person's decision: never re-sent this episode)
-//!               │           └──► reaped (coderd's job reaper) ──► sent once more when a build in
-//!               │                the same organization has completed since; reaped again ─► abandoned
+//!               │           ├──► canceled (a person's decision, also when canceled then failed:
+//!               │           │    never re-sent this episode; a pending stop the actuator withdrew
+//!               │           │    because its workspace was used again ends here too)
+//!               │           └──► reaped (coderd's job reaper) ──► sent once more when a provisioner
+//!               │                matching its tags answers; reaped again ─► abandoned
 //!  POST refused ─► failed
 //! ```
 //!
@@ -143,7 +145,14 @@ mod tests {
     use super::*;
 
     fn job(status: JobStatus, error: Option<&str>) -> ProvisionerJob {
-        ProvisionerJob { id: "j".into(), status, completed_at: None, error: error.map(str::to_string), canceled_at: None }
+        ProvisionerJob {
+            id: "j".into(),
+            status,
+            completed_at: None,
+            error: error.map(str::to_string),
+            canceled_at: None,
+            tags: Default::default(),
+        }
     }
 
     const REAPED: &str = "Coder: Build has been detected as pending for 30 minutes and has been terminated by the reaper.";
