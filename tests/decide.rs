@@ -383,15 +383,17 @@ fn a_pod_that_reports_a_gpu_is_never_waiting_but_judged_by_its_gpu() {
     // Past the start-up allowance, a never-connected agent whose pod still reports a fresh GPU
     // (an image that never pulls, a crash-looping entrypoint: kubelet keeps the device) is no
     // demand: it holds a GPU, and an idle one is given back like any other (reference NOTES §16).
-    let mut w = starting_workspace(mins(15), 120);
+    let mut w = starting_workspace(mins(35), 120);
     w.last_used_at = now() - mins(40);
     let d = decide(now(), &w, Some(&steady(NOTHING, Fields::All, 40)), &policy(), None);
     assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "{}", d.message);
-    assert!(
-        d.message.starts_with("its agent never connected, but its pod holds a GPU past start_allowance; GPU idle 40m"),
-        "{}",
-        d.message
-    );
+    let want = "its agent never connected, but its pod holds a GPU past start_allowance; GPU idle 40m, no connection for 35m";
+    assert!(d.message.starts_with(want), "idle since its pod was created, not since the last session: {}", d.message);
+    // A long image pull is not stopped for the last session's idleness.
+    let mut pulling = starting_workspace(mins(15), 120);
+    pulling.last_used_at = now() - mins(40);
+    let d = decide(now(), &pulling, Some(&steady(NOTHING, Fields::All, 40)), &policy(), None);
+    assert_eq!((d.verdict, d.reason), (Verdict::Keep, Reason::Connected), "{}", d.message);
     // A series that stopped is no GPU: that pod waits.
     let stopped = gpu((10..=40).rev().map(|m| (m * 60, values(NOTHING, Fields::All))));
     let d = decide(now(), &w, Some(&stopped), &policy(), None);

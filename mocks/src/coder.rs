@@ -189,7 +189,7 @@ pub fn workspace_json(w: &World, ws: &Workspace) -> Value {
     let mut out = json!({
         "id": ws.id, "created_at": ts(ws.created_at), "updated_at": ts(ws.last_used_at), "owner_id": owner.id, "owner_name": owner.username,
         "owner_avatar_url": "", "organization_id": w.organizations[ws.org].0, "organization_name": w.organizations[ws.org].1, "template_id": w.template_id,
-        "template_name": ws.template, "template_display_name": ws.template, "template_icon": "", "template_allow_user_cancel_workspace_jobs": false,
+        "template_name": ws.template, "template_display_name": ws.template, "template_icon": "", "template_allow_user_cancel_workspace_jobs": w.config.allow_user_cancel,
         "template_active_version_id": w.template_version_id, "template_require_active_version": false, "template_use_classic_parameter_flow": false,
         "latest_build": latest, "latest_app_status": null, "outdated": false, "name": ws.name, "last_used_at": ts(ws.last_used_at),
         "deleting_at": null, "dormant_at": null, "health": {"healthy": failing.is_empty(), "failing_agents": failing},
@@ -588,7 +588,7 @@ async fn provisioner_daemons(
     let rows: Vec<Value> = w
         .provisioners
         .iter()
-        .filter(|p| p.org == oi && filter.iter().all(|(k, v)| p.tags.get(k) == Some(v)))
+        .filter(|p| p.org == oi && p.matches(&filter))
         .filter(|p| offline || now - p.last_seen < within)
         .map(|p| {
             let recent = now - p.last_seen < within;

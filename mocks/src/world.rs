@@ -98,6 +98,13 @@ impl Load {
     }
 }
 
+/// Whether the workspace's agent may report stats (`GetAuthenticatedWorkspaceAgentAndBuildByAuthToken`,
+/// NOTES §16): the latest build is a start, or a stop whose job is pending or running. Once that
+/// stop is canceled, failed or reaped, the old agent cannot authenticate, and no usage is seen.
+fn agent_authenticates(ws: &Workspace) -> bool {
+    ws.latest().is_some_and(|b| b.transition == "start" || (b.transition == "stop" && matches!(b.job.status, "pending" | "running")))
+}
+
 /// Coder's activity bump (`ActivityBumpWorkspace`, NOTES §16) on an agent-stats report with
 /// connections: a completed start with a deadline, under 95% of the bump left, moves to at least
 /// now plus the bump, never past `max_deadline`, never earlier. Not for prebuilds.
@@ -149,6 +156,9 @@ pub struct WorldConfig {
     /// 5 min; this world's jobs send no updates while running) is marked failed. Coder time.
     pub reaper_pending: Duration,
     pub reaper_hung: Duration,
+    /// The template's `allow_user_cancel_workspace_jobs`: without it only site owners may cancel a
+    /// build without `expect_status=pending` (`verifyUserCanCancelWorkspaceBuilds`, NOTES §16).
+    pub allow_user_cancel: bool,
     /// The template lets users set their own autostop TTL (`UserAutostopEnabled`); when not,
     /// `PUT .../ttl` answers 400 (`coderd/workspaces.go` `putWorkspaceTTL`).
     pub allow_user_autostop: bool,
@@ -179,6 +189,7 @@ impl Default for WorldConfig {
             reaper_pending: Duration::from_secs(30 * 60),
             reaper_hung: Duration::from_secs(5 * 60),
             allow_user_autostop: true,
+            allow_user_cancel: true,
             max_deadline_after: None,
             activity_bump: Duration::from_secs(60 * 60),
         }
@@ -285,6 +296,13 @@ pub struct Provisioner {
 /// The tags of an untagged job or daemon: organization scope, no owner.
 pub fn untagged() -> BTreeMap<String, String> {
     [("scope".to_string(), "organization".to_string()), ("owner".to_string(), String::new())].into()
+}
+
+/// Organization scope, no owner, and these tags.
+pub fn tagged(tags: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut all = untagged();
+    all.extend(tags.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    all
 }
 
 impl Provisioner {
@@ -682,8 +700,7 @@ impl World {
     /// a build still pending included (as if its template version had them from the start).
     pub fn set_job_tags(&mut self, ws_id: Uuid, tags: &[(&str, &str)]) {
         if let Some(wi) = self.ws_index(ws_id) {
-            let mut all = untagged();
-            all.extend(tags.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            let all = tagged(tags);
             if let Some(b) = self.workspaces[wi].builds.last_mut().filter(|b| b.job.status == "pending") {
                 b.job.tags.clone_from(&all);
             }
@@ -695,10 +712,16 @@ impl World {
     /// scope), online or not; returns its index.
     pub fn add_provisioner(&mut self, name: &str, org: usize, tags: &[(&str, &str)], online: bool) -> usize {
         let now = self.now();
-        let mut all = untagged();
-        all.extend(tags.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let last_seen = if online { now } else { now - chrono::Duration::hours(1) };
-        self.provisioners.push(Provisioner { id: Uuid::new_v4(), name: name.into(), org, tags: all, online, last_seen, created_at: now });
+        self.provisioners.push(Provisioner {
+            id: Uuid::new_v4(),
+            name: name.into(),
+            org,
+            tags: tagged(tags),
+            online,
+            last_seen,
+            created_at: now,
+        });
         self.provisioners.len() - 1
     }
 
@@ -875,7 +898,7 @@ impl World {
         if now_real >= self.next_refresh {
             self.next_refresh = now_real + self.real(USAGE_REFRESH);
             let bump = chrono::Duration::from_std(self.config.activity_bump).unwrap_or_default();
-            for ws in &mut self.workspaces {
+            for ws in self.workspaces.iter_mut().filter(|ws| agent_authenticates(ws)) {
                 if ws.connections > 0 {
                     activity_bump(ws, now, bump);
                     self.pending_usage.insert(ws.id);
@@ -967,8 +990,14 @@ impl World {
         if !self.may_read(by, &self.workspaces[wi]) {
             return Err(api_error(404, NOT_FOUND));
         }
+        // The handler: anyone with expect_status=pending; otherwise the template's
+        // allow_user_cancel_workspace_jobs or a site owner. Then dbauthz needs `update`, whose
+        // refusal the handler turns into a 500 (NOTES §16).
+        if expect != Some("pending") && !self.config.allow_user_cancel && !self.users[by].owner {
+            return Err(api_error(403, "User is not allowed to cancel workspace builds. Owner role is required."));
+        }
         if !self.may_act_on(by, &self.workspaces[wi]) {
-            return Err(api_error(403, "You do not have permission to cancel this workspace build."));
+            return Err(api_error(500, "Internal error updating provisioner job."));
         }
         let now = self.now();
         let b = &mut self.workspaces[wi].builds[bi];

@@ -619,7 +619,7 @@ mod tests {
         let mut value = serde_json::to_value(&ws).unwrap();
         // Members no model reads, at every level, are dropped without changing the result.
         value["template_icon"] = serde_json::json!({"big": ["nested", {"x": "}]\""}]});
-        value["latest_build"]["matched_provisioners"] = serde_json::json!({"count": 1});
+        value["latest_build"]["workspace_owner_avatar_url"] = serde_json::json!({"count": 1, "x": ["}"]});
         value["latest_build"]["resources"][1]["agents"][0]["apps"] = serde_json::json!([{"url": "http://x"}]);
         let text = serde_json::to_string_pretty(&value).unwrap();
         let (full, pruned) = parsed_both_ways(&text);

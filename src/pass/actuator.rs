@@ -118,6 +118,13 @@ impl NoProvisioner {
     }
 }
 
+/// Whether a job with `tags` needs at least what one with `other` needs (`other` ⊆ `tags`, as
+/// coderd's `provisioner_tagset_contains` matches: an untagged set only equals itself).
+fn needs_at_least(tags: &Tags, other: &Tags) -> bool {
+    let untagged = other.get("owner").is_some_and(String::is_empty) && other.len() == 2 && other.contains_key("scope");
+    if untagged { tags == other } else { other.iter().all(|(k, v)| tags.get(k) == Some(v)) }
+}
+
 /// Tags as people read them: `{gpu=true, scope=organization}`.
 pub fn tags_text(tags: &Tags) -> String {
     let inner: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -496,7 +503,11 @@ impl Actuator {
             Some((_, eligible)) => *eligible || t.state != StopState::Canceled,
             // Not listed running: followed while in flight; otherwise kept a day (a retry of a
             // failed or reaped stop checks the workspace first).
-            None => t.state.in_flight().is_some() || t.no_provisioner_since.is_some() || now - t.since < Duration::days(1),
+            None => {
+                t.state.in_flight().is_some()
+                    || (t.no_provisioner_since.is_some() && matches!(t.state, StopState::Reaped { .. }))
+                    || now - t.since < Duration::days(1)
+            }
         });
     }
 
@@ -570,8 +581,14 @@ impl Actuator {
     }
 
     /// Since when stops needing `tags` in this organization wait for a provisioner, if they do.
+    /// A stop whose tags contain a waiting one's needs a daemon that would take that one too.
     fn waiting_for_provisioner(&self, organization: &str, tags: &Tags) -> Option<DateTime<Utc>> {
-        self.tracked.values().filter(|t| t.organization == organization && t.tags == *tags).filter_map(|t| t.no_provisioner_since).min()
+        self.tracked
+            .values()
+            .filter(|t| t.state.in_flight().is_some() || matches!(t.state, StopState::Reaped { .. }))
+            .filter(|t| t.organization == organization && needs_at_least(tags, &t.tags))
+            .filter_map(|t| t.no_provisioner_since)
+            .min()
     }
 
     /// For every reaped stop not yet sent again: whether a provisioner matching its tags answers
@@ -591,7 +608,10 @@ impl Actuator {
                 Ok(daemons) => !daemons.is_empty(),
                 Err(e) => {
                     tracing::warn!(event = "provisioners_unknown", workspace_id = %id, error = %e, "cannot list the provisioner daemons for a reaped stop; a build completed in its organization since stands in");
-                    let completed = eval.workspaces().map(|w| (w.organization_id.as_str(), w.latest_build.job.completed_at));
+                    let completed = eval
+                        .workspaces()
+                        .filter(|w| needs_at_least(&w.latest_build.job.tags, &tags))
+                        .map(|w| (w.organization_id.as_str(), w.latest_build.job.completed_at));
                     provisioners_answer(&organization, reaped_at, completed)
                 }
             };
@@ -762,6 +782,7 @@ impl Actuator {
     fn abandon(&mut self, now: DateTime<Utc>, id: &str, acted: &mut Acted) {
         let Some(t) = self.tracked.get_mut(id) else { return };
         t.state = StopState::Abandoned;
+        t.no_provisioner_since = None;
         t.since = now;
         let t = t.clone();
         let event = AuditEvent { event: AuditKind::StopAbandoned, time: now, attempts: Some(t.attempts), ..t.event };
@@ -856,7 +877,13 @@ impl Actuator {
     /// .../cancel?expect_status=pending`; Coder's 4xx (412: a provisioner took it meanwhile) is
     /// reported once and not asked again; no answer is asked again next pass. True when withdrawn.
     async fn withdraw_if_used(&mut self, now: DateTime<Utc>, coder_offset: Duration, id: &str, build_id: &str, acted: &mut Acted) -> bool {
-        let pending = |t: &&TrackedStop| !t.withdraw_refused && matches!(t.state, StopState::Sent { .. } | StopState::Stuck { .. });
+        // Stops decided with a connection open (a GPU idle behind an open tab, max_lifetime) are
+        // not withdrawn for being used: they expect it.
+        let pending = |t: &&TrackedStop| {
+            !t.withdraw_refused
+                && matches!(t.state, StopState::Sent { .. } | StopState::Stuck { .. })
+                && !matches!(t.event.reason, "connected-but-gpu-idle" | "max-lifetime")
+        };
         let Some(t) = self.tracked.get(id).filter(pending) else { return false };
         let sent_at = t.since + coder_offset;
         let used = match self.coder.workspace(id).await {
@@ -872,15 +899,24 @@ impl Actuator {
         match self.coder.cancel_pending_build(build_id).await {
             Ok(()) => {
                 let Some(t) = self.tracked.get_mut(id) else { return false };
-                t.state = StopState::Canceled;
+                // Once its stop is canceled the old agent cannot authenticate (NOTES §16): the user
+                // starts the workspace again to go on, and a new build ends this tracking. If
+                // nobody does, the pod would hold its GPU unlisted for good: the stop is sent
+                // again after the longest back-off, while the workspace stays as it is.
+                t.state =
+                    StopState::Failed { retry_at: now + crate::duration::chrono(MAX_STOP_BACKOFF), build_id: Some(build_id.to_string()) };
                 t.since = now;
+                t.last_used_at = used;
+                t.no_provisioner_since = None;
                 let t = t.clone();
-                tracing::info!(event = "stop_withdrawn", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, last_used_at = %used, "the workspace was used after its stop was sent, and no provisioner had taken the stop yet: withdrawn (it is not sent again in this session)");
-                self.audit_change(&t, AuditKind::StopWithdrawn, now);
+                tracing::info!(event = "stop_withdrawn", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, last_used_at = %used, "the workspace was used after its stop was sent, and no provisioner had taken the stop yet: withdrawn; start it again to reconnect (without a new build it is stopped after 30 minutes)");
+                let event = AuditEvent { event: AuditKind::StopWithdrawn, time: now, attempts: Some(t.attempts), ..t.event.clone() };
+                self.announce(&event);
                 acted.withdrawn.push(id.to_string());
                 true
             }
-            Err(e) if matches!(e.kind, ErrorKind::Status(400..=499) | ErrorKind::Conflict | ErrorKind::NoPermission) => {
+            // dbauthz's refusal of a token without `update` is a 500 (NOTES §16): final as well.
+            Err(e) if matches!(e.kind, ErrorKind::Status(400..=500) | ErrorKind::Conflict | ErrorKind::NoPermission) => {
                 tracing::warn!(event = "stop_withdraw_refused", workspace_id = %id, build_id = %build_id, error = %e, "the workspace was used after its stop was sent, but Coder refuses to withdraw the stop (a provisioner may have taken it): not asked again");
                 if let Some(t) = self.tracked.get_mut(id) {
                     t.withdraw_refused = true;

@@ -392,8 +392,15 @@ pub fn decide_with(
         }
         return b.out(Verdict::Skip, Reason::NoGpu, "no GPU series maps to this workspace".into(), None);
     }
+    // A pod whose agent never connected was not used since it was created, but not before it
+    // either: its `last_used_at` is the last session's.
+    let created = agent_never_connected(ws);
+    let b = Builder {
+        connection_idle: created.map_or(b.connection_idle, |c| b.connection_idle.min((coder_now - c).max(Duration::zero()))),
+        ..b
+    };
     let mut d = judge_gpus(now, coder_now, ws, &windows, policy, &th, b);
-    if gpu_template && agent_never_connected(ws).is_some() {
+    if gpu_template && created.is_some() {
         d.message = format!("its agent never connected, but its pod holds a GPU past start_allowance; {}", d.message);
     }
     // Keeping busy work running: only what the GPU itself shows computing in the latest sample
@@ -428,7 +435,8 @@ pub fn decide_with(
 }
 
 /// A workspace whose agent never connected, or lost its connection: `starting` (kept) while
-/// young with its pod already reporting a GPU, `waiting` for a GPU (demand), or `unknown`
+/// young with its pod already reporting a GPU or, behind Prometheus, before a complete step could
+/// show its pod; `waiting` for a GPU (demand); or `unknown`
 /// (`agent-lost`) once lost for good. `None` when it is judged by its GPUs: its agents are
 /// connected, it is no GPU template's, or its pod reports a GPU past `start_allowance`.
 fn without_an_agent(
@@ -735,7 +743,10 @@ pub fn apply_fleet_rules(decisions: &mut [Decision], policy: &Policy) -> FleetOu
             }
             let d = &mut decisions[i];
             let whose = if pools > 1 { format!(" in its pool {:?}", policy.pools[p]) } else { String::new() };
-            d.message = format!("{}; kept: no workspace is waiting for a GPU{whose}", d.message);
+            d.message = match waiting_in[p] {
+                0 => format!("{}; kept: no workspace is waiting for a GPU{whose}", d.message),
+                n => format!("{}; kept: the {n} waiting for a GPU{whose} are served by longer-idle workspaces", d.message),
+            };
             d.verdict = Verdict::Keep;
             d.reason = Reason::NoContention;
             d.stop_at = None;

@@ -62,7 +62,7 @@ fn in_words(w: &WorkspaceStatus, mode: Mode) -> String {
         (Verdict::Keep, Reason::GpuActive) => "kept: the GPU is computing",
         (Verdict::Keep, Reason::Connected) => "kept: someone is connected",
         (Verdict::Keep, Reason::WarmingUp) => "kept: still watching the GPU",
-        (Verdict::Keep, Reason::Starting) => "kept: starting, its GPU already assigned",
+        (Verdict::Keep, Reason::Starting) => "kept: starting (not counted as waiting for a GPU)",
         (Verdict::Keep, Reason::NoContention) => "kept: nobody waits for a GPU",
         (Verdict::Keep, _) => "kept: not idle long enough",
         (Verdict::Skip, Reason::NoPermission) => "not judged: the token may not stop it in its organization",

@@ -191,9 +191,15 @@ impl Policy {
         }
     }
 
-    /// The thresholds for one workspace and whether a rule exempts it.
+    /// The thresholds for one workspace and whether a rule exempts it. The first matching rule
+    /// sets the thresholds; the pool is the first matching rule's that names one (so a rule
+    /// that only changes `idle_after` keeps a workspace in the pool a later rule gives it).
     pub fn for_workspace(&self, ws: &Workspace) -> (Thresholds, bool) {
         let mut t = self.thresholds.clone();
+        if self.pools.len() > 1 {
+            let pool = self.rules.iter().filter(|r| r.pool.is_some() && r.matches(ws)).find_map(|r| r.pool.as_ref());
+            t.pool = pool.and_then(|p| self.pools.iter().position(|name| name == p)).unwrap_or(0);
+        }
         let Some(rule) = self.rules.iter().find(|r| r.matches(ws)) else { return (t, false) };
         if let Some(d) = rule.idle_after {
             t.idle_after = d;
@@ -210,9 +216,6 @@ impl Policy {
         t.extend_while_busy = rule.extend_while_busy.unwrap_or(t.extend_while_busy);
         t.extend_by = rule.extend_by.unwrap_or(t.extend_by);
         t.extend_limit = rule.extend_limit.unwrap_or(t.extend_limit);
-        if let Some(pool) = &rule.pool {
-            t.pool = self.pools.iter().position(|p| p == pool).unwrap_or(0);
-        }
         (t, rule.exempt)
     }
 
