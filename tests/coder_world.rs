@@ -209,6 +209,13 @@ fn audit_kinds(path: &std::path::Path, id: Uuid) -> Vec<String> {
         .collect()
 }
 
+/// `PATCH /api/v2/workspacebuilds/{build}/cancel` as `user` (a person canceling a stop): the status.
+async fn cancel_as(coder: &FakeCoder, user: &str, build: &str) -> u16 {
+    let token = coder.with(|w| w.token_of(user)).unwrap();
+    let url = format!("{}/api/v2/workspacebuilds/{build}/cancel", coder.url());
+    reqwest::Client::new().patch(url).header("Coder-Session-Token", token).send().await.unwrap().status().as_u16()
+}
+
 fn stop_posts(coder: &FakeCoder, id: Uuid) -> usize {
     let path = format!("/api/v2/workspaces/{id}/builds");
     coder.requests().iter().filter(|(m, p)| m == "POST" && *p == path).count()
@@ -290,14 +297,7 @@ async fn a_stop_a_person_canceled_is_not_sent_again() {
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--audit-log", audit.to_str().unwrap()]);
     let sent = svc.wait_event("stop_sent", Duration::from_secs(20)).await;
     let build = sent["build_id"].as_str().unwrap().to_string();
-    let alice = coder.with(|w| w.token_of("alice")).unwrap();
-    let canceled = reqwest::Client::new()
-        .patch(format!("{}/api/v2/workspacebuilds/{build}/cancel", coder.url()))
-        .header("Coder-Session-Token", alice)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(canceled.status(), 200);
+    assert_eq!(cancel_as(&coder, "alice", &build).await, 200);
     svc.wait_event("stop_canceled", Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_secs(8)).await; // a failed stop would have been retried twice by now
     assert_eq!(stop_posts(&coder, a), 1, "{}", svc.raw());
@@ -329,14 +329,7 @@ async fn a_stop_canceled_while_running_that_then_fails_is_not_sent_again() {
     let build = sent["build_id"].as_str().unwrap().to_string();
     let job_status = |w: &mocks::World| w.ws_index(a).and_then(|i| w.workspaces[i].latest()).map(|b| b.job.status).unwrap_or_default();
     until(&coder, "the stop's job runs", Duration::from_secs(5), |w| job_status(w) == "running").await;
-    let alice = coder.with(|w| w.token_of("alice")).unwrap();
-    let canceled = reqwest::Client::new()
-        .patch(format!("{}/api/v2/workspacebuilds/{build}/cancel", coder.url()))
-        .header("Coder-Session-Token", alice)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(canceled.status(), 200);
+    assert_eq!(cancel_as(&coder, "alice", &build).await, 200);
     until(&coder, "the canceled job ends failed", Duration::from_secs(10), |w| job_status(w) == "failed").await;
     svc.wait_event("stop_canceled", Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_secs(6)).await; // a failed stop would have been retried by now
