@@ -43,7 +43,8 @@ pub enum AuditKind {
     /// A person canceled the stop build: not sent again in this idle episode.
     StopCanceled,
     /// The workspace was used after its stop was sent and no provisioner had taken the stop yet:
-    /// this service withdrew it (not sent again in this session).
+    /// this service withdrew it (sent again after 30 minutes unless the workspace is started
+    /// again).
     StopWithdrawn,
     /// Every attempt to stop failed; nothing more is tried until the workspace's next build.
     StopAbandoned,

@@ -8,8 +8,7 @@
 //!               │  └ stuck ─┤ (pending past stop_timeout: reported once per idle episode)
 //!               │           ├──► failed ──► (back-off) sent again ... abandoned after 5 attempts
 //!               │           ├──► canceled (a person's decision, also when canceled then failed:
-//!               │           │    never re-sent this episode; a pending stop the actuator withdrew
-//!               │           │    because its workspace was used again ends here too)
+//!               │           │    never re-sent this episode)
 //!               │           └──► reaped (coderd's job reaper) ──► sent once more when a provisioner
 //!               │                matching its tags answers; reaped again ─► abandoned
 //!  POST refused ─► failed
