@@ -404,7 +404,7 @@ async fn withdraws_a_pending_build_and_lists_provisioners_by_tags() {
     c.cancel_pending_build(build).await.unwrap();
     let err = c.cancel_pending_build(build).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Status(412), "{err}");
-    let tags = [("gpu", "true"), ("owner", ""), ("scope", "organization")].map(|(k, v)| (k.to_string(), v.to_string())).into();
+    let tags = coder_gpu_reclaimer::coder::types::JobTags::from_pairs([("gpu", "true"), ("owner", ""), ("scope", "organization")]);
     let daemons = c.provisioner_daemons(org, &tags).await.unwrap();
     assert_eq!((daemons.len(), daemons[0].tags.get("gpu").map(String::as_str)), (1, Some("true")));
 }

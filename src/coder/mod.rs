@@ -365,11 +365,7 @@ impl CoderClient {
     /// provisioner daemons whose tags contain `tags`, seen within 90 s (coderd omits older ones
     /// without `offline=true`; reference NOTES §16). Needs read on the organization's provisioner
     /// jobs (owners, template admins), else 404.
-    pub async fn provisioner_daemons(
-        &self,
-        organization_id: &str,
-        tags: &std::collections::BTreeMap<String, String>,
-    ) -> Result<Vec<ProvisionerDaemon>, CoderError> {
+    pub async fn provisioner_daemons(&self, organization_id: &str, tags: &JobTags) -> Result<Vec<ProvisionerDaemon>, CoderError> {
         let tags = serde_json::to_string(tags).unwrap_or_else(|_| "{}".into());
         let path = format!("/api/v2/organizations/{}/provisionerdaemons?tags={}", encode_path(organization_id), encode_path(&tags));
         self.call(Method::GET, "GET /api/v2/organizations/{organization}/provisionerdaemons", path, None::<&()>).await

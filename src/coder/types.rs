@@ -139,8 +139,80 @@ pub struct ProvisionerJob {
     pub canceled_at: Option<Time>,
     /// The provisioner tags the job needs (a daemon whose tags contain them takes it; a stop
     /// has its start's, reference coder NOTES §16).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub tags: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "JobTags::is_empty")]
+    pub tags: JobTags,
+}
+
+/// A job's provisioner tags (`job.tags`, a JSON object of strings), kept in one allocation: every
+/// listed workspace has them (a map of two strings cost about 600 bytes each, 6 MB at 10,000
+/// workspaces). Sorted by key; read and written as the JSON object.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobTags(Box<str>);
+
+impl JobTags {
+    /// From key-value pairs (a repeated key: the last value wins, as serde reads a map).
+    pub fn from_pairs<K: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (K, V)>) -> Self {
+        let map: std::collections::BTreeMap<String, String> = pairs.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+        let mut text = String::new();
+        for (k, v) in &map {
+            text.push_str(&format!("{}:{k}{}:{v}", k.len(), v.len()));
+        }
+        JobTags(text.into_boxed_str())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The pairs, sorted by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        let mut rest: &str = &self.0;
+        std::iter::from_fn(move || {
+            let mut take = || {
+                let (len, tail) = rest.split_once(':')?;
+                let len: usize = len.parse().ok()?;
+                let (text, tail) = (tail.get(..len)?, tail.get(len..)?);
+                rest = tail;
+                Some(text)
+            };
+            Some((take()?, take()?))
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+}
+
+impl std::fmt::Display for JobTags {
+    /// `{gpu=true, owner=, scope=organization}`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner: Vec<String> = self.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        write!(f, "{{{}}}", inner.join(", "))
+    }
+}
+
+impl std::fmt::Debug for JobTags {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl Serialize for JobTags {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for JobTags {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = std::collections::BTreeMap::<String, String>::deserialize(d)?;
+        Ok(JobTags::from_pairs(map))
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
@@ -422,15 +494,14 @@ fn read_matched(r: &mut Reader<'_>) -> Result<MatchedProvisioners, ReadError> {
     })
 }
 
-/// A string map as serde reads one into a `BTreeMap` (a repeated key: the last value wins).
-fn read_tags(r: &mut Reader<'_>) -> Result<std::collections::BTreeMap<String, String>, ReadError> {
-    let mut out = std::collections::BTreeMap::new();
+/// A string map as serde reads one (a repeated key: the last value wins).
+fn read_tags(r: &mut Reader<'_>) -> Result<JobTags, ReadError> {
+    let mut pairs = Vec::new();
     r.object(|r, key| {
-        let key = String::from_utf8_lossy(key).into_owned();
-        out.insert(key, text(r)?);
+        pairs.push((String::from_utf8_lossy(key).into_owned(), text(r)?));
         Ok(())
     })?;
-    Ok(out)
+    Ok(JobTags::from_pairs(pairs))
 }
 
 fn read_job(r: &mut Reader<'_>) -> Result<ProvisionerJob, ReadError> {
@@ -601,7 +672,7 @@ mod tests {
                     completed_at: Some(t(8)),
                     error: Some("boom".into()),
                     canceled_at: Some(t(11)),
-                    tags: [("scope".to_string(), "organization".to_string()), ("gpu".to_string(), "true".to_string())].into(),
+                    tags: JobTags::from_pairs([("scope", "organization"), ("gpu", "true"), ("odd:key", "3:x")]),
                 },
                 initiator_id: Some("initiator".into()),
                 template_version_id: Some("version".into()),
@@ -625,6 +696,19 @@ mod tests {
         let (full, pruned) = parsed_both_ways(&text);
         assert_eq!(full, ws);
         assert_eq!(pruned, ws);
+    }
+
+    #[test]
+    fn job_tags_keep_every_pair_whatever_it_holds() {
+        let tags = JobTags::from_pairs([("scope", "organization"), ("owner", ""), ("a:1", "2:b"), ("ünï", "cödé"), ("scope", "user")]);
+        let pairs: Vec<(&str, &str)> = tags.iter().collect();
+        assert_eq!(pairs, [("a:1", "2:b"), ("owner", ""), ("scope", "user"), ("ünï", "cödé")], "sorted; the last value of a key wins");
+        assert_eq!((tags.len(), tags.get("owner"), tags.get("none")), (4, Some(""), None));
+        assert_eq!(tags.to_string(), "{a:1=2:b, owner=, scope=user, ünï=cödé}");
+        let json = serde_json::to_value(&tags).unwrap();
+        assert_eq!(json, serde_json::json!({"a:1": "2:b", "owner": "", "scope": "user", "ünï": "cödé"}));
+        assert_eq!(serde_json::from_value::<JobTags>(json).unwrap(), tags);
+        assert!(JobTags::default().is_empty() && JobTags::default().iter().next().is_none());
     }
 
     #[test]

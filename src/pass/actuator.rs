@@ -94,7 +94,7 @@ struct TrackedStop {
 }
 
 /// Provisioner tags (`job.tags`).
-pub type Tags = std::collections::BTreeMap<String, String>;
+pub type Tags = crate::coder::types::JobTags;
 
 /// Stops that wait for a provisioner matching their tags (status document, `check`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -121,14 +121,13 @@ impl NoProvisioner {
 /// Whether a job with `tags` needs at least what one with `other` needs (`other` ⊆ `tags`, as
 /// coderd's `provisioner_tagset_contains` matches: an untagged set only equals itself).
 fn needs_at_least(tags: &Tags, other: &Tags) -> bool {
-    let untagged = other.get("owner").is_some_and(String::is_empty) && other.len() == 2 && other.contains_key("scope");
+    let untagged = other.get("owner").is_some_and(str::is_empty) && other.len() == 2 && other.get("scope").is_some();
     if untagged { tags == other } else { other.iter().all(|(k, v)| tags.get(k) == Some(v)) }
 }
 
 /// Tags as people read them: `{gpu=true, scope=organization}`.
 pub fn tags_text(tags: &Tags) -> String {
-    let inner: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    format!("{{{}}}", inner.join(", "))
+    tags.to_string()
 }
 
 /// Where stop events go besides the logs. Its fields are private: only the actuator writes to
