@@ -1057,3 +1057,36 @@ fn behind_prometheus_a_start_waits_only_once_a_complete_step_could_have_shown_it
     let d = decide_with(now(), &starting_workspace(Duration::seconds(30), 120), None, &p, None, PassFacts { step: None, ..facts });
     assert_eq!(d.verdict, Verdict::Waiting);
 }
+
+#[test]
+fn a_reclaim_needs_the_energy_counter_to_have_risen_within_the_idle_window() {
+    // idle_after 2 minutes against dcgm-exporter's `-c 300000`: the counter moves once per
+    // collection, and frozen detection waits for two (10 minutes). An idle A10G draws 24.3 W:
+    // 1,458 J a minute, 7,290 J a collection.
+    let mut p = policy();
+    p.thresholds.idle_after = StdDuration::from_secs(120);
+    p.exporter_collect_interval = StdDuration::from_secs(300);
+    let away = ws(mins(40));
+    // A collection every five minutes, the last one `last_collection_ago` minutes ago; samples
+    // every minute.
+    let window = |last_collection_ago: i64, energy: bool| {
+        let mut w = GpuWindow::new(GpuKey { uuid: "GPU-a10g".into(), gpu_instance: None, pod: None }, Arc::from("x"));
+        for m in (0..=40).rev() {
+            let collections = (40 - m + last_collection_ago) / 5;
+            w.add_reading(now() - mins(m), values(NOTHING, Fields::All), energy.then_some(1.0e6 + collections as f64 * 7_290.0));
+            w.flush();
+        }
+        vec![w]
+    };
+    let cases = [
+        ("last collection a minute ago: the counter rose within the window", 1, true, Verdict::Reclaim, Reason::Idle),
+        ("last collection 4 minutes ago: no rise in the last 2 minutes", 4, true, Verdict::Unknown, Reason::FrozenData),
+        ("no energy counter (a trimmed counters file): judged on the other readings", 4, false, Verdict::Reclaim, Reason::Idle),
+    ];
+    for (what, ago, energy, verdict, reason) in cases {
+        let d = judge(&away, &window(ago, energy), &p);
+        assert_eq!((d.verdict, d.reason), (verdict, reason), "{what}: {}", d.message);
+    }
+    let d = judge(&away, &window(4, true), &p);
+    assert!(d.message.contains("energy counter not risen within the last 2m") && d.message.contains("would be: GPU idle"), "{}", d.message);
+}

@@ -107,3 +107,28 @@ async fn busy_gpus_that_read_idle_are_never_stopped() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A reclaim needs fresh data (reference dcgm NOTES §3, §10): with `idle_after` (6 s) shorter than
+/// two exporter collections (`exporter_collect_interval` 10 s, so frozen detection waits 20 s
+/// or `frozen_after`, 3 minutes), a GPU whose hostengine serves its last idle collection was
+/// reclaimed on the idle clock alone. Its energy counter has not risen: `unknown`, never stopped.
+/// The idle GPU beside it, whose counter rises, is.
+#[tokio::test]
+async fn a_frozen_exporter_is_not_stopped_when_idle_after_is_shorter_than_two_collections() {
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let (frozen, s0) = on_gpu(&coder, "frozen", Load::Idle).await;
+    let (idle, s1) = on_gpu(&coder, "idle", Load::Idle).await;
+    let exporters = [exporter_for(&coder, s0, |c| c.frozen = true).await, exporter_for(&coder, s1, |_| {}).await];
+    let urls: Vec<String> = exporters.iter().map(FakeExporter::url).collect();
+    let dir = std::env::temp_dir().join(format!("cgr-gpu-world-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("policy.toml");
+    std::fs::write(&config, "exporter_collect_interval = \"10s\"\n").unwrap();
+    let svc = Service::start(&coder, &urls, &coder.owner_token(), &["--config", config.to_str().unwrap()]);
+    until_with(&coder, Some(&svc), "the idle GPU is given back", Duration::from_secs(25), |w| !holds_gpu(w, idle)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(stops(&coder, frozen), 0, "a frozen exporter's GPU was stopped:\n{}", svc.raw());
+    let (verdict, reason) = reason_of(&svc.addr().await, frozen).await;
+    assert_eq!((verdict.as_str(), reason.as_str()), ("unknown", "frozen-data"));
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -602,6 +602,25 @@ fn judge_gpus(
     let gpu_idle = (now - idle_since).max(Duration::zero());
     let conn_idle = b.connection_idle;
     let history_from = windows.iter().filter_map(|w| w.first_at()).max().unwrap_or(now);
+    // A reclaim needs fresh data: an idle GPU's energy counter always rises (an idle A10G draws
+    // 24 W), so one that has not risen within the idle window proves nothing, however short
+    // `idle_after` is against the exporter's collections (frozen detection waits for two).
+    let not_rising = windows.iter().find(|w| w.unchanged_since().is_some_and(|t| t <= span_start));
+    let reclaim = |reason: Reason, msg: String| {
+        match not_rising {
+        Some(w) => b.out(
+            Verdict::Unknown,
+            Reason::FrozenData,
+            format!(
+                "GPU {}: energy counter not risen within the last {}: a reclaim needs readings that move (the exporter may serve cached values); would be: {msg}",
+                w.key.uuid,
+                human(idle_after)
+            ),
+            None,
+        ),
+        None => b.out(Verdict::Reclaim, reason, msg, Some(gpu_idle)),
+    }
+    };
 
     if let Some(max_lifetime) = th.max_lifetime {
         let started = ws.latest_build.job.completed_at.unwrap_or(ws.created_at);
@@ -611,7 +630,7 @@ fn judge_gpus(
                 human(coder_now - started),
                 human(dur(max_lifetime))
             );
-            return b.out(Verdict::Reclaim, Reason::MaxLifetime, msg, Some(gpu_idle));
+            return reclaim(Reason::MaxLifetime, msg);
         }
     }
     if gpu_idle >= idle_after && conn_idle >= idle_after {
@@ -622,12 +641,12 @@ fn judge_gpus(
             _ => "GPU idle",
         };
         let msg = format!("{what} {}, no connection for {}", human(gpu_idle), human(conn_idle));
-        return b.out(Verdict::Reclaim, reason, msg, Some(gpu_idle));
+        return reclaim(reason, msg);
     }
     if let Some(limit) = th.connected_idle_after.map(dur) {
         if gpu_idle >= limit {
             let msg = format!("GPU idle {} while a connection is open (last used {} ago)", human(gpu_idle), human(conn_idle));
-            return b.out(Verdict::Reclaim, Reason::ConnectedButGpuIdle, msg, Some(gpu_idle));
+            return reclaim(Reason::ConnectedButGpuIdle, msg);
         }
     }
     if history_from > span_start && gpu_idle < idle_after {
