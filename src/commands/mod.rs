@@ -243,9 +243,7 @@ async fn provisioners(coder: &CoderClient, workspaces: &[Workspace], line: &mut 
     let mut missing = Vec::new();
     for ((org, tags), (name, n)) in &needed {
         match coder.provisioner_daemons(org, tags).await {
-            Ok(daemons) if daemons.is_empty() => {
-                missing.push(format!("tags {} in organization {name:?} ({n} running)", crate::pass::actuator::tags_text(tags)))
-            }
+            Ok(daemons) if daemons.is_empty() => missing.push(format!("tags {} in organization {name:?} ({n} running)", tags)),
             Ok(_) => {}
             Err(e) => {
                 line(false, "provisioners", &format!("cannot list the provisioner daemons of organization {name:?}: {e}"));

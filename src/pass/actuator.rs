@@ -111,7 +111,7 @@ impl NoProvisioner {
     pub fn words(&self) -> String {
         format!(
             "no provisioner for tags {} since {}: {} stop(s) wait, and new stops that need these tags are held; check the provisioner daemons in Coder",
-            tags_text(&self.tags),
+            self.tags,
             self.since.format("%Y-%m-%d %H:%M:%S UTC"),
             self.stops
         )
@@ -123,11 +123,6 @@ impl NoProvisioner {
 fn needs_at_least(tags: &Tags, other: &Tags) -> bool {
     let untagged = other.get("owner").is_some_and(str::is_empty) && other.len() == 2 && other.get("scope").is_some();
     if untagged { tags == other } else { other.iter().all(|(k, v)| tags.get(k) == Some(v)) }
-}
-
-/// Tags as people read them: `{gpu=true, scope=organization}`.
-pub fn tags_text(tags: &Tags) -> String {
-    tags.to_string()
 }
 
 /// Where stop events go besides the logs. Its fields are private: only the actuator writes to
@@ -330,7 +325,7 @@ impl Actuator {
             // Another stop that needs the same tags found no provisioner (this pass included).
             let own = self.tracked.get(&c.event.workspace_id).and_then(|t| t.no_provisioner_since);
             if let Some(since) = self.waiting_for_provisioner(&c.organization, &c.tags).filter(|_| own.is_none()) {
-                tracing::info!(event = "stop_held", workspace_id = %c.event.workspace_id, tags = %tags_text(&c.tags), since = %since, "no provisioner for these tags: the stop waits until one answers");
+                tracing::info!(event = "stop_held", workspace_id = %c.event.workspace_id, tags = %c.tags, since = %since, "no provisioner for these tags: the stop waits until one answers");
                 continue;
             }
             self.stop(now, c, &mut acted).await;
@@ -602,18 +597,31 @@ impl Actuator {
                 _ => None,
             })
             .collect();
+        // One listing per organization and tag set, however many stops wait on it.
+        let mut listed: HashMap<(String, Tags), Option<bool>> = HashMap::new();
         for (id, organization, tags, reaped_at) in reaped {
-            let available = match self.coder.provisioner_daemons(&organization, &tags).await {
-                Ok(daemons) => !daemons.is_empty(),
-                Err(e) => {
-                    tracing::warn!(event = "provisioners_unknown", workspace_id = %id, error = %e, "cannot list the provisioner daemons for a reaped stop; a build completed in its organization since stands in");
-                    let completed = eval
-                        .workspaces()
-                        .filter(|w| needs_at_least(&w.latest_build.job.tags, &tags))
-                        .map(|w| (w.organization_id.as_str(), w.latest_build.job.completed_at));
-                    provisioners_answer(&organization, reaped_at, completed)
+            let key = (organization.clone(), tags.clone());
+            let answer = match listed.get(&key) {
+                Some(known) => *known,
+                None => {
+                    let answer = match self.coder.provisioner_daemons(&organization, &tags).await {
+                        Ok(daemons) => Some(!daemons.is_empty()),
+                        Err(e) => {
+                            tracing::warn!(event = "provisioners_unknown", workspace_id = %id, error = %e, "cannot list the provisioner daemons for a reaped stop; a build with its tags completed in its organization since stands in");
+                            None
+                        }
+                    };
+                    listed.insert(key, answer);
+                    answer
                 }
             };
+            let available = answer.unwrap_or_else(|| {
+                let completed = eval
+                    .workspaces()
+                    .filter(|w| needs_at_least(&w.latest_build.job.tags, &tags))
+                    .map(|w| (w.organization_id.as_str(), w.latest_build.job.completed_at));
+                provisioners_answer(&organization, reaped_at, completed)
+            });
             if let Some(t) = self.tracked.get_mut(&id) {
                 if available {
                     t.no_provisioner_since = None;

@@ -317,7 +317,7 @@ pub fn decide(
     policy: &Policy,
     prior_stop_at: Option<DateTime<Utc>>,
 ) -> Decision {
-    let gpu_template = policy.gpu_templates.is_empty() || policy.is_gpu_template(&ws.template_name);
+    let gpu_template = policy.is_gpu_template(&ws.template_name);
     decide_with(now, ws, gpus, policy, prior_stop_at, PassFacts { gpu_template, ..PassFacts::default() })
 }
 
