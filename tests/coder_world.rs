@@ -549,3 +549,22 @@ async fn stops_wait_for_a_provisioner_that_matches_their_tags() {
     .await;
     assert_eq!((stop_posts(&coder, first), stop_posts(&coder, held)), (2, 1));
 }
+
+/// Behind nginx the `Date` header is the proxy's clock, not coderd's (`ngx_http_proxy_module`
+/// does not pass the upstream's `Date`): `check` says so when the header is earlier than times
+/// Coder itself wrote into the listing (issue 34), and says nothing without a proxy.
+#[tokio::test]
+async fn check_names_a_proxys_date_header() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A runs", Duration::from_secs(5), |w| agent_connected(w, a)).await;
+    let token = coder.owner_token();
+    let args = ["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()];
+    let (_, out) = crate::e2e::exit_of(&args, &token).await;
+    assert!(!out.contains("warn clock"), "coderd's own Date: {out}");
+    coder.with(|w| w.config.proxy_clock_offset = Some(chrono::Duration::minutes(-10)));
+    let (_, out) = crate::e2e::exit_of(&args, &token).await;
+    assert!(out.contains("warn clock: the Date header is 59") || out.contains("warn clock: the Date header is 60"), "{out}");
+    assert!(out.contains("a proxy's in front of it (nginx writes its own Date)"), "{out}");
+}

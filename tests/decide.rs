@@ -7,9 +7,9 @@ use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Duration, Utc};
 use coder_gpu_reclaimer::coder::types::{JobStatus, Transition, Workspace};
-use coder_gpu_reclaimer::gpu::GpuKey;
 use coder_gpu_reclaimer::gpu::signals::{Signal, SignalValues};
 use coder_gpu_reclaimer::gpu::window::{GpuSample, GpuWindow};
+use coder_gpu_reclaimer::gpu::{Attribution, GpuKey};
 use coder_gpu_reclaimer::pass::deadline::{DeadlineAction, Limit};
 use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict, apply_fleet_rules, decide};
 use coder_gpu_reclaimer::pass::policy::{Policy, ReclaimWhen, Rule};
@@ -568,13 +568,13 @@ fn prebuilds_are_neither_demand_nor_counted_by_the_breaker() {
 fn readings_that_make_a_busy_gpu_look_idle() {
     let p = policy();
     let away = ws(mins(40));
-    let with = |f: &dyn Fn(&mut SignalValues), shared: bool| {
+    let with = |f: &dyn Fn(&mut SignalValues), attribution: Attribution| {
         let mut g = gpu((0..=40).rev().map(|m| {
             let mut v = values(MEMORY_ONLY, Fields::All);
             f(&mut v);
             (m * 60, v)
         }));
-        g[0].shared = shared;
+        g[0].attribution = attribution;
         g
     };
     let set = |pairs: &'static [(Signal, f64)]| move |v: &mut SignalValues| pairs.iter().for_each(|(s, x)| v.set(*s, *x));
@@ -586,34 +586,64 @@ fn readings_that_make_a_busy_gpu_look_idle() {
             }
         })
     };
-    type Case = (&'static str, Box<dyn Fn(&mut SignalValues)>, bool, Verdict, Reason);
+    type Case = (&'static str, Box<dyn Fn(&mut SignalValues)>, Attribution, Verdict, Reason);
+    let (exclusive, shared) = (Attribution::Exclusive, Attribution::Shared);
     let cases: Vec<Case> = vec![
         // Virtual-GPU mode: the pod's own utilization and memory are 0 (no hostPID), the
-        // profiling fields the device's 0.8. A shared GPU is judged by the device's compute
-        // alone: a memory reading of 0 there proves nothing.
+        // profiling fields the device's 0.8. With the device-level series the sharer reads the
+        // device's utilization and memory (`merge_device_level`); without it (behind Prometheus,
+        // left out of the store) the zeros prove nothing, and nothing is judged.
         (
-            "shared GPU, device busy",
-            Box::new(|v: &mut SignalValues| {
-                v.set(Signal::SmActive, 0.8);
-                v.set(Signal::GrEngineActive, 0.9);
-                v.set(Signal::FbUsedMib, 0.0);
-                v.set(Signal::GpuUtil, 0.0);
-            }),
-            true,
+            "a sharer, device busy: the device's utilization and memory",
+            Box::new(set(&[
+                (Signal::SmActive, 0.8),
+                (Signal::GrEngineActive, 0.9),
+                (Signal::FbUsedMib, 31_420.0),
+                (Signal::GpuUtil, 0.87),
+            ])),
+            shared,
             Verdict::Keep,
             Reason::GpuActive,
         ),
         (
-            "the same readings unshared: phantom by empty memory",
-            Box::new(set(&[(Signal::SmActive, 0.8), (Signal::GrEngineActive, 0.9), (Signal::FbUsedMib, 0.0)])),
-            false,
+            "a sharer whose device-level series is missing",
+            Box::new(set(&[(Signal::SmActive, 0.8), (Signal::GrEngineActive, 0.9), (Signal::FbUsedMib, 0.0), (Signal::GpuUtil, 0.0)])),
+            Attribution::DeviceSeriesMissing,
+            Verdict::Unknown,
+            Reason::NoDeviceSeries,
+        ),
+        (
+            "an exclusive GPU reading 0 % and 0 MiB while the profiling fields compute (virtual-GPU copies, no device series)",
+            Box::new(set(&[(Signal::SmActive, 0.8), (Signal::GrEngineActive, 0.9), (Signal::FbUsedMib, 0.0), (Signal::GpuUtil, 0.0)])),
+            exclusive,
+            Verdict::Unknown,
+            Reason::NoDeviceSeries,
+        ),
+        (
+            "utilization and compute on an empty framebuffer: phantom",
+            Box::new(set(&[(Signal::SmActive, 0.8), (Signal::GrEngineActive, 0.9), (Signal::FbUsedMib, 0.0), (Signal::GpuUtil, 0.9)])),
+            exclusive,
+            Verdict::Reclaim,
+            Reason::PhantomUtilization,
+        ),
+        // Issue 34 item 6: a time-sliced GPU without profiling fields whose device-level series
+        // reads utilization with no process holding memory: the documented phantom rule.
+        (
+            "sharers without profiling fields: device utilization on an empty framebuffer",
+            Box::new(|v: &mut SignalValues| {
+                v.clear(Signal::SmActive);
+                v.clear(Signal::GrEngineActive);
+                v.set(Signal::GpuUtil, 0.3);
+                v.set(Signal::FbUsedMib, 0.0);
+            }),
+            shared,
             Verdict::Reclaim,
             Reason::PhantomUtilization,
         ),
         (
             "shared GPU, device idle: every sharer is idle",
             Box::new(|v: &mut SignalValues| v.clear(Signal::FbUsedMib)),
-            true,
+            shared,
             Verdict::Reclaim,
             Reason::Idle,
         ),
@@ -624,7 +654,7 @@ fn readings_that_make_a_busy_gpu_look_idle() {
                     v.clear(s);
                 }
             }),
-            true,
+            shared,
             Verdict::Unknown,
             Reason::NoGpuData,
         ),
@@ -634,14 +664,14 @@ fn readings_that_make_a_busy_gpu_look_idle() {
                 v.clear(Signal::SmActive);
                 v.set(Signal::GpuUtil, 0.3);
             }),
-            false,
+            exclusive,
             Verdict::Unknown,
             Reason::MetricsDisagree,
         ),
         (
             "matmul with SM stuck at 0: the tensor pipes are busy",
             Box::new(set(&[(Signal::SmActive, 0.0), (Signal::GrEngineActive, 1.0), (Signal::GpuUtil, 1.0), (Signal::TensorActive, 0.412)])),
-            false,
+            exclusive,
             Verdict::Unknown,
             Reason::MetricsDisagree,
         ),
@@ -650,7 +680,7 @@ fn readings_that_make_a_busy_gpu_look_idle() {
         (
             "copy-only: device memory busy, no kernel",
             Box::new(set(&[(Signal::DramActive, 0.62), (Signal::FbUsedMib, 8_192.0)])),
-            false,
+            exclusive,
             Verdict::Keep,
             Reason::GpuActive,
         ),
@@ -661,7 +691,7 @@ fn readings_that_make_a_busy_gpu_look_idle() {
                 v.clear(Signal::GpuUtil);
                 v.set(Signal::DramActive, 0.4);
             }),
-            false,
+            exclusive,
             Verdict::Keep,
             Reason::GpuActive,
         ),
@@ -669,30 +699,45 @@ fn readings_that_make_a_busy_gpu_look_idle() {
         // (SM ≤ 0.002 for d up to 0.26 on a 132-SM H100, 0.16 on an 80-SM A10G). The one-thread
         // kernel's shape at a lower duty cycle, not a stuck counter: reclaimed like it (it was
         // kept as metrics-disagree).
-        ("light periodic kernel on an H100, d = 0.1", light(0.1, 132.0), false, Verdict::Reclaim, Reason::PhantomUtilization),
-        ("light periodic kernel on an H100, d = 0.26", light(0.26, 132.0), false, Verdict::Reclaim, Reason::PhantomUtilization),
-        ("light periodic kernel on an A10G, d = 0.16", light(0.16, 80.0), false, Verdict::Reclaim, Reason::PhantomUtilization),
+        ("light periodic kernel on an H100, d = 0.1", light(0.1, 132.0), exclusive, Verdict::Reclaim, Reason::PhantomUtilization),
+        ("light periodic kernel on an H100, d = 0.26", light(0.26, 132.0), exclusive, Verdict::Reclaim, Reason::PhantomUtilization),
+        ("light periodic kernel on an A10G, d = 0.16", light(0.16, 80.0), exclusive, Verdict::Reclaim, Reason::PhantomUtilization),
+        // NOTES §11.5: 160 SMs on a B300; six-decimal printing can put SM × 160 just under GR
+        // (GR 0.070000, SM 0.000437: 0.06992), and f32 samples can too (d = 0.1 exactly).
+        ("light periodic kernel on a B300, d = 0.1", light(0.1, 160.0), exclusive, Verdict::Reclaim, Reason::PhantomUtilization),
+        (
+            "light periodic kernel on a B300 as printed: GR 0.070000, SM 0.000437",
+            Box::new(set(&[
+                (Signal::SmActive, 0.000437),
+                (Signal::GrEngineActive, 0.07),
+                (Signal::GpuUtil, 0.07),
+                (Signal::FbUsedMib, 302.0),
+            ])),
+            exclusive,
+            Verdict::Reclaim,
+            Reason::PhantomUtilization,
+        ),
         // No kernel keeps GR busy 90% of the time on less than one SM: SM is stuck (DCGM #244).
         (
             "SM stuck at 0 while GR reads 0.9",
             Box::new(set(&[(Signal::SmActive, 0.0), (Signal::GrEngineActive, 0.9), (Signal::GpuUtil, 0.9)])),
-            false,
+            exclusive,
             Verdict::Unknown,
             Reason::MetricsDisagree,
         ),
         (
             "light kernel on a shared GPU: the same phantom shape",
             Box::new(set(&[(Signal::SmActive, 0.00076), (Signal::GrEngineActive, 0.1), (Signal::GpuUtil, 0.1), (Signal::FbUsedMib, 0.0)])),
-            true,
+            shared,
             Verdict::Reclaim,
             Reason::PhantomUtilization,
         ),
-        ("video encode only: ENC 61%", Box::new(set(&[(Signal::EncUtil, 0.61)])), false, Verdict::Keep, Reason::GpuActive),
-        ("video decode only: DEC 20%", Box::new(set(&[(Signal::DecUtil, 0.2)])), false, Verdict::Keep, Reason::GpuActive),
+        ("video encode only: ENC 61%", Box::new(set(&[(Signal::EncUtil, 0.61)])), exclusive, Verdict::Keep, Reason::GpuActive),
+        ("video decode only: DEC 20%", Box::new(set(&[(Signal::DecUtil, 0.2)])), exclusive, Verdict::Keep, Reason::GpuActive),
         (
             "one-thread kernel on an A10G (SM 0.012 is one SM, not a stuck counter)",
             Box::new(set(&[(Signal::SmActive, 0.012), (Signal::GrEngineActive, 1.0), (Signal::GpuUtil, 1.0), (Signal::FbUsedMib, 302.0)])),
-            false,
+            exclusive,
             Verdict::Reclaim,
             Reason::PhantomUtilization,
         ),

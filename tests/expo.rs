@@ -6,7 +6,7 @@ use std::sync::Arc;
 use chrono::Utc;
 use coder_gpu_reclaimer::gpu::expo::{parse, render_sample};
 use coder_gpu_reclaimer::gpu::signals::Signal;
-use coder_gpu_reclaimer::gpu::{Ownership, series_from_exposition};
+use coder_gpu_reclaimer::gpu::{Attribution, Ownership, series_from_exposition};
 use proptest::prelude::*;
 
 use crate::common::{WS_ID, fixture};
@@ -228,14 +228,14 @@ fn virtual_gpu_series_are_read_by_the_device_not_the_pods_zeros() {
     let owned: Vec<_> = readings.iter().filter(|r| r.workspace_id.is_some()).collect();
     assert_eq!(owned.len(), 2, "two pods share the device");
     for r in owned {
-        assert!(r.shared, "the vgpu label marks a shared GPU");
+        assert_eq!(r.attribution, Attribution::Shared, "the vgpu label marks a shared GPU");
         crate::common::assert_close(r.points[0].values.get(Signal::GpuUtil), Some(0.87), "the device's utilization, not the pod's 0");
         crate::common::assert_close(r.points[0].values.get(Signal::FbUsedMib), Some(31_420.0), "the device's memory, not the pod's 0");
         crate::common::assert_close(r.points[0].values.get(Signal::SmActive), Some(0.803), "");
         assert_eq!(r.points[0].energy_joules, Some(98_765_432.101));
     }
     let device = readings.iter().find(|r| r.workspace_id.is_none()).unwrap();
-    assert!(!device.shared && device.key.pod.is_none());
+    assert!(device.attribution == Attribution::Exclusive && device.key.pod.is_none());
 }
 
 #[test]
@@ -357,4 +357,92 @@ fn the_first_pod_label_that_names_a_workspace_is_the_workload() {
     let got = readings_of(&behind, &Ownership { namespace: Some("coder".into()), workspace_id_label: None });
     assert_eq!(got.len(), 1, "{got:?}");
     assert_close(got[0].1.get(Signal::FbUsedMib), Some(61_234.0), "the device-level series found beside the exporter's pod label");
+}
+
+/// Issue 34 item 2 (reference dcgm NOTES §11.1): in the default layout with
+/// `--kubernetes-enable-pod-uid` and no pod read access, the pod's own series carry
+/// `pod_uid=""` with the device's real values, and there is no device-level series beside them.
+#[test]
+fn an_empty_pod_uid_without_a_device_level_series_is_the_devices_own_reading() {
+    let src: Arc<str> = Arc::from("x");
+    let text = fixture("dcgm/exporter-4.8.txt").replace("-x2x9k\"}", "-x2x9k\",pod_uid=\"\"}");
+    assert!(text.contains("pod_uid=\"\"}"), "the fixture's pod series carry the empty pod_uid");
+    let (readings, errors) = series_from_exposition(&text, Utc::now(), &src, &Ownership::default());
+    assert!(errors.is_empty(), "{errors:?}");
+    let pod = readings.iter().find(|r| r.workspace_id.is_some()).unwrap();
+    assert_eq!(pod.points[0].values.get(Signal::GpuUtil), Some(1.0), "kept: the device's own utilization");
+    assert!(pod.points[0].values.get(Signal::FbUsedMib).is_some_and(|fb| fb > 0.0), "kept: the device's own memory");
+    // Beside a device-level series (virtual-GPU mode) the same empty pod_uid is a placeholder.
+    let (vgpu, _) = series_from_exposition(
+        &fixture("dcgm/exporter-vgpu.txt").replace("pod_uid=\"7c2d9e10-3b4a-4f5e-8d6c-1a2b3c4d5e6f\"", "pod_uid=\"\""),
+        Utc::now(),
+        &src,
+        &Ownership::default(),
+    );
+    let sharer = vgpu.iter().find(|r| r.workspace_id.as_deref() == Some("0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70")).unwrap();
+    crate::common::assert_close(sharer.points[0].values.get(Signal::GpuUtil), Some(0.87), "the device's, not the placeholder 0");
+}
+
+/// Issue 34 item 5 (reference dcgm NOTES §11.2): with `hostPID` and the pod informer, a time-sliced
+/// sharer's `GPU_UTIL`/`FB_USED` are its own processes'; its power and profiling copies are the
+/// whole device's. A busy sharer no longer keeps an idle one.
+#[test]
+fn time_sliced_sharers_with_their_own_process_readings_are_judged_by_them() {
+    let src: Arc<str> = Arc::from("x");
+    let busy =
+        "pod=\"coder-0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70-7d9f8b6c5d-x2x9k\",pod_uid=\"7c2d9e10-3b4a-4f5e-8d6c-1a2b3c4d5e6f\",vgpu=\"0\"}";
+    let mut text = String::new();
+    for line in fixture("dcgm/exporter-vgpu.txt").lines() {
+        let own = match line {
+            l if l.starts_with("DCGM_FI_DEV_GPU_UTIL{") && l.contains(busy) => Some("85"),
+            l if l.starts_with("DCGM_FI_DEV_FB_USED{") && l.contains(busy) => Some("31000"),
+            _ => None,
+        };
+        match own {
+            Some(v) => text.push_str(&format!("{} {v}\n", line.rsplit_once(' ').unwrap().0)),
+            None => text.push_str(&format!("{line}\n")),
+        }
+    }
+    let (readings, errors) = series_from_exposition(&text, Utc::now(), &src, &Ownership::default());
+    assert!(errors.is_empty(), "{errors:?}");
+    let of = |id: &str| readings.iter().find(|r| r.workspace_id.as_deref() == Some(id)).unwrap().points[0];
+    let (busy, idle) = (of("0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70"), of("5d3e1f0a-2b4c-4d6e-8f10-3a5b7c9d1e2f"));
+    crate::common::assert_close(busy.values.get(Signal::GpuUtil), Some(0.85), "its own utilization");
+    assert_eq!((idle.values.get(Signal::GpuUtil), idle.values.get(Signal::FbUsedMib)), (Some(0.0), Some(0.0)), "its own: nothing");
+    for p in [busy, idle] {
+        for s in [Signal::SmActive, Signal::GrEngineActive, Signal::PowerWatts] {
+            assert_eq!(p.values.get(s), None, "{s:?} is the whole device's: nobody's own");
+        }
+        assert!(p.energy_joules.is_some(), "the energy counter still proves the readings move");
+    }
+}
+
+/// NOTES §11.5: `DCGM_FI_DEV_GPU_UTIL_RATIO` is DCGM 4.6's field 203, an integer percent; DCGM
+/// 4.7's ratio is a double the exporter writes with six decimals.
+#[test]
+fn a_utilization_ratio_written_as_an_integer_is_a_percent() {
+    let src: Arc<str> = Arc::from("x");
+    let line = |v: &str| {
+        format!(
+            "DCGM_FI_DEV_GPU_UTIL_RATIO{{gpu=\"0\",UUID=\"GPU-1\",modelName=\"NVIDIA A10G\"}} {v}\nDCGM_FI_DEV_ENC_UTIL_RATIO{{gpu=\"0\",UUID=\"GPU-1\",modelName=\"NVIDIA A10G\"}} {v}\n"
+        )
+    };
+    for (text, want) in [("1", 0.01), ("1.000000", 1.0), ("0.250000", 0.25), ("37", 0.37)] {
+        let (readings, errors) = series_from_exposition(&line(text), Utc::now(), &src, &Ownership::default());
+        assert!(errors.is_empty(), "{errors:?}");
+        for s in [Signal::GpuUtil, Signal::EncUtil] {
+            crate::common::assert_close(readings[0].points[0].values.get(s), Some(want), format!("{s:?} written {text}"));
+        }
+    }
+}
+
+/// Issue 34 item 4 (NOTES §11.1): virtual-GPU copies carry no pod labels, so `workspace_id_label`
+/// falls back to the workspace id in the pod name.
+#[test]
+fn a_series_without_the_workspace_label_is_found_by_its_pod_name() {
+    let src: Arc<str> = Arc::from("x");
+    let own = Ownership { namespace: None, workspace_id_label: Some("label_com_coder_workspace_id".into()) };
+    let (readings, _) = series_from_exposition(&fixture("dcgm/exporter-vgpu.txt"), Utc::now(), &src, &own);
+    let ids: std::collections::BTreeSet<&str> = readings.iter().filter_map(|r| r.workspace_id.as_deref()).collect();
+    assert_eq!(ids.into_iter().collect::<Vec<_>>(), ["0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70", "5d3e1f0a-2b4c-4d6e-8f10-3a5b7c9d1e2f"]);
 }

@@ -170,10 +170,19 @@ fn as_stored(text: &str, honor_labels: bool) -> StoredLines {
                     None => labels.push((k.to_string(), v.to_string())),
                 }
             }
+            // Empty-valued labels are dropped at ingestion, after relabeling (prometheus/docs#548,
+            // prometheus/prometheus#3706; reference dcgm NOTES §11.3): `pod_uid=""` is not stored.
+            labels.retain(|(_, v)| !v.is_empty());
             let rendered = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect::<Vec<_>>().join(",");
             (s.name.to_string(), rendered, s.value)
         })
         .collect()
+}
+
+/// The exposition as a store keeps it when a relabeling drops the series without a workload
+/// pod: the device-level series go (reference dcgm NOTES §11.3).
+pub fn without_device_series(text: &str) -> String {
+    text.lines().filter(|l| l.starts_with('#') || l.contains("pod=\"")).flat_map(|l| [l, "\n"]).collect()
 }
 
 /// Every stored sample: family -> labels -> (time, value) in time order.
@@ -436,4 +445,84 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
             names[i]
         );
     }
+}
+
+/// `check` behind Prometheus names what the store lacks (issue 34, reference dcgm NOTES §11.3):
+/// virtual-GPU copies stored without their device-level series (a relabeling dropped the series
+/// without a workload pod), and a scrape interval (5 minutes) longer than `max_sample_gap`, read
+/// from the steps between stored samples. `plan` over the same store leaves the busy GPU
+/// `unknown`, never `phantom-utilization`.
+#[tokio::test]
+async fn check_names_a_missing_device_series_and_a_scrape_interval_too_long() {
+    if installed_or_skip(installed(), "prometheus").is_none() {
+        return;
+    }
+    let coder = FakeCoder::start(WorldConfig { gpus: 1, scale: 600.0, ..WorldConfig::default() }).await.unwrap();
+    let id = coder.with(|w| w.create_workspace("alice", "train", None)).unwrap();
+    let mut pod = None;
+    for _ in 0..200 {
+        pod = coder.with(|w| w.ws_index(id).and_then(|i| w.workspaces[i].pod.as_ref().map(|p| p.name.clone())));
+        if pod.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let now = Utc::now();
+    coder.with(|w| {
+        let wi = w.ws_index(id).unwrap();
+        let ws = &mut w.workspaces[wi];
+        let started = now - chrono::Duration::minutes(70);
+        let build = ws.builds.last_mut().unwrap();
+        build.created_at = started;
+        build.job.completed_at = Some(started);
+        ws.last_used_at = now - chrono::Duration::minutes(60);
+    });
+    let device = mocks::Device {
+        uuid: "GPU-5b3e1a2c-7d4f-4e8a-9c1b-2f6d8e0a4b71".into(),
+        model: "NVIDIA A10G".into(),
+        holder: Some(mocks::Holder { pod: pod.unwrap(), load: mocks::Load::Matmul }),
+        sharer: None,
+    };
+    let cfg = mocks::ExporterConfig { virtual_gpus: mocks::VirtualGpus::Exclusive, sm_active: false, ..Default::default() };
+    let end = now.timestamp() / 300 * 300;
+    let texts: Vec<(i64, String)> = (end - HISTORY..=end)
+        .step_by(300)
+        .map(|at| {
+            let energy = 1.0e10 + (at - end + HISTORY) as f64 * 299_200.0;
+            (at, without_device_series(&mocks::exporter::render_devices(std::slice::from_ref(&device), &cfg, &[energy], at as u128 * 1000)))
+        })
+        .collect();
+    let mut stored = Stored::new();
+    store(&mut stored, texts.iter().map(|(at, t)| (*at, t.as_str())), false);
+    let prom = prometheus_with(&openmetrics(&stored)).await;
+    let run = |args: Vec<String>| {
+        let token = coder.owner_token();
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(binary())
+                .args(&args)
+                .env("CODER_SESSION_TOKEN", token)
+                .env_remove("CODER_URL")
+                .env_remove("CODER_GPU_RECLAIMER_CONFIG")
+                .output()
+                .unwrap();
+            (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+        })
+    };
+    let base = ["--coder-url".to_string(), coder.url(), "--prometheus-url".to_string(), prom.url.clone()];
+    let (code, out) = run(["check".to_string()].into_iter().chain(base.clone()).collect()).await.unwrap();
+    assert_eq!(code, Some(1), "{out}");
+    for want in [
+        "FAIL device-level series: 1 GPU series read as virtual-GPU per-pod copies",
+        "no metricRelabelings drop of series without exported_pod",
+        "FAIL sample interval: the store's samples of a GPU are up to 4m apart (9 in 10 gaps; its scrape interval), longer than max_sample_gap 3m",
+    ] {
+        assert!(out.contains(want), "want {want:?} in\n{out}");
+    }
+    let (code, out) = run(["plan", "--output", "json"].map(String::from).into_iter().chain(base).collect()).await.unwrap();
+    assert_eq!(code, Some(0), "{out}");
+    let doc: Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+    let w = &doc["workspaces"][0];
+    assert_eq!(w["verdict"], "unknown", "{w}");
+    // Every five minutes the newest sample is also stale at times: either way, never stopped.
+    assert!(["no-device-series", "stale-data"].contains(&w["reason"].as_str().unwrap()), "never phantom-utilization: {w}");
 }

@@ -21,10 +21,10 @@ use coder_gpu_reclaimer::pass::decide::{Decision, decide};
 use coder_gpu_reclaimer::pass::evaluate::merge_collection;
 use coder_gpu_reclaimer::pass::policy::Policy;
 use mocks::exporter::render_devices;
-use mocks::{Counters, Device, ExporterConfig, Holder, Load, Names, Stuck, VirtualGpus};
+use mocks::{Counters, Device, ExporterConfig, Holder, Load, Names, PodUid, Stuck, VirtualGpus};
 
 use crate::common::{installed_or_skip, running_workspace};
-use crate::prometheus_world::{Stored, exporter_windows, installed, openmetrics, prometheus_with, store};
+use crate::prometheus_world::{Stored, exporter_windows, installed, openmetrics, prometheus_with, store, without_device_series};
 
 /// How long each cell's history is, and how often Prometheus (and the exporter source) scrape.
 const HISTORY_SECS: i64 = 40 * 60;
@@ -34,13 +34,45 @@ const PASS_SECS: i64 = 60;
 /// The frozen exporter serves its last collection from this long before the end.
 const FROZEN_FOR_SECS: i64 = 20 * 60;
 
-/// One exporter set-up people run (reference dcgm LAYOUTS.md, NOTES §3-4, §9-10).
+/// One exporter set-up people run (reference dcgm LAYOUTS.md, NOTES §3-4, §9-11).
 struct SetUp {
     name: &'static str,
     what: &'static str,
     exporter: ExporterConfig,
     /// `-c`, seconds.
     collect_secs: i64,
+    model: &'static str,
+    /// A second pod time-slicing each cell's GPU, with this load.
+    sharer: Option<Load>,
+    /// The policy's `idle_after`, when not the default.
+    idle_after: Option<Duration>,
+    /// `workspace_id_label`, when set.
+    workspace_id_label: Option<&'static str>,
+    /// The store leaves out the series without a workload pod (a `metricRelabelings` drop, a
+    /// selector on workload labels; NOTES §11.3): a set-up only behind Prometheus.
+    drops_device_series: bool,
+    /// How long the frozen exporter has served its last collection at the end.
+    frozen_for_secs: i64,
+    /// What this set-up decides differently from what `expected_without_veto` says in general.
+    differs: fn(Kind) -> Option<(&'static str, &'static str)>,
+}
+
+impl SetUp {
+    fn new(name: &'static str, what: &'static str, exporter: ExporterConfig, collect_secs: i64) -> Self {
+        SetUp {
+            name,
+            what,
+            exporter,
+            collect_secs,
+            model: "NVIDIA A10G",
+            sharer: None,
+            idle_after: None,
+            workspace_id_label: None,
+            drops_device_series: false,
+            frozen_for_secs: FROZEN_FOR_SECS,
+            differs: |_| None,
+        }
+    }
 }
 
 fn set_ups() -> Vec<SetUp> {
@@ -50,7 +82,8 @@ fn set_ups() -> Vec<SetUp> {
         f(&mut c);
         c
     };
-    let s = |name, what, exporter, collect_secs| SetUp { name, what, exporter, collect_secs };
+    let s = SetUp::new;
+    let vgpu = with(&|c| c.virtual_gpus = VirtualGpus::Exclusive);
     vec![
         s("default", "`default-counters.csv` (no SM_ACTIVE), `--kubernetes`, `-c 30000`", base.clone(), 30),
         s("dcp-sm", "the DCP counters with `DCGM_FI_PROF_SM_ACTIVE` switched on", with(&|c| c.sm_active = true), 30),
@@ -77,6 +110,81 @@ fn set_ups() -> Vec<SetUp> {
         s("mig", "a MIG instance (Flex mode): no `GPU_UTIL`, the whole GPU's power", with(&|c| c.mig = true), 30),
         s("collect-1s", "`-c 1000`", base.clone(), 1),
         s("collect-5m", "`-c 300000` (`exporter_collect_interval = \"5m\"`)", base.clone(), 300),
+        s(
+            "default-pod-uid-no-rbac",
+            "`--kubernetes-enable-pod-uid` without pod read access: the pod's own series carry `pod_uid=\"\"`, no device-level series",
+            with(&|c| c.pod_uid = PodUid::Empty),
+            30,
+        ),
+        SetUp {
+            drops_device_series: true,
+            // Only the pod's copies are stored: its utilization and memory read 0, its profiling
+            // and video fields are the device's. What computes cannot be judged; the rest can.
+            differs: |k| match k {
+                Kind::MemoryHeld => Some(("reclaim", "idle")),
+                Kind::OneThread | Kind::LightKernel | Kind::Matmul | Kind::Bursty => Some(("unknown", "no-device-series")),
+                Kind::StuckGr => Some(("keep", "gpu-active")),
+                _ => None,
+            },
+            ..s(
+                "vgpu-no-device-series",
+                "behind Prometheus only: `vgpu-exclusive` stored without the series that carry no workload pod (a relabeling or selector dropped the device-level `GPU_UTIL`/`FB_USED`)",
+                vgpu.clone(),
+                30,
+            )
+        },
+        SetUp {
+            workspace_id_label: Some("label_com_coder_workspace_id"),
+            ..s(
+                "vgpu-pod-labels",
+                "`vgpu-exclusive` with `workspace_id_label` set: virtual-GPU copies carry no pod labels, so the pod name maps",
+                vgpu.clone(),
+                30,
+            )
+        },
+        SetUp {
+            sharer: Some(Load::Matmul),
+            // Judged by its own processes: the device-wide compute, power and (with the busy
+            // sharer's kernels) DRAM are not its own. Copy-only work beside a computing sharer
+            // reads as memory held: no per-process field shows copies.
+            differs: |k| match k {
+                Kind::CopyOnly => Some(("reclaim", "memory-held-idle")),
+                Kind::StuckGr => Some(("keep", "gpu-active")),
+                _ => None,
+            },
+            ..s(
+                "time-sliced-per-process",
+                "virtual-GPU mode on a time-sliced GPU with `hostPID` and real pod UIDs: each sharer's `GPU_UTIL`/`FB_USED` are its own processes'; the other sharer runs a matmul",
+                with(&|c| {
+                    c.virtual_gpus = VirtualGpus::TimeSliced;
+                    c.pod_uid = PodUid::Real;
+                    c.per_process = true;
+                }),
+                30,
+            )
+        },
+        SetUp {
+            model: "NVIDIA B300",
+            ..s(
+                "b300",
+                "`dcp-sm` on a 160-SM GPU: a one-block kernel reads SM = duty / 160, printed with six decimals",
+                with(&|c| {
+                    c.sm_active = true;
+                    c.sm_count = 160;
+                }),
+                30,
+            )
+        },
+        SetUp {
+            idle_after: Some(Duration::from_secs(300)),
+            frozen_for_secs: 8 * 60,
+            ..s(
+                "collect-5m-idle-5m",
+                "`collect-5m` with `idle_after = \"5m\"`, shorter than two collections; the frozen exporter froze 8 minutes ago, before frozen detection (two collections) could tell",
+                base.clone(),
+                300,
+            )
+        },
     ]
 }
 
@@ -125,7 +233,9 @@ const VETO_WATTS: f64 = 80.0;
 /// is a MIG instance (which reports the whole GPU's power).
 fn expected(load: Kind, s: &SetUp, veto: bool) -> (&'static str, &'static str) {
     let watts = cell_exporter(load, s).1.reading_at(0).power_watts;
-    let vetoed = veto && watts >= VETO_WATTS && s.exporter.counters != Counters::Trimmed && !s.exporter.mig;
+    // A sharer judged by its own processes has no power reading of its own.
+    let own_power = s.exporter.counters != Counters::Trimmed && !s.exporter.mig && !s.exporter.per_process;
+    let vetoed = veto && watts >= VETO_WATTS && own_power && s.model == "NVIDIA A10G";
     match expected_without_veto(load, s) {
         ("unknown", reason) => ("unknown", reason),
         _ if vetoed => ("keep", "gpu-active"),
@@ -134,6 +244,9 @@ fn expected(load: Kind, s: &SetUp, veto: bool) -> (&'static str, &'static str) {
 }
 
 fn expected_without_veto(load: Kind, s: &SetUp) -> (&'static str, &'static str) {
+    if let Some(differs) = (s.differs)(load) {
+        return differs;
+    }
     let sm = s.exporter.sm_active && s.exporter.profiling;
     let energy = s.exporter.counters != Counters::Trimmed;
     match load {
@@ -186,11 +299,16 @@ fn scrapes(end: i64, load: Kind, s: &SetUp, cell: usize, variant: usize) -> Vec<
     let (cfg, workload) = cell_exporter(load, s);
     let device = Device {
         uuid: format!("GPU-{cell:08x}-7d4f-4e8a-9c1b-{variant:012x}"),
-        model: "NVIDIA A10G".into(),
+        model: s.model.into(),
         holder: Some(Holder { pod: format!("coder-{}-6d9f8b7c5-x2x9k", ws_id(cell, variant)), load: workload }),
+        sharer: s.sharer.map(|load| Holder { pod: format!("coder-{}-7c4d9a8b6-k3m8p", ws_id(cell, variant + 2)), load }),
+    };
+    let power_at = |millis: u128| {
+        let own = workload.reading_at(millis);
+        s.sharer.map_or(own, |load| own.together(&load.reading_at(millis))).power_watts
     };
     let c = s.collect_secs;
-    let freeze = (load == Kind::Frozen).then_some((end - FROZEN_FOR_SECS).div_euclid(c) * c);
+    let freeze = (load == Kind::Frozen).then_some((end - s.frozen_for_secs).div_euclid(c) * c);
     let mut energy_mj = 1.0e10;
     let mut collected: Option<(i64, String)> = None;
     let mut out = Vec::new();
@@ -199,8 +317,9 @@ fn scrapes(end: i64, load: Kind, s: &SetUp, cell: usize, variant: usize) -> Vec<
         let due = freeze.map_or(due, |f| due.min(f));
         if collected.as_ref().is_none_or(|(t, _)| *t < due) {
             let since = collected.as_ref().map_or(0, |(t, _)| due - t);
-            energy_mj += workload.reading_at(due as u128 * 1000).power_watts * since as f64 * 1000.0;
-            collected = Some((due, render_devices(std::slice::from_ref(&device), &cfg, &[energy_mj], due as u128 * 1000)));
+            energy_mj += power_at(due as u128 * 1000) * since as f64 * 1000.0;
+            let text = render_devices(std::slice::from_ref(&device), &cfg, &[energy_mj], due as u128 * 1000);
+            collected = Some((due, if s.drops_device_series { without_device_series(&text) } else { text }));
         }
         if let Some((_, text)) = &collected {
             out.push((at, text.clone()));
@@ -212,10 +331,13 @@ fn scrapes(end: i64, load: Kind, s: &SetUp, cell: usize, variant: usize) -> Vec<
 /// The policies a set-up is judged by: the defaults for 60 s passes, told the exporter's `-c`;
 /// then the same with a power veto (`active_power_watts`) for the A10G.
 fn policies(s: &SetUp) -> [Policy; 2] {
-    let plain = Policy {
+    let mut plain = Policy {
         exporter_collect_interval: Duration::from_secs(s.collect_secs as u64),
         ..Policy::defaults(Duration::from_secs(PASS_SECS as u64))
     };
+    if let Some(idle_after) = s.idle_after {
+        plain.thresholds.idle_after = idle_after;
+    }
     let veto = Policy { active_power_watts: vec![("NVIDIA A10G".into(), VETO_WATTS)], ..plain.clone() };
     [plain, veto]
 }
@@ -276,8 +398,10 @@ async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources(
         // The exporter source scrapes every cell's exporter each time.
         let texts: Vec<(i64, Vec<String>)> =
             (0..histories[0].len()).map(|i| (histories[0][i].0, histories.iter().map(|h| h[i].1.clone()).collect())).collect();
-        for (label, own) in &ownerships {
-            let windows = exporter_windows(now, &texts, &workspaces, &ps[0], pass, own);
+        // A store's relabeling is no exporter set-up: the exporter serves the whole layout.
+        for (label, own) in ownerships.iter().filter(|_| !s.drops_device_series) {
+            let own = Ownership { workspace_id_label: s.workspace_id_label.map(str::to_string), ..own.clone() };
+            let windows = exporter_windows(now, &texts, &workspaces, &ps[0], pass, &own);
             for (pi, p) in ps.iter().enumerate() {
                 for (li, d) in decide_all(now, &windows, &workspaces, p).iter().enumerate() {
                     cells[at(pi, si, li)].got.push((format!("exporter{label}"), outcome(d)));
@@ -296,18 +420,19 @@ async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources(
     if installed_or_skip(installed(), "prometheus").is_some() {
         let prom = prometheus_with(&openmetrics(&stored)).await;
         let url = crate::common::url(&prom.url);
-        for (label, own) in &ownerships {
+        let labels: std::collections::BTreeSet<Option<&str>> = set_ups.iter().map(|s| s.workspace_id_label).collect();
+        for ((label, own), workspace_id_label) in ownerships.iter().flat_map(|o| labels.iter().map(move |l| (o, *l))) {
             // The fetch depends only on the look-back, the same for every set-up's policies, and
             // asks for the power draw as it does under a power veto (the default policy reads none).
             let lookback = policies(&set_ups[0])[0].longest_lookback();
             let power = PrometheusOptions { power: true, ..PrometheusOptions::default() };
             let timeout = Duration::from_secs(30);
+            let own = Ownership { workspace_id_label: workspace_id_label.map(str::to_string), ..own.clone() };
             let source =
-                PrometheusSource::with_options(&url, own.clone(), lookback, pass, timeout, &Tls::default(), DEFAULT_MAX_BODY, power)
-                    .unwrap();
+                PrometheusSource::with_options(&url, own, lookback, pass, timeout, &Tls::default(), DEFAULT_MAX_BODY, power).unwrap();
             let collection = source.collect(now).await;
             assert!(collection.failures.is_empty(), "{:?}", collection.failures);
-            for (si, s) in set_ups.iter().enumerate() {
+            for (si, s) in set_ups.iter().enumerate().filter(|(_, s)| s.workspace_id_label == workspace_id_label) {
                 let ps = policies(s);
                 for (variant, honor) in [(0, "false"), (1, "true")] {
                     let workspaces: Vec<Workspace> =
@@ -412,7 +537,24 @@ fn render_doc(set_ups: &[SetUp], loads: &[LoadCase], cells: &[Cell]) -> String {
          - Set `exporter_collect_interval` to the exporter's `-c`: frozen data needs two collections without the \
          counter rising.\n\
          - A power veto needs the power field (not in a trimmed counters file), and never applies to a MIG instance: \
-         every instance reports the whole GPU's power.\n",
+         every instance reports the whole GPU's power.\n\
+         - An empty `pod_uid` marks a virtual-GPU placeholder only beside a device-level series; without one it is the \
+         default layout's own series (`--kubernetes-enable-pod-uid` without pod read access), read as it is.\n\
+         - Behind Prometheus the empty `pod_uid` is dropped at ingestion, so virtual-GPU copies need the device-level \
+         series in the store: without it a sharer, or an exclusive GPU reading 0 % and 0 MiB while its profiling fields \
+         compute, is `unknown` `no-device-series` (what computes cannot be judged; an idle GPU still is). Keep the \
+         series without a workload pod (the relabeling, `prometheus_selector`); `check` says when they are missing.\n\
+         - With `hostPID` and real pod UIDs a time-sliced sharer is judged by its own processes' utilization and \
+         memory: another sharer's work no longer keeps it. The device-wide compute fields and power are nobody's own \
+         and are not read for it; video engines are (no per-process field says whose: a sharer encoding keeps every \
+         sharer), and so is DRAM while no sharer runs kernels. Copy-only work beside a computing sharer reads as \
+         memory held.\n\
+         - `workspace_id_label` falls back to the workspace id in the pod name: virtual-GPU copies carry no pod labels.\n\
+         - SM_ACTIVE contradicts GR_ENGINE_ACTIVE only below half of one SM's share on 160 SMs (the most any GPU has): \
+         a one-block kernel on a B300 is the phantom it is, not a stuck counter.\n\
+         - A reclaim needs the energy counter to have risen within `idle_after`: with `idle_after` shorter than two \
+         collections a frozen exporter is `frozen-data` before frozen detection could tell, and with `idle_after` at \
+         or under `-c` a GPU may read `frozen-data` for a pass just before each collection (set `idle_after` longer).\n",
     );
     out
 }

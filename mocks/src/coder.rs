@@ -368,7 +368,10 @@ async fn gate(State(s): State<CoderState>, mut req: Request, next: Next) -> Resp
 /// Every coderd response carries Go's `Date` header, from coderd's clock (which may be off).
 async fn date_header(State(s): State<CoderState>, req: Request, next: Next) -> Response {
     let mut resp = next.run(req).await;
-    let now = lock(&s.world).now();
+    let now = {
+        let w = lock(&s.world);
+        w.config.proxy_clock_offset.map_or_else(|| w.now(), |offset| chrono::Utc::now() + offset)
+    };
     if let Ok(v) = axum::http::HeaderValue::from_str(&now.format("%a, %d %b %Y %H:%M:%S GMT").to_string()) {
         resp.headers_mut().insert(axum::http::header::DATE, v);
     }

@@ -100,6 +100,24 @@ pub struct ExporterConfig {
     pub frozen: bool,
     /// Some values come out negative or NaN (a generic exporter bug; a parser must cope).
     pub broken_values: bool,
+    /// `--kubernetes-enable-pod-uid` and what the pod informer finds (NOTES §11.1).
+    pub pod_uid: PodUid,
+    /// The exporter maps processes to pods (`hostPID: true` and real pod UIDs, NOTES §11.2): in
+    /// virtual-GPU mode each pod's `GPU_UTIL`/`FB_USED` are its own processes'.
+    pub per_process: bool,
+    /// The GPU's SM count: a one-block load reads SM_ACTIVE ≈ duty / SMs (the seed's A10G: 80).
+    pub sm_count: u32,
+}
+
+/// `--kubernetes-enable-pod-uid` (NOTES §11.1, `kubernetes.go` `createPodInfo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodUid {
+    /// Not set: no `pod_uid` label (virtual-GPU per-process copies write it anyway, empty).
+    Off,
+    /// Set, but the pod lister finds no pod (no pod read access, informer not synced): `""`.
+    Empty,
+    /// Set, and the pod is found: its UID.
+    Real,
 }
 
 impl Default for ExporterConfig {
@@ -119,6 +137,9 @@ impl Default for ExporterConfig {
             stuck: None,
             frozen: false,
             broken_values: false,
+            pod_uid: PodUid::Off,
+            per_process: false,
+            sm_count: 80,
         }
     }
 }
@@ -244,12 +265,20 @@ const FIELDS: &[Field] = &[
 
 const FB_TOTAL_MIB: f64 = 22_731.0;
 
-/// One GPU as the exporter sees it: its identity, and the pod holding it with that pod's load.
+/// One GPU as the exporter sees it: its identity, and the pod holding it with that pod's load
+/// (and on a time-sliced GPU in virtual-GPU mode, a second pod sharing it).
 #[derive(Debug, Clone)]
 pub struct Device {
     pub uuid: String,
     pub model: String,
     pub holder: Option<Holder>,
+    pub sharer: Option<Holder>,
+}
+
+/// A pod's UID as the kubelet would give it (a UUID), derived from its name.
+pub fn pod_uid_of(pod: &str) -> String {
+    let h = pod.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}", h >> 32, (h >> 16) & 0xffff, h & 0xfff, (h >> 20) & 0xfff, h & 0xffff_ffff_ffff)
 }
 
 #[derive(Debug, Clone)]
@@ -266,6 +295,7 @@ pub fn render(world: &World, cfg: &ExporterConfig, energy_mj: &[f64]) -> String 
             uuid: world.gpu_uuids.get(slot).cloned().unwrap_or_default(),
             model: world.config.gpu_model.clone(),
             holder: world.gpu_holder(slot).map(|(ws, pod)| Holder { pod: pod.name.clone(), load: ws.load }),
+            sharer: None,
         })
         .collect();
     render_devices(&devices, cfg, energy_mj, millis)
@@ -296,11 +326,20 @@ pub fn render_devices(devices: &[Device], cfg: &ExporterConfig, energy_mj: &[f64
         let _ = writeln!(out, "# TYPE {name} {}", if energy { "counter" } else { "gauge" });
         for &slot in &slots {
             let Some(device) = devices.get(slot) else { continue };
-            let load = device.holder.as_ref().map_or(Load::Idle, |h| h.load);
-            let r = load.reading_at(millis);
+            let reading_of = |h: Option<&Holder>| {
+                let load = h.map_or(Load::Idle, |h| h.load);
+                let mut r = load.reading_at(millis);
+                if load.is_one_block() {
+                    r.sm_active *= 80.0 / f64::from(cfg.sm_count.max(1));
+                }
+                r
+            };
+            let own = reading_of(device.holder.as_ref());
+            let shared = device.sharer.as_ref().filter(|_| cfg.virtual_gpus == VirtualGpus::TimeSliced);
+            let r = shared.map_or(own, |s| own.together(&reading_of(Some(s))));
             let zero = cfg.behaviour == Behaviour::AllZero;
             let stuck = |which: Stuck| cfg.stuck == Some(which);
-            let value = match f.legacy {
+            let value_of = |r: &crate::world::Reading| match f.legacy {
                 "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" => energy_mj.get(slot).copied().unwrap_or(0.0) / if v49 { 1000.0 } else { 1.0 },
                 _ if zero => 0.0,
                 "DCGM_FI_PROF_GR_ENGINE_ACTIVE" if stuck(Stuck::GrEngine) => 0.0,
@@ -332,6 +371,7 @@ pub fn render_devices(devices: &[Device], cfg: &ExporterConfig, energy_mj: &[f64
                 "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" => r.tensor_active,
                 _ => r.dram_active,
             };
+            let value = value_of(&r);
             let gpu = if cfg.mig { slot / 2 } else { slot };
             let uuid = if cfg.mig { devices.get(gpu * 2).map_or("", |d| d.uuid.as_str()) } else { device.uuid.as_str() };
             let uuid_label = if cfg.old_namespace { "uuid" } else { "UUID" };
@@ -363,19 +403,37 @@ pub fn render_devices(devices: &[Device], cfg: &ExporterConfig, energy_mj: &[f64
                     format!(",container=\"dev\",namespace=\"coder\",pod=\"{pod}\"")
                 }
             };
+            // `pod_uid` as `createPodInfo` leaves it: the UID only when the lister found the pod.
+            let uid = |pod: &str, always: bool| match cfg.pod_uid {
+                PodUid::Real => format!(",pod_uid=\"{}\"", pod_uid_of(pod)),
+                PodUid::Empty => ",pod_uid=\"\"".to_string(),
+                PodUid::Off if always => ",pod_uid=\"\"".to_string(),
+                PodUid::Off => String::new(),
+            };
             match &device.holder {
                 Some(h) if cfg.virtual_gpus != VirtualGpus::Off => {
-                    let vgpu = if cfg.virtual_gpus == VirtualGpus::TimeSliced { ",vgpu=\"0\"" } else { "" };
-                    if matches!(f.legacy, "DCGM_FI_DEV_GPU_UTIL" | "DCGM_FI_DEV_FB_USED") {
-                        // The device-level original, then the pod's own (no PID mapped: 0).
+                    let per_process = matches!(f.legacy, "DCGM_FI_DEV_GPU_UTIL" | "DCGM_FI_DEV_FB_USED");
+                    if per_process {
+                        // The device-level original first (`createPerProcessMetrics`).
                         let _ = writeln!(out, "}} {}", render_value(value));
-                        let _ = writeln!(out, "{head}{},pod_uid=\"\"{vgpu}}} {}", pod_labels(&h.pod), render_value(0.0));
-                    } else {
-                        let _ = writeln!(out, "{}{vgpu}}} {}", pod_labels(&h.pod), render_value(value));
+                    }
+                    let pods = [Some(h), shared].into_iter().flatten();
+                    for (n, pod) in pods.enumerate() {
+                        let vgpu = if cfg.virtual_gpus == VirtualGpus::TimeSliced { format!(",vgpu=\"{n}\"") } else { String::new() };
+                        let line_head = if n == 0 && !per_process { String::new() } else { head.clone() };
+                        let v = if !per_process {
+                            value
+                        } else if cfg.per_process && cfg.pod_uid == PodUid::Real {
+                            value_of(&reading_of(Some(pod))) // its own processes', summed per pod
+                        } else {
+                            0.0 // no PID mapped to the pod (`buildIdlePodValues`)
+                        };
+                        let _ =
+                            writeln!(out, "{line_head}{}{}{vgpu}}} {}", pod_labels(&pod.pod), uid(&pod.pod, per_process), render_value(v));
                     }
                 }
                 Some(h) => {
-                    let _ = writeln!(out, "{}}} {}", pod_labels(&h.pod), render_value(value));
+                    let _ = writeln!(out, "{}{}}} {}", pod_labels(&h.pod), uid(&h.pod, false), render_value(value));
                 }
                 None => {
                     let _ = writeln!(out, "}} {}", render_value(value));

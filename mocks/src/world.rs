@@ -61,7 +61,33 @@ pub struct Reading {
     pub dec_percent: f64,
 }
 
+impl Reading {
+    /// What the whole device reads while two pods time-slice it: their work and memory add up
+    /// (each engine saturating), the board draws what the busier draws.
+    pub fn together(&self, other: &Reading) -> Reading {
+        let ratio = |a: f64, b: f64| (a + b).min(1.0);
+        let percent = |a: f64, b: f64| (a + b).min(100.0);
+        Reading {
+            util_percent: percent(self.util_percent, other.util_percent),
+            fb_used_mib: self.fb_used_mib + other.fb_used_mib,
+            power_watts: self.power_watts.max(other.power_watts),
+            gr_engine_active: ratio(self.gr_engine_active, other.gr_engine_active),
+            sm_active: ratio(self.sm_active, other.sm_active),
+            tensor_active: ratio(self.tensor_active, other.tensor_active),
+            dram_active: ratio(self.dram_active, other.dram_active),
+            enc_percent: percent(self.enc_percent, other.enc_percent),
+            dec_percent: percent(self.dec_percent, other.dec_percent),
+        }
+    }
+}
+
 impl Load {
+    /// A kernel of one block (a one-thread kernel, a light periodic one): it keeps one SM busy,
+    /// so its SM_ACTIVE is its duty over the GPU's SM count (reference dcgm NOTES §10).
+    pub fn is_one_block(self) -> bool {
+        matches!(self, Load::OneThread | Load::LightKernel)
+    }
+
     /// The reading now (a bursty load depends on the time).
     pub fn reading(self) -> Reading {
         let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
@@ -169,6 +195,10 @@ pub struct WorldConfig {
     /// The template's `activity_bump` (default 1 h, `coderd/templates.go`): a connection moves the
     /// deadline to at least now plus this. Wall-clock time, like `ttl_ms`; zero turns it off.
     pub activity_bump: Duration,
+    /// A reverse proxy in front of coderd writes the `Date` header from its own clock, off the
+    /// real one by this (nginx does not pass the upstream's `Date`: `ngx_http_proxy_module`,
+    /// `proxy_pass_header`); `None`: no proxy, coderd's own `Date`.
+    pub proxy_clock_offset: Option<chrono::Duration>,
 }
 
 impl Default for WorldConfig {
@@ -192,6 +222,7 @@ impl Default for WorldConfig {
             allow_user_cancel: true,
             max_deadline_after: None,
             activity_bump: Duration::from_secs(60 * 60),
+            proxy_clock_offset: None,
         }
     }
 }

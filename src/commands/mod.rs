@@ -202,6 +202,13 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
     }
     if !collection.series.is_empty() {
         line(true, "frozen detection", &frozen_detection(&collection.series));
+        if let Some(missing) = device_series_missing(&collection.series, &settings.policy) {
+            line(false, "device-level series", &missing);
+        }
+        if let Some(step) = collection.step {
+            let (ok, detail) = sample_interval(&collection.series, step, &settings.policy);
+            line(ok, "sample interval", &detail);
+        }
     }
     if identity.is_some() {
         match coder.listing().await {
@@ -217,6 +224,12 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
                     ),
                     Some(offset) => line(true, "clock", &format!("Coder's clock is {}s off this machine's", offset.num_seconds())),
                     None => line(false, "clock", "Coder's answer had no Date header: its clock cannot be compared"),
+                }
+                if let Some(behind) = listing.clock_offset.and_then(|o| date_behind_coder(&listing.workspaces, chrono::Utc::now() + o)) {
+                    println!(
+                        "warn clock: the Date header is {}s earlier than times in Coder's own answer (its latest activity): it is not coderd's clock but a proxy's in front of it (nginx writes its own Date); decisions read Coder's times on the header's clock, so fix NTP on the proxy",
+                        behind.num_seconds()
+                    );
                 }
                 let ws = listing.workspaces;
                 organization_permissions(&coder, &ws, &mut line).await;
@@ -320,6 +333,71 @@ fn frozen_detection(series: &[GpuSeries]) -> String {
     )
 }
 
+/// How many GPUs read as virtual-GPU copies without their device-level series (NOTES §11.3): a
+/// time-sliced sharer without one, or utilization and memory at exactly 0 beside compute. Those
+/// are `no-device-series` and never judged.
+fn device_series_missing(series: &[GpuSeries], policy: &crate::pass::policy::Policy) -> Option<String> {
+    let missing: HashSet<&GpuKey> = series
+        .iter()
+        .filter(|s| {
+            s.attribution == crate::gpu::Attribution::DeviceSeriesMissing
+                || s.points.iter().any(|p| crate::pass::decide::placeholders_beside_compute(&p.values, policy))
+        })
+        .map(|s| &s.key)
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "{} GPU series read as virtual-GPU per-pod copies (utilization and memory 0) with no device-level GPU_UTIL/FB_USED series beside them: they are unknown (no-device-series) and never judged; behind Prometheus the empty pod_uid that marks them is dropped at ingestion, so keep the exporter's series that carry no workload pod: no metricRelabelings drop of series without exported_pod, and no prometheus_selector on workload labels (the device-level series carry only the exporter's own pod and namespace)",
+            missing.len()
+        )
+    })
+}
+
+/// How far apart a Prometheus source's samples of a GPU are: nine in ten of the gaps between a
+/// GPU's points with data (each the highest raw sample of its step), so a scrape interval longer
+/// than the step shows as the gaps it leaves (Prometheus 2's range selector is closed at both
+/// ends, so a sample on a step's boundary shows in two steps: the gaps alternate, and the longer
+/// is what `max_sample_gap` meets). Longer than `max_sample_gap`, every GPU is `sample-gap` forever.
+fn sample_interval(series: &[GpuSeries], step: Duration, policy: &crate::pass::policy::Policy) -> (bool, String) {
+    let human = |d: Duration| crate::duration::human(crate::duration::chrono(d));
+    let mut gaps: Vec<i64> = series.iter().flat_map(|s| s.points.windows(2).map(|w| (w[1].at - w[0].at).num_seconds())).collect();
+    if gaps.is_empty() {
+        return (true, format!("too few points to tell the scrape interval (step {})", human(step)));
+    }
+    gaps.sort_unstable();
+    let typical = Duration::from_secs(gaps[(gaps.len() * 9 / 10).min(gaps.len() - 1)].max(0) as u64);
+    if typical > policy.max_sample_gap {
+        return (
+            false,
+            format!(
+                "the store's samples of a GPU are up to {} apart (9 in 10 gaps; its scrape interval), longer than max_sample_gap {}: every GPU would be sample-gap forever; scrape dcgm-exporter more often (the ServiceMonitor's interval) or raise max_sample_gap above it",
+                human(typical),
+                human(policy.max_sample_gap)
+            ),
+        );
+    }
+    (
+        true,
+        format!("samples of a GPU up to {} apart (9 in 10 gaps), within max_sample_gap {}", human(typical), human(policy.max_sample_gap)),
+    )
+}
+
+/// How far the `Date` header (`coder_now`, on Coder's clock as the header says) is behind the
+/// latest time Coder itself wrote into the listing, beyond a minute: a timestamp Coder wrote is
+/// never later than its own clock, so a header earlier than one is some proxy's clock.
+fn date_behind_coder(workspaces: &[Workspace], coder_now: chrono::DateTime<chrono::Utc>) -> Option<chrono::Duration> {
+    let latest = workspaces
+        .iter()
+        .flat_map(|w| {
+            let b = &w.latest_build;
+            let agents = b.agents().flat_map(|a| [a.first_connected_at, a.last_connected_at, a.disconnected_at]);
+            [Some(w.created_at), Some(w.last_used_at), b.created_at, b.job.completed_at].into_iter().chain(agents)
+        })
+        .flatten()
+        .max()?;
+    Some(latest - coder_now).filter(|behind| *behind > chrono::Duration::minutes(1))
+}
+
 /// Which templates are GPU templates (only their waiting workspaces are demand): the ones
 /// `gpu_templates` names, or while it is unset, the ones learned from GPU series (those of this
 /// check's running workspaces here; `run` remembers them for `LEARNED_TEMPLATE_MEMORY`).
@@ -362,7 +440,7 @@ fn coverage(series: &[GpuSeries], workspaces: &[Workspace], settings: &Settings)
         format!("GPU series name workspace pods, but in namespace {other:?}, not the namespace filter {want:?}: fix `namespace`")
     } else if let Some(l) = ownership.workspace_id_label.as_deref().filter(|_| !with_pod.is_empty()) {
         format!(
-            "GPU series name workspace pods, but none carries a running workspace's id in the label `{l}` (workspace_id_label): remove the setting, or export the pod label (dcgm-exporter --kubernetes-enable-pod-labels)"
+            "GPU series name workspace pods, but none carries a running workspace's id in the label `{l}` (workspace_id_label) or in its pod name: remove the setting, or export the pod label (dcgm-exporter --kubernetes-enable-pod-labels)"
         )
     } else if !with_pod.is_empty() {
         "GPU series name workspace pods, but of no running workspace (stale pod labels, or another Coder)".to_string()

@@ -41,6 +41,9 @@ pub struct Line<'a> {
     pub name: &'a str,
     pub labels_text: &'a str,
     pub value: f64,
+    /// The value was written as an integer (no `.`, exponent or `NaN`): dcgm-exporter prints an
+    /// integer field bare and a double with six decimals (`gpu_collector.go` `toString`).
+    pub integer: bool,
     pub timestamp_ms: Option<i64>,
 }
 
@@ -187,7 +190,8 @@ fn parse_line<'a>(line: &'a str, number: usize, wanted: &mut impl FnMut(&'a str)
         let ts = &line[i..];
         timestamp_ms = Some(ts.parse::<i64>().map_err(|_| format!("{name}: timestamp {ts:?} is not an integer (milliseconds)"))?);
     }
-    Ok(Some(Line { number, name, labels_text, value, timestamp_ms }))
+    let integer = value_text.bytes().enumerate().all(|(i, b)| b.is_ascii_digit() || (i == 0 && (b == b'-' || b == b'+')));
+    Ok(Some(Line { number, name, labels_text, value, integer, timestamp_ms }))
 }
 
 fn parse_labels<'a>(line: &'a str, mut i: usize, labels: &mut Vec<(&'a str, Cow<'a, str>)>) -> Result<usize, String> {

@@ -8,7 +8,7 @@ pub mod prometheus;
 pub mod signals;
 pub mod window;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 
@@ -83,10 +83,28 @@ pub struct GpuSeries {
     pub model: Option<String>,
     /// The exporter URL or Prometheus base URL that reported it.
     pub source: Arc<str>,
-    /// A virtual-GPU series (time-slicing, `vgpu` label): one of several pods sharing the device.
-    /// Its values are the device's (see `merge_device_level`), never the pod's own zeros.
-    pub shared: bool,
+    /// Whose utilization and memory the points carry (see `merge_device_level`).
+    pub attribution: Attribution,
     pub points: Vec<Point>,
+}
+
+/// Whose `GPU_UTIL` and `FB_USED` a workload series carries (reference dcgm NOTES §10-11,
+/// LAYOUTS §1-4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Attribution {
+    /// The GPU is the pod's alone (the default layout relabels the device's own series; in
+    /// virtual-GPU mode the device-level values are merged in).
+    #[default]
+    Exclusive,
+    /// One of several pods time-slicing the device (`vgpu` label): each point carries the
+    /// device's readings, or where the exporter maps processes to pods (`hostPID` and a real
+    /// `pod_uid`), the pod's own utilization and memory without the device-wide compute fields.
+    Shared,
+    /// A sharer's copies with no device-level series beside them (a relabeling or the selector
+    /// left it out of the store): its utilization and memory are the pod's placeholders, zeros
+    /// that prove nothing, so it cannot be judged.
+    DeviceSeriesMissing,
 }
 
 impl GpuSeries {
@@ -100,7 +118,7 @@ impl GpuSeries {
             namespace,
             model: label("modelName").map(str::to_string),
             source: source.clone(),
-            shared: label("vgpu").is_some_and(|v| !v.is_empty()),
+            attribution: if label("vgpu").is_some_and(|v| !v.is_empty()) { Attribution::Shared } else { Attribution::Exclusive },
             points: Vec::new(),
         })
     }
@@ -182,7 +200,8 @@ pub struct Ownership {
     /// Only series whose namespace label equals this count.
     pub namespace: Option<String>,
     /// A label whose value is the workspace id (e.g. a pod label exported by
-    /// `--kubernetes-enable-pod-labels`); otherwise the id is found in the pod name.
+    /// `--kubernetes-enable-pod-labels`); where a series lacks it, or it is unset, the id is
+    /// found in the pod name.
     pub workspace_id_label: Option<String>,
 }
 
@@ -195,8 +214,10 @@ impl Ownership {
         if self.namespace.as_deref().is_some_and(|want| namespace != Some(want)) {
             return (None, namespace_owned);
         }
+        // The label where it is set, else the pod name: virtual-GPU, per-process and DRA copies
+        // never carry pod labels, nor MIG instances before exporter 4.6.0-4.8.3 (NOTES §11.1).
         let id = match &self.workspace_id_label {
-            Some(name) => label(name).filter(|v| !v.is_empty()).map(|v| v.to_ascii_lowercase()),
+            Some(name) => label(name).filter(|v| !v.is_empty()).map(|v| v.to_ascii_lowercase()).or_else(|| find_uuid(pod)),
             None => find_uuid(pod),
         };
         (id, namespace_owned)
@@ -246,9 +267,12 @@ pub fn find_uuid(text: &str) -> Option<String> {
 /// In dcgm-exporter's virtual-GPU mode (`--kubernetes-virtual-gpus`) every GPU with pods gets,
 /// for `GPU_UTIL` and `FB_USED`, one series per pod beside the device-level one, and every other
 /// field once per pod with the device's value (reference dcgm NOTES §10). A per-pod
-/// `GPU_UTIL`/`FB_USED` with an empty `pod_uid` is not that pod's reading (no process could be
-/// mapped to the pod; the Helm chart's defaults): it is dropped here, and `merge_device_level`
-/// gives the pod the device's.
+/// `GPU_UTIL`/`FB_USED` with an empty `pod_uid` beside a device-level series of its GPU is not
+/// that pod's reading (no process could be mapped to the pod; the Helm chart's defaults): it is
+/// dropped, and `merge_device_level` gives the pod the device's. Without a device-level series
+/// (the default layout with `--kubernetes-enable-pod-uid` and no pod read access, NOTES §11.1)
+/// the same empty `pod_uid` marks the device's own series, relabelled in place: its values are
+/// kept.
 pub fn series_from_exposition(
     text: &str,
     at: DateTime<Utc>,
@@ -281,6 +305,10 @@ pub fn series_from_exposition_capped(
     let mut labels = Vec::with_capacity(16);
     let mut label_errors = Vec::new();
     let mut over = false;
+    // Per-pod `GPU_UTIL`/`FB_USED` with an empty `pod_uid`: kept only where their GPU has no
+    // device-level series (see above), known once the whole scrape is read.
+    // One value per GPU and field name, so bounded by the series cap.
+    let mut maybe_placeholders: HashMap<(usize, &'static str), f64> = HashMap::new();
     let mut errors = expo::parse_lines(
         text,
         |name| signals::lookup(name).is_some() || signals::energy_joules(name, 0.0).is_some(),
@@ -328,48 +356,103 @@ pub fn series_from_exposition_capped(
                 }
             };
             let Some((i, empty_pod_uid)) = slot else { return };
-            let placeholder = empty_pod_uid && signals::lookup(line.name).is_some_and(|m| m.signal.per_process());
-            if let Some(gpu) = series.get_mut(i).filter(|_| !placeholder) {
-                gpu.add_values(line.name, std::iter::once((at, line.value)));
+            let name = signals::read_as(line.name, line.integer);
+            if empty_pod_uid && signals::lookup(name).is_some_and(|m| m.signal.per_process()) {
+                if let Some(name) = signals::NAMES.iter().map(|m| m.name).find(|n| *n == name) {
+                    let v = maybe_placeholders.entry((i, name)).or_insert(line.value);
+                    *v = v.max(line.value);
+                }
+                return;
+            }
+            if let Some(gpu) = series.get_mut(i) {
+                gpu.add_values(name, std::iter::once((at, line.value)));
             }
         },
     );
     expo::merge_errors(&mut errors, label_errors);
+    let device_level: HashSet<(&str, Option<&str>)> =
+        series.iter().filter(|s| s.key.pod.is_none()).map(|s| (s.key.uuid.as_str(), s.key.gpu_instance.as_deref())).collect();
+    let own: Vec<bool> = series.iter().map(|s| !device_level.contains(&(s.key.uuid.as_str(), s.key.gpu_instance.as_deref()))).collect();
+    for ((i, name), value) in maybe_placeholders {
+        if let Some(gpu) = series.get_mut(i).filter(|_| own[i]) {
+            gpu.add_values(name, std::iter::once((at, value)));
+        }
+    }
     merge_device_level(&mut series);
     (series, errors, over)
 }
 
-/// Gives each workload's series of a GPU that also has a device-level series (virtual-GPU mode)
-/// the device's `GPU_UTIL` and `FB_USED`, point by point (same time), keeping the pod's own when
-/// higher (per-pod values can show work; their zeros prove nothing), and any field the pod's
-/// series lacks. The pod's copies of the other fields (power, video engines, energy,
-/// profiling) are kept: they are the device's values, and on a shared GPU the only ones.
+/// Gives each workload series of a GPU that also has a device-level series (virtual-GPU mode)
+/// the device's readings, point by point (same time). An exclusive pod gets the device's
+/// `GPU_UTIL` and `FB_USED` where higher than its own (per-pod values can show work; their
+/// zeros prove nothing) and any field its series lacks; its copies of the other fields (power,
+/// video engines, energy, profiling) are the device's values already.
+///
+/// The sharers of a time-sliced GPU read the same, except where the exporter maps processes to
+/// pods (`hostPID` and real `pod_uid`s: some sharer's own utilization or memory reads above
+/// zero, reference dcgm NOTES §11.2): there each keeps its own utilization and memory and loses
+/// the device-wide compute fields (GR, SM, tensor, power; DRAM too where a sharer's kernels
+/// explain it), which are every sharer's, so a busy sharer no longer keeps an idle one. The
+/// video engines stay (no per-process field says whose), and so does DRAM with no kernel on the
+/// GPU (copy-only work, someone's). A sharer with no device-level series beside it cannot be
+/// read at all: `Attribution::DeviceSeriesMissing`.
 pub fn merge_device_level(series: &mut [GpuSeries]) {
-    let device: HashMap<(&str, Option<&str>), usize> = series
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.key.pod.is_none())
-        .map(|(i, s)| ((s.key.uuid.as_str(), s.key.gpu_instance.as_deref()), i))
-        .collect();
-    let pairs: Vec<(usize, usize)> = series
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.key.pod.is_some())
-        .filter_map(|(i, s)| device.get(&(s.key.uuid.as_str(), s.key.gpu_instance.as_deref())).map(|&d| (i, d)))
-        .collect();
-    for (pod, dev) in pairs {
-        let dev_points = series[dev].points.clone();
-        for p in &mut series[pod].points {
-            let Ok(i) = dev_points.binary_search_by(|q| q.at.cmp(&p.at)) else { continue };
-            let d = dev_points[i];
-            for signal in Signal::ALL {
-                let Some(dv) = d.values.get(signal) else { continue };
-                let own = p.values.get(signal);
-                if own.is_none() || (signal.per_process() && own.is_some_and(|o| dv > o)) {
-                    p.values.set(signal, dv);
+    type Gpu = (String, Option<String>);
+    let mut gpus: HashMap<Gpu, (Option<usize>, Vec<usize>)> = HashMap::new();
+    for (i, s) in series.iter().enumerate() {
+        let entry = gpus.entry((s.key.uuid.clone(), s.key.gpu_instance.clone())).or_default();
+        match s.key.pod {
+            None => entry.0 = Some(i),
+            Some(_) => entry.1.push(i),
+        }
+    }
+    for (device, pods) in gpus.into_values() {
+        let Some(dev) = device else {
+            for &i in &pods {
+                if series[i].attribution == Attribution::Shared {
+                    series[i].attribution = Attribution::DeviceSeriesMissing;
                 }
             }
-            p.energy_joules = p.energy_joules.or(d.energy_joules);
+            continue;
+        };
+        let dev_points = series[dev].points.clone();
+        // The times at which the sharers' own readings show the exporter maps processes to
+        // pods, and those at which one of them runs kernels.
+        let (mut mapped, mut kernels) = (HashSet::new(), HashSet::new());
+        for &i in pods.iter().filter(|&&i| series[i].attribution == Attribution::Shared) {
+            for p in &series[i].points {
+                let above = |s: Signal| p.values.get(s).is_some_and(|v| v > 0.0);
+                if above(Signal::GpuUtil) || above(Signal::FbUsedMib) {
+                    mapped.insert(p.at);
+                }
+                if above(Signal::GpuUtil) {
+                    kernels.insert(p.at);
+                }
+            }
+        }
+        for &i in &pods {
+            let shared = series[i].attribution == Attribution::Shared;
+            for p in &mut series[i].points {
+                if shared && mapped.contains(&p.at) {
+                    for signal in [Signal::GrEngineActive, Signal::SmActive, Signal::TensorActive, Signal::PowerWatts] {
+                        p.values.clear(signal);
+                    }
+                    if kernels.contains(&p.at) {
+                        p.values.clear(Signal::DramActive);
+                    }
+                    continue;
+                }
+                let Ok(j) = dev_points.binary_search_by(|q| q.at.cmp(&p.at)) else { continue };
+                let d = dev_points[j];
+                for signal in Signal::ALL {
+                    let Some(dv) = d.values.get(signal) else { continue };
+                    let own = p.values.get(signal);
+                    if own.is_none() || (signal.per_process() && own.is_some_and(|o| dv > o)) {
+                        p.values.set(signal, dv);
+                    }
+                }
+                p.energy_joules = p.energy_joules.or(d.energy_joules);
+            }
         }
     }
 }

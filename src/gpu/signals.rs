@@ -81,13 +81,15 @@ pub struct Mapping {
 impl Mapping {
     /// The value in the canonical unit, or `None` for no reading (negative, NaN, infinite).
     /// `DCGM_FI_DEV_GPU_UTIL_RATIO` is an integer percent in DCGM 4.6 (field 203, an alias) and
-    /// a 0..1 ratio in 4.7 (field 1613): a value above 1 is a percent.
+    /// a 0..1 ratio in 4.7 (field 1613): a value above 1 is a percent (and an integer written
+    /// bare is one too: see `read_as`). The same for the video engines' ratio names.
     pub fn normalise(&self, raw: f64) -> Option<f64> {
         if !raw.is_finite() || raw < 0.0 {
             return None;
         }
         let v = raw * self.scale;
-        Some(if self.name.ends_with("_UTIL_RATIO") && self.signal == Signal::GpuUtil && v > 1.0 { v / 100.0 } else { v })
+        let ratio_name = self.name.ends_with("_UTIL_RATIO") && matches!(self.signal, Signal::GpuUtil | Signal::EncUtil | Signal::DecUtil);
+        Some(if ratio_name && v > 1.0 { v / 100.0 } else { v })
     }
 }
 
@@ -124,10 +126,30 @@ pub const NAMES: &[Mapping] = &[
     Mapping { name: "DCGM_FI_DEV_FB_USED_BYTES", signal: Signal::FbUsedMib, scale: 1.0 / MIB },
     Mapping { name: "DCGM_FI_DEV_POWER_USAGE", signal: Signal::PowerWatts, scale: 1.0 },
     Mapping { name: "DCGM_FI_DEV_BOARD_POWER_WATTS", signal: Signal::PowerWatts, scale: 1.0 },
-    // In the default counters file (percent). Their DCGM 4.7 names are not verified.
+    // In the default counters file (percent); DCGM 4.6.1 keeps these names (not in its
+    // deprecated block). Their exporter 4.9 names are not known (reference dcgm NOTES §11.5):
+    // the `_RATIO` spellings follow the 4.9 release notes' move of default fields to 0-1 ratios
+    // and the other renames, are not verified, and a value above 1 is read as a percent.
     Mapping { name: "DCGM_FI_DEV_ENC_UTIL", signal: Signal::EncUtil, scale: 0.01 },
     Mapping { name: "DCGM_FI_DEV_DEC_UTIL", signal: Signal::DecUtil, scale: 0.01 },
+    Mapping { name: "DCGM_FI_DEV_ENC_UTIL_RATIO", signal: Signal::EncUtil, scale: 1.0 },
+    Mapping { name: "DCGM_FI_DEV_DEC_UTIL_RATIO", signal: Signal::DecUtil, scale: 1.0 },
 ];
+
+/// The name an exposition value is read under: `DCGM_FI_DEV_GPU_UTIL_RATIO` written as an
+/// integer is DCGM 4.6's field 203, the integer percent under its new name (go-dcgm
+/// `dcgm_fields.h`: `#define DCGM_FI_DEV_GPU_UTIL DCGM_FI_DEV_GPU_UTIL_RATIO // 203`; reference
+/// dcgm NOTES §11.5), so a `1` there is 1 %, read as the legacy percent field. A 4.7 ratio is a
+/// double, written with six decimals. (Behind Prometheus the text is gone: a `1` there is read
+/// as the ratio, 100 %, the side that keeps a workspace.)
+pub fn read_as(name: &str, integer: bool) -> &str {
+    match name {
+        "DCGM_FI_DEV_GPU_UTIL_RATIO" if integer => "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_ENC_UTIL_RATIO" if integer => "DCGM_FI_DEV_ENC_UTIL",
+        "DCGM_FI_DEV_DEC_UTIL_RATIO" if integer => "DCGM_FI_DEV_DEC_UTIL",
+        _ => name,
+    }
+}
 
 pub fn lookup(name: &str) -> Option<Mapping> {
     // All names share the prefix; a cheap first check keeps non-DCGM lines fast.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 
 use super::signals::{Signal, SignalValues};
-use super::{GpuKey, GpuSeries};
+use super::{Attribution, GpuKey, GpuSeries};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuSample {
@@ -27,8 +27,8 @@ pub struct GpuWindow {
     pub source: Arc<str>,
     /// The source that reported this GPU failed in the latest pass: its data is not current.
     pub source_failed: bool,
-    /// A GPU shared by several pods (virtual-GPU mode): judged by the device's readings.
-    pub shared: bool,
+    /// Whose utilization and memory the samples carry (the latest series' word).
+    pub attribution: Attribution,
     pub samples: VecDeque<GpuSample>,
     /// Readings since the last pass, merged (each signal's highest value).
     pending: Option<GpuSample>,
@@ -46,7 +46,7 @@ impl GpuWindow {
             model: None,
             source,
             source_failed: false,
-            shared: false,
+            attribution: Attribution::Exclusive,
             samples: VecDeque::new(),
             pending: None,
             last_energy: None,
@@ -253,7 +253,7 @@ impl Windows {
         };
         let window = &mut gpus.windows[index];
         window.source = series.source.clone();
-        window.shared = series.shared;
+        window.attribution = series.attribution;
         if window.model.is_none() {
             window.model.clone_from(&series.model);
         }
@@ -419,7 +419,7 @@ mod tests {
             namespace: None,
             model: None,
             source: Arc::from("x"),
-            shared: false,
+            attribution: Attribution::Exclusive,
             points: vec![crate::gpu::Point { at: t(at), values: util(0.0), energy_joules: None }],
         }
     }

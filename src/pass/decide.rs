@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
 use crate::duration::{chrono as dur, human};
+use crate::gpu::Attribution;
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
 use crate::pass::deadline::{self, CONNECTED_WITHIN, DeadlinePlan, GpuEvidence};
@@ -55,6 +56,7 @@ pub enum Reason {
     StaleData,
     FrozenData,
     MetricsDisagree,
+    NoDeviceSeries,
     GpuActive,
     Connected,
     Starting,
@@ -85,6 +87,7 @@ impl Reason {
             Reason::StaleData => "stale-data",
             Reason::FrozenData => "frozen-data",
             Reason::MetricsDisagree => "metrics-disagree",
+            Reason::NoDeviceSeries => "no-device-series",
             Reason::GpuActive => "gpu-active",
             Reason::Connected => "connected",
             Reason::Starting => "starting",
@@ -139,11 +142,9 @@ pub enum SampleState {
     NoCompute,
 }
 
-/// What a sample is read with besides its values: whether the GPU is shared (virtual-GPU mode:
-/// the values are the device's), and the power veto for its model.
+/// What a sample is read with besides its values: the power veto for its model.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SampleContext {
-    pub shared: bool,
     pub active_power_watts: Option<f64>,
 }
 
@@ -152,7 +153,7 @@ impl SampleContext {
     /// (reference dcgm NOTES §10 "MIG"), so a threshold says nothing about one instance.
     pub fn of(w: &GpuWindow, p: &Policy) -> Self {
         let active_power_watts = if w.key.gpu_instance.is_some() { None } else { p.active_power_for(w.model.as_deref()) };
-        SampleContext { shared: w.shared, active_power_watts }
+        SampleContext { active_power_watts }
     }
 }
 
@@ -161,8 +162,9 @@ impl SampleContext {
 /// memory busy (copy-only work: memcpy or peer-to-peer traffic without kernels, reference dcgm
 /// NOTES §10) and drawing the model's `active_power_watts`. Utilization or GR_ENGINE_ACTIVE
 /// claiming work that SM_ACTIVE does not show is phantom (a one-thread kernel, or a light one:
-/// GR ≈ d, SM ≈ d / SMs), and so is utilization above zero on an (almost) empty framebuffer;
-/// a shared GPU's memory reading is never taken as empty (a sharing pod's own memory reads 0).
+/// GR ≈ d, SM ≈ d / SMs), and so is utilization above zero on an (almost) empty framebuffer.
+/// A sharer of a time-sliced GPU reads the device's memory, or its own processes' (see
+/// `gpu::merge_device_level`): either is a real reading, so an empty one is empty.
 pub fn classify(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleState {
     let util = v.get(Signal::GpuUtil);
     let gr = v.get(Signal::GrEngineActive);
@@ -178,7 +180,7 @@ pub fn classify(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleState
         Some((_, u)) => u >= p.gpu_util_min,
         None => return SampleState::NoCompute,
     };
-    let empty_memory = !ctx.shared && v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib);
+    let empty_memory = v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib);
     let claims_work = util.is_some_and(|u| u >= p.gpu_util_min) || gr.is_some_and(|g| g >= p.gr_engine_active_min);
     if compute_active && !empty_memory {
         SampleState::Active
@@ -189,9 +191,23 @@ pub fn classify(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleState
     }
 }
 
-/// More SMs than any GPU has (H100 SXM 132, B200 148): a kernel keeping the GR engine busy a
-/// fraction d of the time keeps at least one SM busy as long, so SM_ACTIVE ≥ d / this.
-const MORE_SMS_THAN_ANY_GPU: f64 = 160.0;
+/// As many SMs as any GPU has (H100 SXM 132, B200 148, B300 160; reference dcgm NOTES §11.5): a
+/// kernel keeping the GR engine busy a fraction d of the time keeps at least one SM busy as
+/// long, so SM_ACTIVE ≥ d / this.
+const MOST_SMS_OF_ANY_GPU: f64 = 160.0;
+
+/// How far below one SM's share SM_ACTIVE may read before it contradicts GR_ENGINE_ACTIVE: the
+/// seed's one-thread kernel on an 80-SM A10G read SM 0.012 at GR 1.0, 0.96 of one SM's 0.0125,
+/// so on 160 SMs the same kernel reads 0.006, under 1 / 160; six-decimal printing
+/// (`gpu_collector.go` `toString`) and f32 samples take a little more (GR 0.070000, SM 0.000437:
+/// 0.06992). A stuck counter reads 0 (DCGM #244): half a share leaves room for all of it.
+const ONE_SM_SHARE_FLOOR: f64 = 0.5;
+
+/// SM_ACTIVE below what one SM would show while GR_ENGINE_ACTIVE reads busy, beyond what
+/// measurement and printing could explain.
+fn sm_below_one_sms_share(sm: f64, gr: f64) -> bool {
+    sm * MOST_SMS_OF_ANY_GPU < gr * ONE_SM_SHARE_FLOOR
+}
 
 /// A counter that contradicts another in one sample: SM_ACTIVE below what even one SM would
 /// show for the time GR_ENGINE_ACTIVE is busy, or the chosen compute signal at zero while the
@@ -204,7 +220,7 @@ fn contradiction(v: &SignalValues, p: &Policy) -> Option<&'static str> {
         return None;
     }
     if let (Some(sm), Some(gr)) = (v.get(Signal::SmActive), v.get(Signal::GrEngineActive)) {
-        if gr >= p.gr_engine_active_min && sm * MORE_SMS_THAN_ANY_GPU < gr {
+        if gr >= p.gr_engine_active_min && sm_below_one_sms_share(sm, gr) {
             return Some("SM_ACTIVE reads less than one SM's share while GR_ENGINE_ACTIVE says busy (a stuck profiling counter?)");
         }
     }
@@ -213,6 +229,33 @@ fn contradiction(v: &SignalValues, p: &Policy) -> Option<&'static str> {
         return Some("the compute counter reads zero while the tensor pipes are busy (a stuck counter?)");
     }
     None
+}
+
+/// Why a GPU's utilization and memory are not its own readings but virtual-GPU placeholders with
+/// no device-level series to read instead (reference dcgm NOTES §11.3: behind Prometheus the
+/// empty `pod_uid` that marks them is dropped at ingestion, and a relabeling or selector on
+/// workload labels leaves the device-level series out): a time-sliced sharer without it, or an
+/// exclusive GPU whose utilization and memory read exactly zero while its profiling fields (the
+/// device's) show compute. In the default layout that sample cannot happen (a kernel holds a
+/// context, and memory with it), so nothing there is read as this.
+fn without_the_device_series(w: &GpuWindow, values: &[&SignalValues], p: &Policy) -> Option<&'static str> {
+    if w.attribution == Attribution::DeviceSeriesMissing {
+        return Some(
+            "a time-sliced GPU's per-pod copies without the device-level GPU_UTIL/FB_USED series: the pod's own utilization and memory read 0 whatever runs; keep the exporter's series without a workload pod in the store (the relabeling, prometheus_selector)",
+        );
+    }
+    values.iter().any(|v| placeholders_beside_compute(v, p)).then_some(
+        "utilization and memory read exactly 0 while the profiling fields show compute: virtual-GPU per-pod copies without the device-level series; keep the exporter's series without a workload pod in the store (the relabeling, prometheus_selector)",
+    )
+}
+
+/// A sample whose utilization and memory read exactly 0 while its profiling fields show compute:
+/// the shape of virtual-GPU per-pod copies read without their device-level series.
+pub fn placeholders_beside_compute(v: &SignalValues, p: &Policy) -> bool {
+    let zero = |s: Signal| v.get(s) == Some(0.0);
+    let computes = v.get(Signal::SmActive).is_some_and(|x| x >= p.sm_active_min)
+        || v.get(Signal::GrEngineActive).is_some_and(|x| x >= p.gr_engine_active_min);
+    zero(Signal::GpuUtil) && zero(Signal::FbUsedMib) && computes
 }
 
 /// GR_ENGINE_ACTIVE at zero while utilization says busy, in two consecutive samples (one could
@@ -569,6 +612,9 @@ fn judge_gpus(
         if let Some(why) = disagreement {
             return b.out(Verdict::Unknown, Reason::MetricsDisagree, format!("GPU {}: {why}", w.key.uuid), None);
         }
+        if let Some(why) = without_the_device_series(w, &values, policy) {
+            return b.out(Verdict::Unknown, Reason::NoDeviceSeries, format!("GPU {}: {why}", w.key.uuid), None);
+        }
         let ctx = SampleContext::of(w, policy);
         if values.iter().any(|v| classify(v, policy, ctx) == SampleState::NoCompute) {
             return b.out(
@@ -665,7 +711,7 @@ fn judge_gpus(
 /// decisions without the power veto (a GPU drawing power is kept, not kept running).
 fn computes_by_its_readings(windows: &[&GpuWindow], policy: &Policy) -> bool {
     windows.iter().any(|w| {
-        let ctx = SampleContext { active_power_watts: None, ..SampleContext::of(w, policy) };
+        let ctx = SampleContext { active_power_watts: None };
         w.latest().is_some_and(|s| classify(&s.values, policy, ctx) == SampleState::Active)
     })
 }

@@ -56,6 +56,7 @@ fn in_words(w: &WorkspaceStatus, mode: Mode) -> String {
         (Verdict::Unknown, Reason::AgentLost) => "unknown: its agent is gone (pod lost?), not counted as waiting",
         (Verdict::Unknown, Reason::FrozenData) => "unknown: the exporter's readings are frozen",
         (Verdict::Unknown, Reason::MetricsDisagree) => "unknown: GPU counters contradict each other",
+        (Verdict::Unknown, Reason::NoDeviceSeries) => "unknown: the GPU's device-level series is missing",
         (Verdict::Unknown, Reason::SampleGap) => "unknown: a gap in GPU readings",
         (Verdict::Unknown, Reason::StaleData) => "unknown: GPU readings are stale",
         (Verdict::Unknown, _) => "unknown: not enough GPU data",
