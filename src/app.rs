@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::gpu::Sources;
 use crate::gpu::exporter::{ExporterLimits, ExporterSource};
 use crate::gpu::prometheus::{PrometheusOptions, PrometheusSource};
-use crate::http::Secret;
+use crate::http::SecretFile;
 use crate::pass::accounting::Accounting;
 use crate::pass::actuator::require_permissions;
 use crate::pass::actuator::{Acted, Actuator, Outputs, StopLimits};
@@ -56,7 +56,7 @@ const TOKEN_RECHECK: Duration = Duration::from_secs(24 * 3600);
 /// The Coder client the settings describe, counting its requests in `metrics`.
 pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>) -> Result<CoderClient, Error> {
     let options = ClientOptions {
-        tls: settings.tls.clone(),
+        outbound: settings.outbound.clone(),
         max_listing_bytes: settings.limits.listing,
         ..ClientOptions::new(settings.request_timeout, settings.api_retry)
     };
@@ -74,11 +74,11 @@ pub fn gpu_source(settings: &Settings) -> Result<Sources, Error> {
             targets.clone(),
             settings.ownership.clone(),
             settings.request_timeout,
-            &settings.tls,
+            &settings.outbound,
             ExporterLimits {
                 max_body: settings.limits.exporter,
                 max_gpus: settings.limits.exporter_gpus,
-                in_flight: crate::http::BodyBudget::new(settings.limits.in_flight),
+                in_flight: crate::http::BodyBudget::new(settings.limits.in_flight, crate::gpu::exporter::MAX_CONCURRENT_SCRAPES),
             },
         )?),
         GpuSourceSettings::Prometheus(url) => Sources::Prometheus(PrometheusSource::with_options(
@@ -87,7 +87,7 @@ pub fn gpu_source(settings: &Settings) -> Result<Sources, Error> {
             settings.policy.longest_lookback(),
             settings.interval,
             settings.request_timeout,
-            &settings.tls,
+            &settings.outbound,
             settings.limits.prometheus,
             PrometheusOptions { power: !settings.policy.active_power_watts.is_empty(), ..settings.prometheus.clone() },
         )?),
@@ -102,7 +102,7 @@ impl Application {
         let coder = coder_client(settings, &metrics)?;
         let source = gpu_source(settings)?;
         let outputs = match role {
-            Role::Run => Some(Outputs::open(settings.audit_log.as_deref(), settings.notify_webhook.clone(), &settings.tls)?),
+            Role::Run => Some(Outputs::open(settings.audit_log.as_deref(), settings.notify_webhook.clone(), &settings.outbound)?),
             Role::Plan => None,
         };
         let mode = match role {
@@ -249,7 +249,7 @@ impl Application {
         self,
         listener: TcpListener,
         health: Option<TcpListener>,
-        status_token: Option<Secret>,
+        status_token: Option<Arc<SecretFile>>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), Error> {
         let server = tokio::spawn(crate::serve::serve(listener, self.state.clone(), status_token, shutdown.clone()));

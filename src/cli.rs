@@ -139,6 +139,18 @@ pub struct CommonArgs {
     #[arg(long, env = "SSL_CERT_FILE", value_name = "PATH", hide_env_values = true)]
     pub ca_file: Option<PathBuf>,
 
+    /// The namespace of the workspace pods: GPU series of pods elsewhere never speak for a workspace
+    #[arg(long, value_name = "NAME")]
+    pub namespace: Option<String>,
+
+    /// Behind Prometheus, only series with this `job` label (the exporter's scrape job) count [default: nvidia-dcgm-exporter]
+    #[arg(long, value_name = "JOB")]
+    pub prometheus_job: Option<String>,
+
+    /// The HTTP proxy for every outgoing request (proxies in the environment are ignored)
+    #[arg(long, value_name = "URL")]
+    pub proxy_url: Option<String>,
+
     /// Log format [default: json for run, text otherwise]
     #[arg(long, value_name = "FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,

@@ -18,7 +18,7 @@ use crate::error::Error;
 use crate::gpu::Ownership;
 use crate::gpu::exporter::ExporterTarget;
 use crate::gpu::prometheus::PrometheusOptions;
-use crate::http::{Secret, Tls, http_url};
+use crate::http::{Outbound, Secret, http_url};
 use crate::pass::mode::Mode;
 use crate::pass::policy::{CODER_MIN_AHEAD, Policy, ReclaimWhen, Rule};
 use crate::retry::RetryPolicy;
@@ -68,6 +68,10 @@ pub struct FileConfig {
     pub max_gpu_series: Option<usize>,
     /// Label matchers added to every Prometheus query, e.g. `job="gpu-metrics"`.
     pub prometheus_selector: Option<String>,
+    /// The exporter's scrape job: behind Prometheus only its series count.
+    pub prometheus_job: Option<String>,
+    /// The one HTTP proxy outgoing requests use; proxies in the environment are ignored.
+    pub proxy_url: Option<String>,
 
     #[serde(default, with = "crate::duration::opt")]
     pub idle_after: Option<Duration>,
@@ -86,6 +90,7 @@ pub struct FileConfig {
     #[serde(default, with = "crate::duration::opt")]
     pub extend_limit: Option<Duration>,
     pub max_extensions_per_pass: Option<usize>,
+    pub max_gpus_per_workspace: Option<usize>,
     /// The default GPU pool's name (`contended`: demand is per pool).
     pub pool: Option<String>,
     pub gpu_templates: Option<Vec<String>>,
@@ -175,9 +180,9 @@ pub struct Settings {
     pub audit_log: Option<PathBuf>,
     pub notify_webhook: Option<Url>,
     /// Required as a bearer token on the fleet-wide HTTP routes, when set.
-    pub status_token: Option<Secret>,
+    pub status_token: Option<std::sync::Arc<crate::http::SecretFile>>,
     /// Extra CAs every outgoing client trusts.
-    pub tls: Tls,
+    pub outbound: Outbound,
     /// Headers and bearer token for Prometheus-compatible stores.
     pub prometheus: PrometheusOptions,
     pub limits: BodyLimits,
@@ -269,7 +274,7 @@ impl Settings {
             audit_log: None,
             notify_webhook: None,
             status_token: None,
-            tls: Tls::default(),
+            outbound: Outbound::default(),
             prometheus: PrometheusOptions::default(),
             limits: BodyLimits::default(),
             mode: Mode::Observe,
@@ -393,11 +398,30 @@ impl Settings {
         let status_token = run
             .status_token_file
             .or_else(|| file.status_token_file.clone())
-            .map(|p| Secret::from_file("--status-token-file", &p))
+            .map(|p| crate::http::SecretFile::open("--status-token-file", &p).map(std::sync::Arc::new))
             .transpose()?;
-        let tls = match args.ca_file.clone().or_else(|| file.ca_file.clone()) {
-            Some(path) => Tls::from_pem_file(&path)?,
-            None => Tls::default(),
+        let mut outbound = match args.ca_file.clone().or_else(|| file.ca_file.clone()) {
+            Some(path) => Outbound::from_pem_file(&path)?,
+            None => Outbound::default(),
+        };
+        if let Some(raw) = args.proxy_url.clone().or_else(|| file.proxy_url.clone()).filter(|s| !s.trim().is_empty()) {
+            let proxy = http_url("proxy_url", raw.trim(), "http://proxy.example.com:3128")?;
+            if coder_url.scheme() == "http" {
+                return err(
+                    "proxy_url is set and coder_url is http://: the owner token would cross the proxy in clear; use Coder's https:// URL, or drop proxy_url",
+                );
+            }
+            outbound.proxy = Some(proxy);
+        }
+        let prometheus_job = match args.prometheus_job.clone().or_else(|| file.prometheus_job.clone()) {
+            Some(job) if job.trim().is_empty() || job.contains(['"', '\\', '\n']) => {
+                return err(format!(
+                    "prometheus_job {job:?}: name the exporter's scrape job (the `job` label of its series), e.g. \"{}\"",
+                    crate::gpu::prometheus::DEFAULT_JOB
+                ));
+            }
+            Some(job) => job.trim().to_string(),
+            None => crate::gpu::prometheus::DEFAULT_JOB.to_string(),
         };
         let defaults = BodyLimits::default();
         let limits = BodyLimits {
@@ -413,7 +437,10 @@ impl Settings {
             token,
             token_file,
             gpu,
-            ownership: Ownership { namespace: file.namespace.clone(), workspace_id_label: file.workspace_id_label.clone() },
+            ownership: Ownership {
+                namespace: args.namespace.clone().or_else(|| file.namespace.clone()).filter(|n| !n.trim().is_empty()),
+                workspace_id_label: file.workspace_id_label.clone(),
+            },
             interval,
             sample_interval,
             request_timeout,
@@ -423,12 +450,13 @@ impl Settings {
             audit_log: run.audit_log.or_else(|| file.audit_log.clone()),
             notify_webhook,
             status_token,
-            tls,
+            outbound,
             prometheus: PrometheusOptions {
                 headers: file.prometheus_headers.clone().unwrap_or_default().into_iter().collect(),
                 bearer_token_file: file.prometheus_bearer_token_file.clone(),
                 power: false, // from the policy, where the source is built
                 selector: file.prometheus_selector.as_deref().map(prometheus_selector).transpose()?,
+                job: Some(prometheus_job),
                 max_series: limits.prometheus_series,
             },
             limits,
@@ -530,6 +558,16 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
         }
     }
     p.max_extensions_per_pass = file.max_extensions_per_pass.unwrap_or(p.max_extensions_per_pass);
+    p.max_gpus_per_workspace = match file.max_gpus_per_workspace {
+        Some(n) if n == 0 || n > crate::gpu::window::MAX_GPUS_PER_WORKSPACE => {
+            return err(format!(
+                "max_gpus_per_workspace = {n}: give 1 to {} (a pod's GPUs, or MIG instances)",
+                crate::gpu::window::MAX_GPUS_PER_WORKSPACE
+            ));
+        }
+        Some(n) => n,
+        None => p.max_gpus_per_workspace,
+    };
     p.sm_active_min = ratio("sm_active_min", file.sm_active_min, p.sm_active_min)?;
     p.gr_engine_active_min = ratio("gr_engine_active_min", file.gr_engine_active_min, p.gr_engine_active_min)?;
     p.gpu_util_min = ratio("gpu_util_min_percent", file.gpu_util_min_percent.map(|x| x / 100.0), p.gpu_util_min)?;

@@ -6,7 +6,7 @@
 //! (`coder/`, `gpu/`, `audit`, the commands); it uses nothing of this crate but `error` and
 //! `json_split`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -27,13 +27,16 @@ pub fn http_url(setting: &str, raw: &str, example: &str) -> Result<Url, Error> {
     Ok(url)
 }
 
-/// Trust settings every outgoing client shares: CAs added to the built-in roots.
+/// What every outgoing client shares: CAs added to the built-in roots, and the one HTTP proxy
+/// (`proxy_url`). Proxies from the environment (`HTTP_PROXY`, `ALL_PROXY`, ...) are never used:
+/// one set for a cluster would receive the owner token, in clear to an `http://` Coder.
 #[derive(Debug, Clone, Default)]
-pub struct Tls {
+pub struct Outbound {
     pub extra_roots: Vec<Certificate>,
+    pub proxy: Option<reqwest::Url>,
 }
 
-impl Tls {
+impl Outbound {
     /// Reads a PEM bundle (`--ca-file`, `SSL_CERT_FILE`).
     pub fn from_pem_file(path: &Path) -> Result<Self, Error> {
         let pem = std::fs::read(path).map_err(|e| {
@@ -45,22 +48,29 @@ impl Tls {
         if extra_roots.is_empty() {
             return Err(Error::config(format!("--ca-file {}: holds no certificate; pass the CA's PEM file", path.display())));
         }
-        Ok(Tls { extra_roots })
+        Ok(Outbound { extra_roots, proxy: None })
     }
 }
 
 /// A client that never follows redirects (a 3xx is an answer, reported as an error by the
 /// caller: a token must never leave the host it was configured for, and https must never turn
 /// into http), with the given timeouts and trust.
-pub fn client(timeout: Duration, connect_timeout: Duration, tls: &Tls) -> Result<reqwest::Client, Error> {
+pub fn client(timeout: Duration, connect_timeout: Duration, outbound: &Outbound) -> Result<reqwest::Client, Error> {
     let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
         .connect_timeout(connect_timeout.min(timeout))
         .user_agent(concat!("coder-gpu-reclaimer/", env!("CARGO_PKG_VERSION")));
-    for cert in &tls.extra_roots {
+    for cert in &outbound.extra_roots {
         builder = builder.add_root_certificate(cert.clone());
     }
+    builder = match &outbound.proxy {
+        Some(url) => builder.proxy(
+            reqwest::Proxy::all(url.clone())
+                .map_err(|e| Error::config(format!("proxy_url: not a proxy URL ({e}); write http://proxy:3128")))?,
+        ),
+        None => builder.no_proxy(),
+    };
     builder.build().map_err(|e| Error::runtime(format!("cannot build the HTTP client: {e}")))
 }
 
@@ -89,6 +99,56 @@ impl Secret {
     pub fn matches(&self, offered: &str) -> bool {
         let (a, b) = (self.0.as_bytes(), offered.as_bytes());
         a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+/// A secret kept in a file that Kubernetes may swap in place (a rotated Secret): compared with
+/// what a client offers, and re-read (at most once a second) when the offer does not match, so
+/// a rotated token works without a restart. A file unreadable mid-rotation keeps the last one.
+pub struct SecretFile {
+    setting: &'static str,
+    path: PathBuf,
+    current: std::sync::RwLock<Secret>,
+    last_read: std::sync::Mutex<std::time::Instant>,
+}
+
+impl SecretFile {
+    pub fn open(setting: &'static str, path: &Path) -> Result<Self, Error> {
+        let secret = Secret::from_file(setting, path)?;
+        Ok(SecretFile {
+            setting,
+            path: path.to_path_buf(),
+            current: std::sync::RwLock::new(secret),
+            last_read: std::sync::Mutex::new(std::time::Instant::now()),
+        })
+    }
+
+    /// Whether `offered` is the secret, the file re-read first when it is not (rate-limited).
+    pub fn matches(&self, offered: &str) -> bool {
+        if self.current.read().unwrap_or_else(|p| p.into_inner()).matches(offered) {
+            return true;
+        }
+        {
+            let mut last = self.last_read.lock().unwrap_or_else(|p| p.into_inner());
+            if last.elapsed() < Duration::from_secs(1) {
+                return false;
+            }
+            *last = std::time::Instant::now();
+        }
+        match Secret::from_file(self.setting, &self.path) {
+            Ok(fresh) => {
+                let matched = fresh.matches(offered);
+                *self.current.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+                matched
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+impl std::fmt::Debug for SecretFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SecretFile({}, <redacted>)", self.path.display())
     }
 }
 
@@ -203,23 +263,32 @@ pub async fn read_limited(resp: reqwest::Response, limit: usize) -> Result<Bytes
     Ok(buf.freeze())
 }
 
-/// Bytes that bodies read at the same time may hold together (exporter scrapes run 32 at a
-/// time): a body takes its share as it arrives and gives it back when dropped, so the per-body
-/// limits compose under the container's memory limit.
+/// Bytes that bodies read at the same time may hold together (exporter scrapes run `slots` at a
+/// time), so the per-body limits compose under the container's memory limit. Half the budget is
+/// every slot's own share: a body's first `total / (2 * slots)` bytes are its own, and only what
+/// it holds beyond that comes from the common half, as it arrives, given back when dropped. A few
+/// stalled bodies at the body limit can take the common half, never a healthy body's share.
 #[derive(Debug, Clone)]
 pub struct BodyBudget {
     bytes: std::sync::Arc<tokio::sync::Semaphore>,
     total: usize,
+    share: usize,
 }
 
 impl BodyBudget {
-    pub fn new(total: usize) -> Self {
-        let permits = total.min(tokio::sync::Semaphore::MAX_PERMITS);
-        BodyBudget { bytes: std::sync::Arc::new(tokio::sync::Semaphore::new(permits)), total: permits }
+    pub fn new(total: usize, slots: usize) -> Self {
+        let share = total / (2 * slots.max(1));
+        let common = (total - share * slots.max(1)).min(tokio::sync::Semaphore::MAX_PERMITS);
+        BodyBudget { bytes: std::sync::Arc::new(tokio::sync::Semaphore::new(common)), total, share }
     }
 
     pub fn total(&self) -> usize {
         self.total
+    }
+
+    /// What every body holds of its own, beyond the common part.
+    pub fn share(&self) -> usize {
+        self.share
     }
 }
 
@@ -236,16 +305,22 @@ pub async fn read_limited_within(resp: reqwest::Response, limit: usize, budget: 
     // The chunks as they came (no buffer that doubles as it grows), joined once at the end.
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut share: Option<tokio::sync::OwnedSemaphorePermit> = None;
+    let mut read = 0usize;
     for_each_chunk(
         resp,
         limit,
         |e| e,
         |chunk| {
-            let n = u32::try_from(chunk.len()).map_err(|_| BodyError::TooLarge { limit })?;
-            let more = budget.bytes.clone().try_acquire_many_owned(n).map_err(|_| BodyError::OverBudget { budget: budget.total })?;
-            match &mut share {
-                Some(s) => s.merge(more),
-                None => share = Some(more),
+            // Only the bytes beyond the body's own share are taken from the common part.
+            let beyond = (read + chunk.len()).saturating_sub(budget.share.max(read));
+            read += chunk.len();
+            if beyond > 0 {
+                let n = u32::try_from(beyond).map_err(|_| BodyError::TooLarge { limit })?;
+                let more = budget.bytes.clone().try_acquire_many_owned(n).map_err(|_| BodyError::OverBudget { budget: budget.total })?;
+                match &mut share {
+                    Some(s) => s.merge(more),
+                    None => share = Some(more),
+                }
             }
             chunks.push(Bytes::copy_from_slice(chunk));
             Ok(())

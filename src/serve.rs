@@ -32,7 +32,7 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::http::Secret;
+use crate::http::SecretFile;
 use crate::pass::publish::State;
 
 /// The status route; the workspace template's metadata script calls it (tests check the match).
@@ -53,10 +53,10 @@ pub const HEALTH_PER_PEER: usize = 8;
 #[derive(Clone)]
 struct ServerState {
     state: Arc<State>,
-    status_token: Option<Secret>,
+    status_token: Option<Arc<SecretFile>>,
 }
 
-pub fn router(state: Arc<State>, status_token: Option<Secret>) -> Router {
+pub fn router(state: Arc<State>, status_token: Option<Arc<SecretFile>>) -> Router {
     let s = ServerState { state, status_token };
     let fleet = Router::new()
         .route("/", get(page))
@@ -127,7 +127,7 @@ fn take_slot(slots: &Arc<Mutex<Slots>>, peer: IpAddr, limits: ConnectionLimits) 
 pub async fn serve(
     listener: TcpListener,
     state: Arc<State>,
-    status_token: Option<Secret>,
+    status_token: Option<Arc<SecretFile>>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     serve_router(listener, router(state, status_token), MAIN_LIMITS, shutdown).await

@@ -6,6 +6,7 @@ locals {
   }, var.labels)
   token_secret = var.coder_session_token_secret != null ? var.coder_session_token_secret : "${local.name}-token"
   audit_path   = "/var/log/${local.name}/audit.jsonl"
+  audit_pvc    = var.audit_log && var.audit_log_persistent
   secrets_dir  = "/var/run/secrets/${local.name}"
   # Secrets are files, never arguments or env vars: a mounted Secret is updated in place when it
   # is rotated (the service re-reads the token file), and the pod spec shows no value.
@@ -37,7 +38,10 @@ locals {
       "--health-listen", "0.0.0.0:${var.health_port}",
       "--log-format", var.log_format,
     "--config", "/etc/${local.name}/policy.toml"],
-    var.prometheus_url != null ? ["--prometheus-url", var.prometheus_url] : flatten([for u in var.dcgm_exporter_urls : ["--dcgm-exporter", u]]),
+    var.prometheus_url != null ? ["--prometheus-url", var.prometheus_url, "--prometheus-job", var.prometheus_job] : flatten([for u in var.dcgm_exporter_urls : ["--dcgm-exporter", u]]),
+    # Only pods in this namespace speak for a workspace.
+    var.workspace_namespace != null ? ["--namespace", var.workspace_namespace] : [],
+    var.proxy_url != null ? ["--proxy-url", var.proxy_url] : [],
     var.enforce ? ["--enforce"] : [],
     ["--token-file", "${local.secrets_dir}/token/token"],
     var.audit_log ? ["--audit-log", local.audit_path] : [],
@@ -115,6 +119,27 @@ resource "kubernetes_config_map_v1" "policy" {
   depends_on = [kubernetes_namespace_v1.this]
 }
 
+# The audit trail outlives rollouts (an emptyDir is deleted at each). ReadWriteOnce is enough: one
+# replica, and Recreate never runs two pods at once.
+resource "kubernetes_persistent_volume_claim_v1" "audit" {
+  count = local.audit_pvc ? 1 : 0
+  metadata {
+    name      = "${local.name}-audit"
+    namespace = var.namespace
+    labels    = local.labels
+  }
+  spec {
+    access_modes       = ["ReadWriteOnce"]
+    storage_class_name = var.audit_log_storage_class
+    resources {
+      requests = { storage = var.audit_log_storage_size }
+    }
+  }
+  # A WaitForFirstConsumer class binds only once the pod is scheduled: waiting here would deadlock.
+  wait_until_bound = false
+  depends_on       = [kubernetes_namespace_v1.this]
+}
+
 resource "kubernetes_deployment_v1" "this" {
   metadata {
     name      = local.name
@@ -143,6 +168,8 @@ resource "kubernetes_deployment_v1" "this" {
           run_as_non_root = true
           run_as_user     = 65532
           run_as_group    = 65532
+          # The volumes' group: the audit claim is writable, the 0400 Secret files readable (0440).
+          fs_group = 65532
           seccomp_profile {
             type = "RuntimeDefault"
           }
@@ -215,12 +242,23 @@ resource "kubernetes_deployment_v1" "this" {
         }
         volume {
           name = "audit"
-          empty_dir {}
+          dynamic "persistent_volume_claim" {
+            for_each = local.audit_pvc ? [1] : []
+            content {
+              claim_name = kubernetes_persistent_volume_claim_v1.audit[0].metadata[0].name
+            }
+          }
+          dynamic "empty_dir" {
+            for_each = local.audit_pvc ? [] : [1]
+            content {}
+          }
         }
+        # Secret files 0400 (the binary warns when a token file is readable by others).
         volume {
           name = "token"
           secret {
-            secret_name = local.token_secret
+            secret_name  = local.token_secret
+            default_mode = "0400"
           }
         }
         dynamic "volume" {
@@ -230,7 +268,8 @@ resource "kubernetes_deployment_v1" "this" {
             dynamic "secret" {
               for_each = volume.value.secret != null ? [volume.value.secret] : []
               content {
-                secret_name = secret.value
+                secret_name  = secret.value
+                default_mode = "0400"
               }
             }
             dynamic "config_map" {

@@ -51,6 +51,25 @@ variable "prometheus_selector" {
   default     = "job=\"nvidia-dcgm-exporter\""
 }
 
+variable "prometheus_job" {
+  type        = string
+  description = "With prometheus_url: only series whose `job` label is this (the exporter's own scrape job, not a Pushgateway's or a remote writer's) speak for a workspace (--prometheus-job). Match your ServiceMonitor's job."
+  default     = "nvidia-dcgm-exporter"
+  nullable    = false
+}
+
+variable "workspace_namespace" {
+  type        = string
+  description = "The namespace of the workspace pods (--namespace): GPU series of pods in any other namespace never speak for a workspace. Null: any namespace, so any pod named after a workspace decides it."
+  default     = "coder"
+}
+
+variable "proxy_url" {
+  type        = string
+  description = "An HTTP proxy for the service's connections (--proxy-url); proxies in the environment are ignored. Add its port to egress_ports. Null: no proxy."
+  default     = null
+}
+
 variable "enforce" {
   type        = bool
   description = "Send stop builds. Off by default: the service observes and reports what it would stop."
@@ -125,8 +144,27 @@ variable "egress_ports" {
 
 variable "audit_log" {
   type        = bool
-  description = "Keep an audit trail (one JSON line per stop or would-stop) on an emptyDir volume."
+  description = "Keep an audit trail (one JSON line per stop or would-stop), on a PersistentVolumeClaim unless audit_log_persistent is false."
   default     = true
+}
+
+variable "audit_log_persistent" {
+  type        = bool
+  description = "Keep the audit log on a PersistentVolumeClaim (ReadWriteOnce) that outlives rollouts; false: an emptyDir, deleted at every rollout."
+  default     = true
+}
+
+variable "audit_log_storage_size" {
+  type        = string
+  description = "Size of the audit log's PersistentVolumeClaim."
+  default     = "1Gi"
+  nullable    = false
+}
+
+variable "audit_log_storage_class" {
+  type        = string
+  description = "StorageClass of the audit log's PersistentVolumeClaim. Null: the cluster's default class."
+  default     = null
 }
 
 variable "log_format" {
@@ -151,12 +189,20 @@ variable "workspace_namespaces" {
   type        = list(string)
   description = "Namespaces whose pods may reach listen_port (the NetworkPolicy's ingress): where Coder runs workspaces (their agents read their own status line). Null: any namespace."
   default     = ["coder"]
+  validation {
+    condition     = var.workspace_namespaces == null ? true : length(var.workspace_namespaces) > 0
+    error_message = "workspace_namespaces must not be empty (an ingress rule with no `from` admits every pod): list the namespaces where Coder runs workspaces, e.g. [\"coder\"], or set null to admit any namespace."
+  }
 }
 
 variable "metrics_namespaces" {
   type        = list(string)
   description = "Namespaces whose pods may reach health_port (/metrics): where Prometheus runs. The kubelet's probes come from the node, which a NetworkPolicy always lets in."
   default     = ["monitoring"]
+  validation {
+    condition     = var.metrics_namespaces == null ? false : length(var.metrics_namespaces) > 0
+    error_message = "metrics_namespaces must list at least one namespace (an ingress rule with no `from` admits every pod): the namespace where Prometheus runs, e.g. [\"monitoring\"]."
+  }
 }
 
 variable "resources" {

@@ -539,12 +539,20 @@ fn prebuilds_tasks_evictions_and_coders_clock() {
     // Coder's clock 2 h behind: last_used_at 1 minute ago by Coder's clock reads 2h01m old here.
     let behind = Duration::hours(-2);
     let connected = running_workspace(WS_ID, now() + behind - mins(1));
-    let d = decide_with(now(), &connected, Some(&idle), &p, None, PassFacts { coder_offset: behind, gpu_template: true, step: None });
+    let d = decide_with(
+        now(),
+        &connected,
+        Some(&idle),
+        &p,
+        None,
+        PassFacts { coder_offset: behind, gpu_template: true, ..PassFacts::default() },
+    );
     assert_eq!((d.verdict, d.reason), (Verdict::Keep, Reason::Connected), "judged by Coder's clock: {}", d.message);
     let d = decide(now(), &connected, Some(&idle), &p, None);
     assert_eq!(d.verdict, Verdict::Reclaim, "without the correction the connected user would be stopped");
     let away = running_workspace(WS_ID, now() + behind - mins(40));
-    let d = decide_with(now(), &away, Some(&idle), &p, None, PassFacts { coder_offset: behind, gpu_template: true, step: None });
+    let d =
+        decide_with(now(), &away, Some(&idle), &p, None, PassFacts { coder_offset: behind, gpu_template: true, ..PassFacts::default() });
     assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "a disconnected idle one is still stopped");
 }
 

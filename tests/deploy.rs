@@ -2,7 +2,8 @@
 //! agree with the binary: every `.tf` parses (hcl-rs); every variable referenced is declared;
 //! every flag the module passes exists in the binary's clap definition (asked of clap); the
 //! template's metadata reads the status route; the counters file switches SM_ACTIVE on; the
-//! example policies parse with the real policy loader.
+//! example policies parse with the real policy loader; the audit log outlives a rollout, Secret
+//! files are 0400 and an empty namespace list is refused.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use std::path::PathBuf;
 use clap::CommandFactory;
 use coder_gpu_reclaimer::cli::{Cli, CommonArgs};
 use coder_gpu_reclaimer::config::{FileConfig, build_policy};
+use hcl::eval::{Context, Evaluate, FuncDef, ParamType};
 use hcl::expr::{Expression, Operation, TemplateExpr, TraversalOperator};
 use hcl::template::{Directive, Element, Template};
 use hcl::{Block, Body};
@@ -142,6 +144,44 @@ fn declared(bodies: &[(PathBuf, Body)]) -> BTreeSet<String> {
     bodies.iter().flat_map(|(_, b)| blocks(b, "variable")).filter_map(|v| v.labels.first().map(|l| l.as_str().to_string())).collect()
 }
 
+fn labelled<'a>(bodies: &'a [(PathBuf, Body)], ident: &str, label: &str) -> &'a Block {
+    bodies
+        .iter()
+        .flat_map(|(_, b)| blocks(b, ident))
+        .find(|x| x.labels.first().is_some_and(|l| l.as_str() == label))
+        .unwrap_or_else(|| panic!("no {ident} {label:?}"))
+}
+
+fn attr(b: &Body, key: &str) -> Option<Expression> {
+    b.attributes().find(|a| a.key.as_str() == key).map(|a| a.expr.clone())
+}
+
+/// The bodies of every block `ident` under `b`, a `dynamic "ident"` block's content included.
+fn nested<'a>(b: &'a Body, ident: &str) -> Vec<&'a Body> {
+    let mut out = Vec::new();
+    for x in b.blocks() {
+        if x.identifier.as_str() == ident {
+            out.push(&x.body);
+        } else if x.identifier.as_str() == "dynamic" && x.labels.first().is_some_and(|l| l.as_str() == ident) {
+            out.extend(blocks(&x.body, "content").into_iter().map(|c| &c.body));
+        }
+        out.extend(nested(&x.body, ident));
+    }
+    out
+}
+
+/// Whether `value` passes every validation of the variable (with Terraform's `length`, which
+/// refuses null).
+fn validates(v: &Block, value: hcl::Value) -> bool {
+    let mut ctx = Context::new();
+    let length = FuncDef::builder().param(ParamType::array_of(ParamType::Any)).build(|a| Ok(a[0].as_array().map_or(0, Vec::len).into()));
+    ctx.declare_func("length", length);
+    ctx.declare_var("var", hcl::Value::Object([(v.labels[0].as_str().to_string(), value)].into_iter().collect()));
+    blocks(&v.body, "validation")
+        .iter()
+        .all(|c| matches!(attr(&c.body, "condition").map(|e| e.evaluate(&ctx)), Some(Ok(hcl::Value::Bool(true)))))
+}
+
 #[test]
 fn every_tf_file_parses_and_every_variable_referenced_is_declared() {
     for dir in ["terraform", "terraform/examples/basic", "coder"] {
@@ -176,17 +216,21 @@ fn every_flag_the_module_passes_exists_in_the_binary() {
     }
     assert!(passed.iter().any(|(s, c)| s == "--enforce" && *c), "--enforce is passed only under a condition");
     assert!(!passed.iter().any(|(s, c)| s == "--enforce" && !*c), "--enforce must never be passed unconditionally");
-    let enforce = blocks(&tf_files("terraform").into_iter().find(|(p, _)| p.ends_with("variables.tf")).unwrap().1, "variable")
-        .into_iter()
-        .find(|v| v.labels.first().is_some_and(|l| l.as_str() == "enforce"))
-        .map(|v| v.body.attributes().find(|a| a.key.as_str() == "default").map(|a| a.expr.clone()))
-        .unwrap();
-    assert_eq!(enforce, Some(Expression::Bool(false)), "observe by default");
+    let bodies = tf_files("terraform");
+    assert_eq!(attr(&labelled(&bodies, "variable", "enforce").body, "default"), Some(Expression::Bool(false)), "observe by default");
+    // Only the workspace namespace's pods speak for a workspace, by default; behind Prometheus
+    // only the exporter's job.
+    for want in ["--namespace", "--prometheus-job"] {
+        assert!(passed.iter().any(|(s, _)| s == want), "the module does not pass {want}");
+    }
+    assert_eq!(attr(&labelled(&bodies, "variable", "workspace_namespace").body, "default"), Some(Expression::String("coder".into())));
     // The plain manifest too.
     let yaml = std::fs::read_to_string(repo("deploy/coder-gpu-reclaimer.yaml")).unwrap();
-    for flag in yaml.lines().filter_map(|l| l.trim().strip_prefix("- ").filter(|s| s.starts_with("--"))) {
-        assert!(flags.contains(flag), "deploy/coder-gpu-reclaimer.yaml passes {flag}, which the binary does not have");
+    let args: Vec<&str> = yaml.lines().filter_map(|l| l.trim().strip_prefix("- ")).collect();
+    for flag in args.iter().filter(|s| s.starts_with("--")) {
+        assert!(flags.contains(*flag), "deploy/coder-gpu-reclaimer.yaml passes {flag}, which the binary does not have");
     }
+    assert!(args.windows(2).any(|w| w[0] == "--namespace" && !w[1].starts_with("--")), "the manifest passes --namespace");
 }
 
 #[test]
@@ -312,14 +356,55 @@ fn secrets_are_mounted_files_and_a_network_policy_guards_the_pod() {
     let resources: Vec<String> =
         bodies.iter().flat_map(|(_, b)| blocks(b, "resource")).filter_map(|r| r.labels.first().map(|l| l.as_str().to_string())).collect();
     assert!(resources.iter().any(|r| r == "kubernetes_network_policy_v1"), "{resources:?}");
-    let variables = blocks(&bodies.iter().find(|(p, _)| p.ends_with("variables.tf")).unwrap().1, "variable");
     for secret in ["coder_session_token", "notify_webhook", "status_token"] {
-        let v = variables.iter().find(|v| v.labels.first().is_some_and(|l| l.as_str() == secret)).unwrap();
-        let sensitive = v.body.attributes().find(|a| a.key.as_str() == "sensitive").map(|a| a.expr.clone());
+        let sensitive = attr(&labelled(&bodies, "variable", secret).body, "sensitive");
         assert_eq!(sensitive, Some(Expression::Bool(true)), "var.{secret} is sensitive");
+    }
+    // Secret files 0400 (the binary warns on a token file others can read), readable through the
+    // pod's fsGroup (the kubelet adds group read).
+    let pod = &labelled(&bodies, "resource", "kubernetes_deployment_v1").body;
+    let secrets = nested(pod, "secret");
+    assert!(secrets.len() >= 2, "the token and the optional Secret volumes");
+    for s in secrets {
+        assert_eq!(attr(s, "default_mode"), Some(Expression::String("0400".into())), "a Secret volume without default_mode 0400");
+    }
+    assert!(nested(pod, "security_context").iter().any(|c| attr(c, "fs_group").is_some()), "the pod sets fs_group");
+    // An empty namespace list renders an ingress rule with no `from`, which admits every pod.
+    for (name, null_admits_any) in [("workspace_namespaces", true), ("metrics_namespaces", false)] {
+        let v = labelled(&bodies, "variable", name);
+        let coder = hcl::Value::Array(vec!["coder".into()]);
+        assert!(validates(v, coder) && !validates(v, hcl::Value::Array(vec![])), "var.{name} must refuse an empty list");
+        assert_eq!(validates(v, hcl::Value::Null), null_admits_any, "var.{name} = null");
+        let says = blocks(&v.body, "validation")
+            .iter()
+            .any(|c| matches!(attr(&c.body, "error_message"), Some(Expression::String(m)) if m.contains(name)));
+        assert!(says, "var.{name}: the error message names what to set");
     }
     let yaml = std::fs::read_to_string(repo("deploy/coder-gpu-reclaimer.yaml")).unwrap();
     assert!(yaml.contains("kind: NetworkPolicy") && yaml.contains("- --token-file") && !yaml.contains("CODER_SESSION_TOKEN"));
+    let secret_volumes: Vec<&str> = yaml.lines().filter(|l| l.contains("secret: {secretName:")).collect();
+    assert!(secret_volumes.len() >= 2, "{secret_volumes:?}");
+    for l in secret_volumes {
+        assert!(l.contains("defaultMode: 256") || l.contains("defaultMode: 0400"), "a Secret volume without defaultMode 0400: {l}");
+    }
+    assert!(yaml.contains("fsGroup: 65532"), "the manifest's pod sets fsGroup");
+}
+
+/// The audit trail outlives a rollout: by default on a PersistentVolumeClaim, never an emptyDir.
+#[test]
+fn the_audit_log_lives_on_a_persistent_volume_claim_by_default() {
+    let bodies = tf_files("terraform");
+    assert_eq!(attr(&labelled(&bodies, "variable", "audit_log_persistent").body, "default"), Some(Expression::Bool(true)));
+    labelled(&bodies, "resource", "kubernetes_persistent_volume_claim_v1");
+    let pod = &labelled(&bodies, "resource", "kubernetes_deployment_v1").body;
+    let audit =
+        nested(pod, "volume").into_iter().find(|v| attr(v, "name") == Some(Expression::String("audit".into()))).expect("audit volume");
+    assert!(blocks(audit, "empty_dir").is_empty(), "the module's audit volume is an emptyDir whatever audit_log_persistent says");
+    assert!(!nested(audit, "persistent_volume_claim").is_empty(), "the module's audit volume is never on a claim");
+    let yaml = std::fs::read_to_string(repo("deploy/coder-gpu-reclaimer.yaml")).unwrap();
+    let volume = yaml.lines().find(|l| l.contains("{name: audit,") && !l.contains("mountPath")).expect("the manifest's audit volume");
+    assert!(volume.contains("persistentVolumeClaim: {claimName: coder-gpu-reclaimer-audit}"), "the manifest's audit volume: {volume}");
+    assert!(yaml.contains("kind: PersistentVolumeClaim\nmetadata:\n  name: coder-gpu-reclaimer-audit\n"), "the manifest's claim");
 }
 
 #[test]

@@ -142,7 +142,7 @@ proptest! {
     fn never_panics_and_reports_real_line_numbers(text in "\\PC{0,300}") {
         let (_, errors) = parse(&text);
         let lines = text.split('\n').count();
-        for e in errors {
+        for e in errors.kept() {
             prop_assert!(e.line >= 1 && e.line <= lines);
         }
     }
@@ -331,7 +331,6 @@ fn virtual_gpu_mode_gives_each_pod_the_devices_readings_and_keeps_its_copies() {
 
 #[test]
 fn the_first_pod_label_that_names_a_workspace_is_the_workload() {
-    use crate::common::assert_close;
     // LAYOUTS §6 with -o: `pod_name` is the workload, `pod` the exporter (nothing collides, so
     // nothing is renamed). `pod` was taken before, and no GPU mapped to any workspace.
     let target = r#"container="nvidia-dcgm-exporter",namespace="gpu-operator",pod="nvidia-dcgm-exporter-7xk2p",instance="10.0.3.7:9400",job="nvidia-dcgm-exporter""#;
@@ -347,16 +346,18 @@ fn the_first_pod_label_that_names_a_workspace_is_the_workload() {
             "namespace filter {ns:?}: pod_namespace goes with pod_name"
         );
     }
-    // LAYOUTS §6 with virtual-GPU mode: the device-level series carries the exporter's own `pod`;
-    // it is still the device's reading (the pod's copies read 0).
+    // LAYOUTS §6's renamed labels are Prometheus's: dcgm-exporter never writes `exported_*`
+    // itself, so a scraped body that does is a forgery and names nobody (issue 31; behind
+    // Prometheus the readings matrix reads them, honorLabels false).
     let behind = format!(
         "DCGM_FI_DEV_FB_USED{{<gpu0>,{target}}} 61234\n\
          DCGM_FI_DEV_FB_USED{{<gpu0>,exported_container=\"dev\",exported_namespace=\"coder\",exported_pod=\"coder-{WS_ID}-6d9f8b7c5-x2x9k\",{target}}} 0\n\
          DCGM_FI_PROF_GR_ENGINE_ACTIVE{{<gpu0>,exported_container=\"dev\",exported_namespace=\"coder\",exported_pod=\"coder-{WS_ID}-6d9f8b7c5-x2x9k\",{target}}} 0.970000\n"
     );
-    let got = readings_of(&behind, &Ownership { namespace: Some("coder".into()), workspace_id_label: None });
-    assert_eq!(got.len(), 1, "{got:?}");
-    assert_close(got[0].1.get(Signal::FbUsedMib), Some(61_234.0), "the device-level series found beside the exporter's pod label");
+    for ns in [None, Some("coder")] {
+        let got = readings_of(&behind, &Ownership { namespace: ns.map(str::to_string), workspace_id_label: None });
+        assert!(got.is_empty(), "an exported_pod in a scraped body speaks for nobody: {got:?}");
+    }
 }
 
 /// Issue 34 item 2 (reference dcgm NOTES §11.1): in the default layout with
@@ -445,4 +446,50 @@ fn a_series_without_the_workspace_label_is_found_by_its_pod_name() {
     let (readings, _) = series_from_exposition(&fixture("dcgm/exporter-vgpu.txt"), Utc::now(), &src, &own);
     let ids: std::collections::BTreeSet<&str> = readings.iter().filter_map(|r| r.workspace_id.as_deref()).collect();
     assert_eq!(ids.into_iter().collect::<Vec<_>>(), ["0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70", "5d3e1f0a-2b4c-4d6e-8f10-3a5b7c9d1e2f"]);
+}
+
+/// Issue 31: a body of nothing but bad lines costs a count, not a message per line (15 MiB of
+/// short bad lines once held 1.26 GB of strings).
+#[test]
+fn a_body_of_bad_lines_keeps_the_first_few_and_a_count() {
+    let text = "x{\n".repeat(100_000);
+    let (_, errors) = parse(&text);
+    assert_eq!(errors.len(), 100_000, "every bad line is counted");
+    assert_eq!(errors.kept().len(), coder_gpu_reclaimer::gpu::expo::ParseErrors::KEPT, "only the first few are kept");
+    assert_eq!(errors.first().map(|e| e.line), Some(1));
+}
+
+/// Per-process readings are trusted only when they account for the device's (NOTES §11.2): a
+/// `GetProcessUtilization` that is not supported (every sharer's own utilization 0 while the
+/// device computes), or a sharer whose `pod_uid` is empty, leaves every sharer on the device's.
+#[test]
+fn per_process_readings_that_do_not_add_up_are_not_trusted() {
+    let src: Arc<str> = Arc::from("x");
+    let busy =
+        "pod=\"coder-0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70-7d9f8b6c5d-x2x9k\",pod_uid=\"7c2d9e10-3b4a-4f5e-8d6c-1a2b3c4d5e6f\",vgpu=\"0\"}";
+    let with = |util: &str, fb: &str, empty_uid: bool| {
+        let mut text = String::new();
+        for line in fixture("dcgm/exporter-vgpu.txt").lines() {
+            let own = match line {
+                l if l.starts_with("DCGM_FI_DEV_GPU_UTIL{") && l.contains(busy) => Some(util),
+                l if l.starts_with("DCGM_FI_DEV_FB_USED{") && l.contains(busy) => Some(fb),
+                _ => None,
+            };
+            let line = match own {
+                Some(v) => format!("{} {v}", line.rsplit_once(' ').unwrap().0),
+                None => line.to_string(),
+            };
+            let line = if empty_uid { line.replace("pod_uid=\"9e8d7c6b-5a4f-4e3d-8c2b-1a0f9e8d7c6b\"", "pod_uid=\"\"") } else { line };
+            text.push_str(&format!("{line}\n"));
+        }
+        let (readings, _) = series_from_exposition(&text, Utc::now(), &src, &Ownership::default());
+        readings.into_iter().find(|r| r.workspace_id.as_deref() == Some("5d3e1f0a-2b4c-4d6e-8f10-3a5b7c9d1e2f")).unwrap()
+    };
+    let trusted = with("85", "31000", false);
+    assert_eq!(trusted.attribution, Attribution::OwnProcesses, "the sums account for the device's 87 % and 31,420 MiB");
+    for (what, idle) in [("utilization not supported", with("0", "31000", false)), ("a sharer not found", with("85", "31000", true))] {
+        assert_eq!(idle.attribution, Attribution::Shared, "{what}");
+        crate::common::assert_close(idle.points[0].values.get(Signal::GpuUtil), Some(0.87), what);
+        crate::common::assert_close(idle.points[0].values.get(Signal::SmActive), Some(0.803), what);
+    }
 }

@@ -257,6 +257,11 @@ async fn the_fleet_routes_need_the_status_token_and_a_workspace_route_does_not()
     let one = http.get(format!("http://{addr}/api/v1/workspaces/{a}?format=text")).send().await.unwrap();
     assert_eq!(one.status(), 200, "the template's agent reads its own line without a token");
     assert!(!svc.raw().contains("st4tus-t0ken"), "the status token is never logged");
+    // Kubernetes swaps a rotated Secret in place: the new token works without a restart.
+    std::fs::write(&token_file, "r0tated-t0ken\n").unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(http.get(&fleet).bearer_auth("r0tated-t0ken").send().await.unwrap().status(), 200, "the file is re-read");
+    assert_eq!(http.get(&fleet).bearer_auth("st4tus-t0ken").send().await.unwrap().status(), 401, "the old token is gone");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -290,7 +290,7 @@ pub fn exporter_windows(
         }
         merge_collection(
             &mut windows,
-            &mut Collection { series, failures: Vec::new(), requests: texts.len(), step: None },
+            &mut Collection { series, requests: texts.len(), ..Collection::default() },
             workspaces,
             chrono::Duration::zero(),
         );
@@ -514,7 +514,7 @@ async fn check_names_a_missing_device_series_and_a_scrape_interval_too_long() {
     for want in [
         "FAIL device-level series: 1 GPU series read as virtual-GPU per-pod copies",
         "no metricRelabelings drop of series without exported_pod",
-        "FAIL sample interval: the store's samples of a GPU are up to 4m apart (9 in 10 gaps; its scrape interval), longer than max_sample_gap 3m",
+        "FAIL sample interval: the store's samples of a GPU are up to 4m apart (9 in 10 gaps between stored samples: the scrape interval shows there), longer than max_sample_gap 3m",
     ] {
         assert!(out.contains(want), "want {want:?} in\n{out}");
     }

@@ -16,7 +16,7 @@ use coder_gpu_reclaimer::duration;
 use coder_gpu_reclaimer::gpu::prometheus::{DEFAULT_MAX_BODY, PrometheusOptions, PrometheusSource};
 use coder_gpu_reclaimer::gpu::window::Windows;
 use coder_gpu_reclaimer::gpu::{Collection, GpuSeries, GpuSource, Ownership};
-use coder_gpu_reclaimer::http::Tls;
+use coder_gpu_reclaimer::http::Outbound;
 use coder_gpu_reclaimer::pass::decide::{Decision, decide};
 use coder_gpu_reclaimer::pass::evaluate::merge_collection;
 use coder_gpu_reclaimer::pass::policy::Policy;
@@ -144,12 +144,12 @@ fn set_ups() -> Vec<SetUp> {
         },
         SetUp {
             sharer: Some(Load::Matmul),
-            // Judged by its own processes: the device-wide compute, power and (with the busy
-            // sharer's kernels) DRAM are not its own. Copy-only work beside a computing sharer
-            // reads as memory held: no per-process field shows copies.
+            // Judged by its own processes (their sums account for the device's readings): the
+            // device-wide compute fields and power are nobody's own. A sharer that holds memory
+            // keeps the device's DRAM activity: its copies cannot be told from the other
+            // sharer's kernels, so beside a matmul it is kept; one that holds none is idle.
             differs: |k| match k {
-                Kind::CopyOnly => Some(("reclaim", "memory-held-idle")),
-                Kind::StuckGr => Some(("keep", "gpu-active")),
+                Kind::MemoryHeld | Kind::Bursty | Kind::StuckGr => Some(("keep", "gpu-active")),
                 _ => None,
             },
             ..s(
@@ -429,7 +429,7 @@ async fn every_load_in_every_set_up_reads_as_the_docs_promise_from_both_sources(
             let timeout = Duration::from_secs(30);
             let own = Ownership { workspace_id_label: workspace_id_label.map(str::to_string), ..own.clone() };
             let source =
-                PrometheusSource::with_options(&url, own, lookback, pass, timeout, &Tls::default(), DEFAULT_MAX_BODY, power).unwrap();
+                PrometheusSource::with_options(&url, own, lookback, pass, timeout, &Outbound::default(), DEFAULT_MAX_BODY, power).unwrap();
             let collection = source.collect(now).await;
             assert!(collection.failures.is_empty(), "{:?}", collection.failures);
             for (si, s) in set_ups.iter().enumerate().filter(|(_, s)| s.workspace_id_label == workspace_id_label) {
@@ -542,13 +542,16 @@ fn render_doc(set_ups: &[SetUp], loads: &[LoadCase], cells: &[Cell]) -> String {
          default layout's own series (`--kubernetes-enable-pod-uid` without pod read access), read as it is.\n\
          - Behind Prometheus the empty `pod_uid` is dropped at ingestion, so virtual-GPU copies need the device-level \
          series in the store: without it a sharer, or an exclusive GPU reading 0 % and 0 MiB while its profiling fields \
-         compute, is `unknown` `no-device-series` (what computes cannot be judged; an idle GPU still is). Keep the \
-         series without a workload pod (the relabeling, `prometheus_selector`); `check` says when they are missing.\n\
-         - With `hostPID` and real pod UIDs a time-sliced sharer is judged by its own processes' utilization and \
-         memory: another sharer's work no longer keeps it. The device-wide compute fields and power are nobody's own \
-         and are not read for it; video engines are (no per-process field says whose: a sharer encoding keeps every \
-         sharer), and so is DRAM while no sharer runs kernels. Copy-only work beside a computing sharer reads as \
-         memory held.\n\
+         compute, is `unknown` `no-device-series`. An exclusive GPU without profiling fields cannot be told from an \
+         idle one there (0 % and 0 MiB whatever runs): keep the series without a workload pod (the relabeling, \
+         `prometheus_selector`); `check` fails when the store holds none.\n\
+         - With `hostPID` and real pod UIDs on every sharer, and their own utilization and memory adding up to the \
+         device-level readings, a time-sliced sharer is judged by its own processes: another sharer's work no longer \
+         keeps an idle one. The device-wide compute fields and power are nobody's own and are not read for it; video \
+         engines are (no per-process field says whose: a sharer encoding keeps every sharer), and so is DRAM for a \
+         sharer that holds memory (its copies cannot be told from another sharer's kernels: kept). Where the sums do \
+         not add up (a process not mapped to its pod, per-process utilization not supported, a graphics process), \
+         every sharer reads the device's, as without per-process data.\n\
          - `workspace_id_label` falls back to the workspace id in the pod name: virtual-GPU copies carry no pod labels.\n\
          - SM_ACTIVE contradicts GR_ENGINE_ACTIVE only below half of one SM's share on 160 SMs (the most any GPU has): \
          a one-block kernel on a B300 is the phantom it is, not a stuck counter.\n\

@@ -143,9 +143,13 @@ async fn prometheus_reads_raw_samples_per_step_with_a_constant_number_of_queries
     assert_eq!(c.requests, queries.len(), "a constant number of queries, whatever the fleet size");
     assert_eq!(server.received_requests().await.unwrap().len(), queries.len());
     for q in &queries {
-        assert!(q.starts_with("max_over_time(DCGM_FI_") && q.ends_with("{}[60s])"), "every raw sample of each step, as stored: {q}");
+        assert!(
+            q.starts_with("max_over_time(DCGM_FI_") && q.ends_with("{job=\"nvidia-dcgm-exporter\"}[60s])"),
+            "every raw sample of each step, as stored, of the exporter's job only: {q}"
+        );
     }
     assert!(c.step.is_some() && c.series.len() == 1, "one GPU, its two exporters' series folded into one: {:?}", c.series);
+    assert_eq!(c.twin_count, 0, "an exporter restart overlaps its old series by one step: no twin");
     let gpu = &c.series[0];
     assert_eq!(gpu.workspace_id.as_deref(), Some(WS_ID), "exported_pod is the workload's pod, not the exporter's");
     assert_eq!(gpu.points.iter().map(|p| p.at.timestamp()).collect::<Vec<_>>(), [end - 60, end], "points sit on the step grid");
@@ -167,7 +171,7 @@ async fn prometheus_reads_raw_samples_per_step_with_a_constant_number_of_queries
     assert_eq!(later.len(), queries.len());
     assert!(later.iter().all(|r| param(r, "start") == Some(end + 60) && param(r, "end") == Some(end + 60)), "one new step");
     for q in source.queries(true) {
-        assert!(q.starts_with("max by (UUID, uuid, GPU_I_ID, pod, exported_pod") && q.ends_with("{}[60s]))"), "aggregated: {q}");
+        assert!(q.starts_with("max by (UUID, uuid, GPU_I_ID, pod, exported_pod") && q.ends_with("{job=\"nvidia-dcgm-exporter\"}[60s]))"), "aggregated: {q}");
     }
     assert_eq!(next.series.len(), 1);
     crate::common::assert_close(next.series[0].points[0].values.get(Signal::SmActive), Some(0.5), "");
@@ -208,7 +212,8 @@ async fn prometheus_queries_carry_the_namespace_headers_and_bearer_token() {
         assert!(r.headers.get("Accept-Encoding").is_some_and(|v| v.to_str().unwrap().contains("gzip")), "gzip accepted");
         let q = r.url.query_pairs().find(|(k, _)| k == "query").unwrap().1.to_string();
         assert!(
-            q.contains("{exported_namespace=\"coder\"}") && q.contains("{namespace=\"coder\"}"),
+            q.contains("{job=\"nvidia-dcgm-exporter\",exported_namespace=\"coder\"}")
+                && q.contains("{job=\"nvidia-dcgm-exporter\",namespace=\"coder\"}"),
             "the namespace filter is in the query: {q}"
         );
     }

@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::Error;
-use crate::http::{BodyError, StreamError, Tls, error_chain, read_limited, read_split, refused_redirect};
+use crate::http::{BodyError, Outbound, StreamError, error_chain, read_limited, read_split, refused_redirect};
 use crate::json_read::{read_at_start, read_whole};
 use crate::json_split::OnElement;
 use crate::retry::{Attempt, RetryPolicy, retry};
@@ -144,14 +144,14 @@ pub const DEFAULT_MAX_LISTING: usize = 256 << 20;
 pub struct ClientOptions {
     pub timeout: Duration,
     pub retry: RetryPolicy,
-    pub tls: Tls,
+    pub outbound: Outbound,
     /// The running-workspace listing may be at most this large (about 4.2 KB per workspace).
     pub max_listing_bytes: usize,
 }
 
 impl ClientOptions {
     pub fn new(timeout: Duration, retry: RetryPolicy) -> Self {
-        ClientOptions { timeout, retry, tls: Tls::default(), max_listing_bytes: DEFAULT_MAX_LISTING }
+        ClientOptions { timeout, retry, outbound: Outbound::default(), max_listing_bytes: DEFAULT_MAX_LISTING }
     }
 }
 
@@ -179,7 +179,7 @@ impl CoderClient {
     }
 
     pub fn with_options(base_url: &Url, token: TokenSource, options: ClientOptions) -> Result<Self, Error> {
-        let http = crate::http::client(options.timeout, Duration::from_secs(5), &options.tls)?;
+        let http = crate::http::client(options.timeout, Duration::from_secs(5), &options.outbound)?;
         Ok(CoderClient {
             http,
             base: base_url.as_str().trim_end_matches('/').to_string(),

@@ -60,12 +60,26 @@ pub async fn run(settings: Settings) -> Result<(), Error> {
         None => None,
     };
     let health_bound = health.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.to_string()).unwrap_or_default();
+    if let Some(why) = token_file_readable(&settings) {
+        tracing::warn!(event = "token_file_readable", "{why}");
+    }
     let mode = settings.mode;
     tracing::info!(event = "starting", mode = mode.as_str(), listen = %bound, health_listen = %health_bound, settings = %settings.summary(), "coder-gpu-reclaimer starting");
     let app = Application::build(&settings, Role::Run).await?;
     let (tx, rx) = watch::channel(false);
     spawn_signal_handler(tx);
     app.serve_and_run(listener, health, settings.status_token.clone(), rx).await
+}
+
+/// Whether the token file can be read by every user of this machine (`run` logs it, `check`
+/// prints it): the words, or `None`.
+fn token_file_readable(settings: &Settings) -> Option<String> {
+    let path = settings.token_file.as_deref()?;
+    let mode = crate::http::readable_by_others(path)?;
+    Some(format!(
+        "{} is readable by every user of this machine (mode {mode:o}); chmod 600 it (a Kubernetes Secret volume: defaultMode 0400, with the pod's fsGroup)",
+        path.display()
+    ))
 }
 
 /// `plan`: one pass in observe mode, its status document written to `out` (JSON or a table).
@@ -83,6 +97,7 @@ pub async fn plan(
     // One sample every 5 s: the default 15 s gives the 3 samples min_samples asks for.
     let step = Duration::from_secs(5);
     if sampling && !sample_for.is_zero() {
+        app.evaluator.learn_running().await.map_err(|e| Error::runtime(e.to_string()))?;
         eprintln!("sampling the exporters for {} before deciding...", humantime::format_duration(sample_for));
         let mut waited = Duration::ZERO;
         while waited < sample_for {
@@ -130,12 +145,9 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
         }
     };
     line(true, "settings", &settings.summary());
-    if let Some(mode) = settings.token_file.as_deref().and_then(crate::http::readable_by_others) {
+    if let Some(why) = token_file_readable(&settings) {
         // A warning, not a failure: the token still works.
-        println!(
-            "warn token file: {} is readable by every user of this machine (mode {mode:o}); chmod 600 it (a Kubernetes Secret volume: defaultMode 0440 with the pod's fsGroup)",
-            settings.token_file.as_deref().map(|p| p.display().to_string()).unwrap_or_default()
-        );
+        println!("warn token file: {why}");
     }
     let policy = &settings.policy;
     line(
@@ -200,9 +212,21 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
     if series.is_empty() && collection.failures.is_empty() {
         line(false, "gpu source", "no GPU series at all: check the exporter URLs and that dcgm-exporter runs with --kubernetes");
     }
+    if let Some(t) = collection.twins.first() {
+        line(
+            false,
+            "twins",
+            &format!(
+                "{} workspace GPU key(s) reported by more than one scrape target, e.g. {} by {}: a GPU has one exporter, so one is a copy (forged into a store others can write, or two exporters on one node); find the second target",
+                collection.twin_count,
+                t.uuid,
+                t.reported_by.join(", ")
+            ),
+        );
+    }
     if !collection.series.is_empty() {
         line(true, "frozen detection", &frozen_detection(&collection.series));
-        if let Some(missing) = device_series_missing(&collection.series, &settings.policy) {
+        if let Some(missing) = device_series_missing(&collection.series, &settings.policy, collection.step.is_some()) {
             line(false, "device-level series", &missing);
         }
         if let Some(step) = collection.step {
@@ -227,7 +251,7 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
                 }
                 if let Some(behind) = listing.clock_offset.and_then(|o| date_behind_coder(&listing.workspaces, chrono::Utc::now() + o)) {
                     println!(
-                        "warn clock: the Date header is {}s earlier than times in Coder's own answer (its latest activity): it is not coderd's clock but a proxy's in front of it (nginx writes its own Date); decisions read Coder's times on the header's clock, so fix NTP on the proxy",
+                        "warn clock: the Date header is {}s earlier than times in Coder's own answer (its latest activity): it is not this coderd's clock but likely a proxy's in front of it (nginx writes its own Date), or another coderd replica's; decisions read Coder's times on the header's clock, so fix NTP there",
                         behind.num_seconds()
                     );
                 }
@@ -333,22 +357,37 @@ fn frozen_detection(series: &[GpuSeries]) -> String {
     )
 }
 
-/// How many GPUs read as virtual-GPU copies without their device-level series (NOTES §11.3): a
-/// time-sliced sharer without one, or utilization and memory at exactly 0 beside compute. Those
-/// are `no-device-series` and never judged.
-fn device_series_missing(series: &[GpuSeries], policy: &crate::pass::policy::Policy) -> Option<String> {
+/// How many GPUs read, at their latest point, as virtual-GPU copies without their device-level
+/// series (NOTES §11.3): a time-sliced sharer without one, or utilization and memory at exactly
+/// 0 beside compute. Those are `no-device-series` and never judged. Behind Prometheus the empty
+/// `pod_uid` that marks the copies is gone, and a store with no series at all that lacks a
+/// workload pod has most likely dropped the device-level ones (a GPU without profiling fields
+/// then reads 0 % and 0 MiB however busy: nothing in the data can tell).
+fn device_series_missing(series: &[GpuSeries], policy: &crate::pass::policy::Policy, behind_prometheus: bool) -> Option<String> {
     let missing: HashSet<&GpuKey> = series
         .iter()
         .filter(|s| {
             s.attribution == crate::gpu::Attribution::DeviceSeriesMissing
-                || s.points.iter().any(|p| crate::pass::decide::placeholders_beside_compute(&p.values, policy))
+                || (behind_prometheus
+                    && s.points.last().is_some_and(|p| crate::pass::decide::placeholders_beside_compute(&p.values, policy)))
         })
         .map(|s| &s.key)
         .collect();
-    (!missing.is_empty()).then(|| {
-        format!(
-            "{} GPU series read as virtual-GPU per-pod copies (utilization and memory 0) with no device-level GPU_UTIL/FB_USED series beside them: they are unknown (no-device-series) and never judged; behind Prometheus the empty pod_uid that marks them is dropped at ingestion, so keep the exporter's series that carry no workload pod: no metricRelabelings drop of series without exported_pod, and no prometheus_selector on workload labels (the device-level series carry only the exporter's own pod and namespace)",
+    let fix = if behind_prometheus {
+        "keep the exporter's series that carry no workload pod: no metricRelabelings drop of series without exported_pod, and no prometheus_selector on workload labels (the device-level series carry only the exporter's own pod and namespace)"
+    } else {
+        "the exporter writes the device-level GPU_UTIL/FB_USED beside the per-pod copies only when its counters file has them: add both"
+    };
+    if !missing.is_empty() {
+        return Some(format!(
+            "{} GPU series read as virtual-GPU per-pod copies (utilization and memory 0) with no device-level GPU_UTIL/FB_USED series beside them: they are unknown (no-device-series) and never judged; {fix}",
             missing.len()
+        ));
+    }
+    let device_level = series.iter().any(|s| s.key.pod.is_none());
+    (behind_prometheus && !device_level).then(|| {
+        format!(
+            "the store holds no GPU series without a workload pod (a free GPU's, or in virtual-GPU mode the device-level GPU_UTIL/FB_USED): if dcgm-exporter runs --kubernetes-virtual-gpus, a GPU without profiling fields then reads 0 % and 0 MiB however busy, and is stopped as idle; {fix}"
         )
     })
 }
@@ -370,7 +409,7 @@ fn sample_interval(series: &[GpuSeries], step: Duration, policy: &crate::pass::p
         return (
             false,
             format!(
-                "the store's samples of a GPU are up to {} apart (9 in 10 gaps; its scrape interval), longer than max_sample_gap {}: every GPU would be sample-gap forever; scrape dcgm-exporter more often (the ServiceMonitor's interval) or raise max_sample_gap above it",
+                "the store's samples of a GPU are up to {} apart (9 in 10 gaps between stored samples: the scrape interval shows there), longer than max_sample_gap {}: every GPU would be sample-gap forever; scrape dcgm-exporter more often (the ServiceMonitor's interval) or raise max_sample_gap above it",
                 human(typical),
                 human(policy.max_sample_gap)
             ),

@@ -7,6 +7,7 @@
 //! headless Service), each scraped on its own. Each value is the exporter's latest cached
 //! reading; the scrape time is recorded as the sample time.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::error::Error;
-use crate::http::{BodyBudget, Tls, host_port, http_url, read_limited_within, redact};
+use crate::http::{BodyBudget, Outbound, host_port, http_url, read_limited_within, redact};
 
 /// Scrapes in flight at once: bounds sockets and memory on large fleets (each body is parsed
 /// into readings inside its task and dropped there).
@@ -29,7 +30,8 @@ pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 /// instances, and virtual-GPU mode repeats a device once per pod; 512 is far above any of them.
 pub const DEFAULT_MAX_GPUS: usize = 512;
 /// What the bodies of the scrapes in flight may hold together (32 at a time, 16 MiB each
-/// would be 512 MiB): real bodies are about 100 KB, so 32 of them are 3 MB.
+/// would be 512 MiB): real bodies are about 100 KB, so 32 of them are 3 MB. Each scrape's first
+/// 512 KiB are its own (`BodyBudget`): stalled exporters cannot starve healthy ones.
 pub const DEFAULT_IN_FLIGHT_BUDGET: usize = 32 << 20;
 
 /// How much one exporter may send, and all of them together.
@@ -42,11 +44,15 @@ pub struct ExporterLimits {
 
 impl Default for ExporterLimits {
     fn default() -> Self {
-        ExporterLimits { max_body: DEFAULT_MAX_BODY, max_gpus: DEFAULT_MAX_GPUS, in_flight: BodyBudget::new(DEFAULT_IN_FLIGHT_BUDGET) }
+        ExporterLimits {
+            max_body: DEFAULT_MAX_BODY,
+            max_gpus: DEFAULT_MAX_GPUS,
+            in_flight: BodyBudget::new(DEFAULT_IN_FLIGHT_BUDGET, MAX_CONCURRENT_SCRAPES),
+        }
     }
 }
 
-use super::{Collection, GpuSeries, GpuSource, Ownership, SourceFailure, series_from_exposition_capped};
+use super::{Collection, GpuSeries, GpuSource, Ownership, SourceFailure, note_target, series_from_exposition_capped, twins_of};
 
 /// One `--dcgm-exporter` value: a URL scraped as it is, or `dns+http://name:port/path`, scraped
 /// at every address the name resolves to (a headless Service).
@@ -85,17 +91,17 @@ pub struct ExporterSource {
 
 impl ExporterSource {
     pub fn new(targets: Vec<ExporterTarget>, ownership: Ownership, timeout: Duration) -> Result<Self, Error> {
-        Self::with_options(targets, ownership, timeout, &Tls::default(), ExporterLimits::default())
+        Self::with_options(targets, ownership, timeout, &Outbound::default(), ExporterLimits::default())
     }
 
     pub fn with_options(
         targets: Vec<ExporterTarget>,
         ownership: Ownership,
         timeout: Duration,
-        tls: &Tls,
+        outbound: &Outbound,
         limits: ExporterLimits,
     ) -> Result<Self, Error> {
-        let http = crate::http::client(timeout, Duration::from_secs(3), tls)?;
+        let http = crate::http::client(timeout, Duration::from_secs(3), outbound)?;
         Ok(ExporterSource { http, targets, ownership, limits })
     }
 
@@ -206,6 +212,13 @@ impl GpuSource for ExporterSource {
                 Err(error) => failures.push(SourceFailure::new(source.to_string(), host, error)),
             }
         }
-        Collection { series, failures, requests, step: None }
+        // A GPU of a workspace is on one node, read by one exporter: the same key from two
+        // URLs is shown (`Twin`).
+        let mut seen = HashMap::new();
+        for s in series.iter().filter(|s| s.workspace_id.is_some()) {
+            note_target(&mut seen, &s.key, &s.source);
+        }
+        let (twins, twin_count) = twins_of(seen);
+        Collection { series, failures, twins, twin_count, requests, step: None }
     }
 }

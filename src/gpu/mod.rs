@@ -85,6 +85,9 @@ pub struct GpuSeries {
     pub source: Arc<str>,
     /// Whose utilization and memory the points carry (see `merge_device_level`).
     pub attribution: Attribution,
+    /// Its per-process fields (`GPU_UTIL`, `FB_USED`) carried a real `pod_uid`: the exporter
+    /// found the pod (reference dcgm NOTES §11.1-11.2).
+    pub real_pod_uid: bool,
     pub points: Vec<Point>,
 }
 
@@ -98,9 +101,13 @@ pub enum Attribution {
     #[default]
     Exclusive,
     /// One of several pods time-slicing the device (`vgpu` label): each point carries the
-    /// device's readings, or where the exporter maps processes to pods (`hostPID` and a real
-    /// `pod_uid`), the pod's own utilization and memory without the device-wide compute fields.
+    /// device's readings (every sharer reads the whole GPU's work).
     Shared,
+    /// A sharer whose utilization and memory are its own processes' (`hostPID`, a real
+    /// `pod_uid` on every sharer, and their sums account for the device-level readings): the
+    /// device-wide compute fields and power are dropped; its memory counts compute processes
+    /// only, so an empty one proves nothing.
+    OwnProcesses,
     /// A sharer's copies with no device-level series beside them (a relabeling or the selector
     /// left it out of the store): its utilization and memory are the pod's placeholders, zeros
     /// that prove nothing, so it cannot be judged.
@@ -119,6 +126,7 @@ impl GpuSeries {
             model: label("modelName").map(str::to_string),
             source: source.clone(),
             attribution: if label("vgpu").is_some_and(|v| !v.is_empty()) { Attribution::Shared } else { Attribution::Exclusive },
+            real_pod_uid: false,
             points: Vec::new(),
         })
     }
@@ -160,17 +168,63 @@ impl SourceFailure {
     }
 }
 
+/// One GPU key reported by more than one scrape target (two exporter URLs, or two `instance`
+/// labels behind Prometheus). A real GPU has one exporter; where a store lets others write, a
+/// forged copy of an idle GPU looks exactly like this, so it is shown, never trusted quietly.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Twin {
+    pub uuid: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The targets that reported it (the first few).
+    pub reported_by: Vec<String>,
+}
+
+/// Twins one collection lists at most (the count is kept beyond it).
+pub const MAX_TWINS_LISTED: usize = 20;
+
 /// What one collection round returned.
 #[derive(Debug, Default)]
 pub struct Collection {
     pub series: Vec<GpuSeries>,
     pub failures: Vec<SourceFailure>,
+    /// GPU keys more than one scrape target reported (the first `MAX_TWINS_LISTED`).
+    pub twins: Vec<Twin>,
+    /// How many there were in all.
+    pub twin_count: usize,
     /// HTTP requests made (the benchmark checks this does not grow with the fleet).
     pub requests: usize,
     /// Set when each point is a finished sample of its own step (Prometheus history: the
     /// highest raw sample in the step ending at its time), not one more reading to merge into
     /// the pass's sample (an exporter scrape).
     pub step: Option<std::time::Duration>,
+}
+
+/// Records one more target for `key` in `seen`: `true` the first time a second one shows.
+pub fn note_target(seen: &mut HashMap<GpuKey, Vec<String>>, key: &GpuKey, target: &str) -> bool {
+    let targets = seen.entry(key.clone()).or_default();
+    if targets.iter().any(|t| t == target) {
+        return false;
+    }
+    if targets.len() < 4 {
+        targets.push(target.to_string());
+    }
+    targets.len() == 2
+}
+
+/// The twins among `seen` (keys with two or more targets), sorted, listed up to the bound.
+pub fn twins_of(seen: HashMap<GpuKey, Vec<String>>) -> (Vec<Twin>, usize) {
+    let mut twins: Vec<Twin> = seen
+        .into_iter()
+        .filter(|(_, t)| t.len() > 1)
+        .map(|(k, reported_by)| Twin { uuid: k.uuid, gpu_instance: k.gpu_instance, pod: k.pod, reported_by })
+        .collect();
+    twins.sort_by(|a, b| (&a.uuid, &a.gpu_instance, &a.pod).cmp(&(&b.uuid, &b.gpu_instance, &b.pod)));
+    let count = twins.len();
+    twins.truncate(MAX_TWINS_LISTED);
+    (twins, count)
 }
 
 /// A place GPU readings come from. Both sources yield the same series, so the windows and
@@ -190,6 +244,22 @@ impl GpuSource for Sources {
         match self {
             Sources::Exporters(s) => s.collect(now).await,
             Sources::Prometheus(s) => s.collect(now).await,
+        }
+    }
+}
+
+impl Sources {
+    /// Whether a pass lists the workspaces before it reads this source, to hold only their
+    /// series (`want`): Prometheus answers for the whole store, however many series others put
+    /// there. An exporter's body is bounded by its own limits, so it is read beside the listing.
+    pub fn lists_first(&self) -> bool {
+        matches!(self, Sources::Prometheus(_))
+    }
+
+    /// The workspaces whose series to hold from now on (only where `lists_first`).
+    pub fn want(&self, workspaces: HashSet<String>) {
+        if let Sources::Prometheus(s) = self {
+            s.want(workspaces);
         }
     }
 }
@@ -245,21 +315,46 @@ impl Ownership {
 /// (`pod` beside them is the exporter's), and the exporter's own spelling.
 const WORKLOAD_LABELS: [(&str, &str); 3] = [("exported_pod", "exported_namespace"), ("pod_name", "pod_namespace"), ("pod", "namespace")];
 
-/// The first UUID inside a pod name. The official Kubernetes template names the Deployment
-/// `coder-<workspace id>`, so its pods are `coder-<workspace id>-<replicaset>-<pod>`.
+/// The workspace id of a pod named as the official Kubernetes template names it: the
+/// Deployment is `coder-<workspace id>`, so its pods are `coder-<workspace id>-<replicaset>-<pod>`
+/// (a bare pod: `coder-<workspace id>`). Only there: a pod `batch-<id>-run7` that someone names
+/// after a workspace is nobody's workspace.
 pub fn find_uuid(text: &str) -> Option<String> {
     const DASHES: [usize; 4] = [8, 13, 18, 23];
-    let b = text.as_bytes();
-    if b.len() < 36 {
-        return None;
-    }
-    (0..=b.len() - 36).find_map(|start| {
-        let w = &b[start..start + 36];
-        let ok = w.iter().enumerate().all(|(i, c)| if DASHES.contains(&i) { *c == b'-' } else { c.is_ascii_hexdigit() });
-        let bounded = start == 0 || !b[start - 1].is_ascii_hexdigit();
-        (ok && bounded).then(|| String::from_utf8_lossy(w).to_ascii_lowercase())
-    })
+    let w = text.strip_prefix("coder-")?.as_bytes();
+    let id = w.get(..36)?;
+    let ok = id.iter().enumerate().all(|(i, c)| if DASHES.contains(&i) { *c == b'-' } else { c.is_ascii_hexdigit() });
+    let ends = w.get(36).is_none_or(|c| *c == b'-');
+    (ok && ends).then(|| String::from_utf8_lossy(id).to_ascii_lowercase())
 }
+
+/// GPU series one pod may name in one answer: one more than a workspace may have, so that a pod
+/// naming too many reaches the windows as too many (`too-many-gpu-series`) and costs no more.
+/// A pod over it fails that pod's workspace, never the whole source.
+pub const MAX_SERIES_PER_POD: usize = window::MAX_GPUS_PER_WORKSPACE + 1;
+
+/// Counts the GPU series each workspace pod names in one answer (series of no workspace pod, a
+/// device's own among them, count only against the source's cap: behind Prometheus they carry
+/// the exporter's own pod, which names one node's GPUs).
+#[derive(Debug, Default)]
+pub struct PerPod(HashMap<String, usize>);
+
+impl PerPod {
+    /// Whether one more series of `pod` is kept.
+    pub fn admit(&mut self, pod: Option<&str>) -> bool {
+        let Some(pod) = pod else { return true };
+        if let Some(n) = self.0.get_mut(pod) {
+            *n += 1;
+            return *n <= MAX_SERIES_PER_POD;
+        }
+        self.0.insert(pod.to_string(), 1);
+        true
+    }
+}
+
+/// A label set's GPU (its place in the series) and its `pod_uid`: absent, empty
+/// (`Some(false)`) or a real UID (`Some(true)`); `None` when it names no GPU.
+type Slot = Option<(usize, Option<bool>)>;
 
 /// Groups parsed exposition samples into one series per GPU (per pod, for shared GPUs), each
 /// with one point at `at`.
@@ -278,7 +373,7 @@ pub fn series_from_exposition(
     at: DateTime<Utc>,
     source: &Arc<str>,
     ownership: &Ownership,
-) -> (Vec<GpuSeries>, Vec<expo::ParseError>) {
+) -> (Vec<GpuSeries>, expo::ParseErrors) {
     let (series, errors, _) = series_from_exposition_capped(text, at, source, ownership, usize::MAX);
     (series, errors)
 }
@@ -292,19 +387,20 @@ pub fn series_from_exposition_capped(
     source: &Arc<str>,
     ownership: &Ownership,
     max_gpus: usize,
-) -> (Vec<GpuSeries>, Vec<expo::ParseError>, bool) {
+) -> (Vec<GpuSeries>, expo::ParseErrors, bool) {
     let mut by_gpu: HashMap<GpuKey, usize> = HashMap::new();
     let mut series: Vec<GpuSeries> = Vec::new();
     // Each label set read, by its text: the GPU it names (in `series`) and whether its `pod_uid`
     // is empty; `None` when it names none. Every family repeats a GPU's set, so each is parsed
     // once per scrape. Bounded: past the bound, sets are parsed line by line.
-    let mut by_text: HashMap<&str, Option<(usize, bool)>> = HashMap::new();
-    let mut by_place: Vec<(&str, Option<(usize, bool)>)> = Vec::new();
+    let mut by_text: HashMap<&str, Slot> = HashMap::new();
+    let mut by_place: Vec<(&str, Slot)> = Vec::new();
     let mut family = ("", 0usize);
     let max_texts = max_gpus.saturating_mul(8).min(1 << 16);
     let mut labels = Vec::with_capacity(16);
-    let mut label_errors = Vec::new();
+    let mut label_errors = expo::ParseErrors::default();
     let mut over = false;
+    let mut per_pod = PerPod::default();
     // Per-pod `GPU_UTIL`/`FB_USED` with an empty `pod_uid`: kept only where their GPU has no
     // device-level series (see above), known once the whole scrape is read.
     // One value per GPU and field name, so bounded by the series cap.
@@ -331,13 +427,16 @@ pub fn series_from_exposition_capped(
                         label_errors.push(expo::ParseError { line: line.number, message });
                         return;
                     }
-                    let label = |k: &str| expo::label(&labels, k);
+                    // dcgm-exporter never writes `exported_*` labels itself (only a Prometheus
+                    // scrape renames colliding ones): on a scraped body they are a forgery.
+                    let label = |k: &str| if k.starts_with("exported_") { None } else { expo::label(&labels, k) };
                     let gpu = GpuKey::from_labels(label, ownership).and_then(|key| match by_gpu.get(&key) {
                         Some(&i) => Some(i),
                         None if by_gpu.len() >= max_gpus => {
                             over = true;
                             None
                         }
+                        None if !per_pod.admit(key.pod.as_deref()) => None,
                         None => {
                             let new = GpuSeries::from_labels(label, source, ownership)?;
                             by_gpu.insert(key, series.len());
@@ -345,7 +444,8 @@ pub fn series_from_exposition_capped(
                             Some(series.len() - 1)
                         }
                     });
-                    let slot = gpu.map(|i| (i, label("pod_uid") == Some("")));
+                    // `pod_uid`: absent, empty (`Some(false)`) or a real UID (`Some(true)`).
+                    let slot = gpu.map(|i| (i, label("pod_uid").map(|u| !u.is_empty())));
                     if by_text.len() < max_texts {
                         by_text.insert(line.labels_text, slot);
                         if by_place.len() == place {
@@ -355,9 +455,15 @@ pub fn series_from_exposition_capped(
                     slot
                 }
             };
-            let Some((i, empty_pod_uid)) = slot else { return };
+            let Some((i, pod_uid)) = slot else { return };
             let name = signals::read_as(line.name, line.integer);
-            if empty_pod_uid && signals::lookup(name).is_some_and(|m| m.signal.per_process()) {
+            let per_process = signals::lookup(name).is_some_and(|m| m.signal.per_process());
+            if per_process && pod_uid == Some(true) {
+                if let Some(gpu) = series.get_mut(i) {
+                    gpu.real_pod_uid = true;
+                }
+            }
+            if per_process && pod_uid == Some(false) {
                 if let Some(name) = signals::NAMES.iter().map(|m| m.name).find(|n| *n == name) {
                     let v = maybe_placeholders.entry((i, name)).or_insert(line.value);
                     *v = v.max(line.value);
@@ -369,7 +475,7 @@ pub fn series_from_exposition_capped(
             }
         },
     );
-    expo::merge_errors(&mut errors, label_errors);
+    errors.merge(label_errors);
     let device_level: HashSet<(&str, Option<&str>)> =
         series.iter().filter(|s| s.key.pod.is_none()).map(|s| (s.key.uuid.as_str(), s.key.gpu_instance.as_deref())).collect();
     let own: Vec<bool> = series.iter().map(|s| !device_level.contains(&(s.key.uuid.as_str(), s.key.gpu_instance.as_deref()))).collect();
@@ -388,14 +494,17 @@ pub fn series_from_exposition_capped(
 /// zeros prove nothing) and any field its series lacks; its copies of the other fields (power,
 /// video engines, energy, profiling) are the device's values already.
 ///
-/// The sharers of a time-sliced GPU read the same, except where the exporter maps processes to
-/// pods (`hostPID` and real `pod_uid`s: some sharer's own utilization or memory reads above
-/// zero, reference dcgm NOTES §11.2): there each keeps its own utilization and memory and loses
-/// the device-wide compute fields (GR, SM, tensor, power; DRAM too where a sharer's kernels
-/// explain it), which are every sharer's, so a busy sharer no longer keeps an idle one. The
-/// video engines stay (no per-process field says whose), and so does DRAM with no kernel on the
-/// GPU (copy-only work, someone's). A sharer with no device-level series beside it cannot be
-/// read at all: `Attribution::DeviceSeriesMissing`.
+/// The sharers of a time-sliced GPU read the same (`Shared`), unless their own readings can be
+/// trusted (`OwnProcesses`, reference dcgm NOTES §11.2): every sharer's per-process fields carry
+/// a real `pod_uid`, and at every time the sharers' own utilization and memory add up to the
+/// device-level readings (an unmapped process, a `GetProcessUtilization` that is not supported,
+/// a graphics process whose memory is not a compute process's: they do not, and the device's
+/// are read). Then each sharer keeps its own utilization and memory and loses the device-wide
+/// compute fields (GR, SM, tensor, power), which are every sharer's, so a busy sharer no longer
+/// keeps an idle one. The video engines stay (no per-process field says whose), and so does DRAM
+/// for a sharer that holds memory (its copies cannot be told from another sharer's kernels);
+/// a sharer that holds none copies nothing. A sharer with per-process fields but no
+/// device-level series beside it cannot be read: `DeviceSeriesMissing`.
 pub fn merge_device_level(series: &mut [GpuSeries]) {
     type Gpu = (String, Option<String>);
     let mut gpus: HashMap<Gpu, (Option<usize>, Vec<usize>)> = HashMap::new();
@@ -406,42 +515,33 @@ pub fn merge_device_level(series: &mut [GpuSeries]) {
             Some(_) => entry.1.push(i),
         }
     }
+    let per_process = |p: &Point| p.values.get(Signal::GpuUtil).is_some() || p.values.get(Signal::FbUsedMib).is_some();
     for (device, pods) in gpus.into_values() {
+        let sharers: Vec<usize> = pods.iter().copied().filter(|&i| series[i].attribution == Attribution::Shared).collect();
         let Some(dev) = device else {
-            for &i in &pods {
-                if series[i].attribution == Attribution::Shared {
+            for &i in &sharers {
+                if series[i].points.iter().any(per_process) {
                     series[i].attribution = Attribution::DeviceSeriesMissing;
                 }
             }
             continue;
         };
         let dev_points = series[dev].points.clone();
-        // The times at which the sharers' own readings show the exporter maps processes to
-        // pods, and those at which one of them runs kernels.
-        let (mut mapped, mut kernels) = (HashSet::new(), HashSet::new());
-        for &i in pods.iter().filter(|&&i| series[i].attribution == Attribution::Shared) {
-            for p in &series[i].points {
-                let above = |s: Signal| p.values.get(s).is_some_and(|v| v > 0.0);
-                if above(Signal::GpuUtil) || above(Signal::FbUsedMib) {
-                    mapped.insert(p.at);
-                }
-                if above(Signal::GpuUtil) {
-                    kernels.insert(p.at);
-                }
-            }
-        }
+        let own = !sharers.is_empty() && sharers.iter().all(|&i| series[i].real_pod_uid) && accounts_for(series, &sharers, &dev_points);
         for &i in &pods {
-            let shared = series[i].attribution == Attribution::Shared;
-            for p in &mut series[i].points {
-                if shared && mapped.contains(&p.at) {
+            if own && series[i].attribution == Attribution::Shared {
+                series[i].attribution = Attribution::OwnProcesses;
+                for p in &mut series[i].points {
                     for signal in [Signal::GrEngineActive, Signal::SmActive, Signal::TensorActive, Signal::PowerWatts] {
                         p.values.clear(signal);
                     }
-                    if kernels.contains(&p.at) {
+                    if p.values.get(Signal::FbUsedMib).is_none_or(|fb| fb <= 0.0) {
                         p.values.clear(Signal::DramActive);
                     }
-                    continue;
                 }
+                continue;
+            }
+            for p in &mut series[i].points {
                 let Ok(j) = dev_points.binary_search_by(|q| q.at.cmp(&p.at)) else { continue };
                 let d = dev_points[j];
                 for signal in Signal::ALL {
@@ -455,6 +555,26 @@ pub fn merge_device_level(series: &mut [GpuSeries]) {
             }
         }
     }
+}
+
+/// Whether the sharers' own utilization and memory add up to the device-level readings at every
+/// time the device has them (within 5 points of utilization, and 80 % of the memory less 256 MiB
+/// of the driver's own): only then are their own readings the whole story.
+fn accounts_for(series: &[GpuSeries], sharers: &[usize], device: &[Point]) -> bool {
+    device.iter().all(|d| {
+        let mut sums = (0.0, 0.0, false);
+        for &i in sharers {
+            if let Ok(j) = series[i].points.binary_search_by(|q| q.at.cmp(&d.at)) {
+                let v = &series[i].points[j].values;
+                sums.0 += v.get(Signal::GpuUtil).unwrap_or(0.0);
+                sums.1 += v.get(Signal::FbUsedMib).unwrap_or(0.0);
+                sums.2 = true;
+            }
+        }
+        let util_ok = d.values.get(Signal::GpuUtil).is_none_or(|u| sums.0 >= u - 0.05);
+        let fb_ok = d.values.get(Signal::FbUsedMib).is_none_or(|fb| sums.1 >= 0.8 * fb - 256.0);
+        sums.2 && util_ok && fb_ok
+    })
 }
 
 #[cfg(test)]
@@ -483,6 +603,11 @@ mod tests {
         assert_eq!(find_uuid("coder-alice-main-7d9f8b6c5d-x2x9k"), None);
         assert_eq!(find_uuid(""), None);
         assert_eq!(find_uuid("tensorflow-0"), None);
+        // Only the template's naming: a pod named after a workspace elsewhere is nobody's.
+        assert_eq!(find_uuid(&format!("batch-{id}-run7")), None);
+        assert_eq!(find_uuid(&format!("xcoder-{id}-abc")), None);
+        assert_eq!(find_uuid(&format!("coder-{id}0-abc")), None);
+        assert_eq!(find_uuid(&format!("coder-{id}")).as_deref(), Some(id));
     }
 
     #[test]

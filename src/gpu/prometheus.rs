@@ -20,7 +20,7 @@
 //! unknown, never zero.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,11 +35,11 @@ use tokio::task::JoinSet;
 
 use super::signals::{NAMES, Signal};
 use crate::error::Error;
-use crate::http::{StreamError, Tls, host_port, read_split, redact};
+use crate::http::{Outbound, StreamError, host_port, read_split, redact};
 use crate::json_read::{ReadError, Reader, malformed, read_at_start, read_whole};
 use crate::json_split::{OnElement, Splitter};
 
-use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, SourceFailure, merge_device_level};
+use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, PerPod, SourceFailure, merge_device_level, note_target, twins_of};
 
 /// One query's body at most (uncompressed); over 10,000 GPUs a steady-state pass reads about
 /// 3 MB per field, the first pass about 14 MB.
@@ -57,9 +57,9 @@ pub const MAX_QUERIES_IN_FLIGHT: usize = 6;
 
 /// The labels a point is aggregated by: what identifies a GPU (`UUID`, or `uuid` with `-o`; a MIG
 /// instance), its pod and namespace (as the exporter names them, as Prometheus renames them, and
-/// with `-o`), its model, and the virtual-GPU marker. The scrape target's `instance`, `job`,
-/// `pod` of the exporter and the like are dropped (`pod` is kept for the workload when there is
-/// no `exported_pod`).
+/// with `-o`), its model, the virtual-GPU marker, and the scrape target's `instance` (one GPU
+/// reported by two targets is a `Twin`). The target's `job`, `pod` of the exporter and the like
+/// are dropped (`pod` is kept for the workload when there is no `exported_pod`).
 const BY: &[&str] = &[
     "UUID",
     "uuid",
@@ -72,7 +72,13 @@ const BY: &[&str] = &[
     "pod_namespace",
     "modelName",
     "vgpu",
+    "pod_uid",
+    "instance",
 ];
+
+/// The scrape job of dcgm-exporter as the GPU Operator's ServiceMonitor names it (its Service):
+/// a series counts only with this `job` label unless `prometheus_job` says another.
+pub const DEFAULT_JOB: &str = "nvidia-dcgm-exporter";
 
 /// Options for stores people run at scale.
 #[derive(Debug, Clone)]
@@ -84,18 +90,33 @@ pub struct PrometheusOptions {
     /// Ask for the power draw too: only a policy with a power veto (`active_power_watts`) reads
     /// it, and each field is a sixth of what Prometheus does per pass.
     pub power: bool,
-    /// Label matchers added to every query (`job="nvidia-dcgm-exporter"`): only the exporter's
-    /// series count, not a look-alike series another job exports with a workspace's pod label.
+    /// Label matchers added to every query (`exported_namespace="coder"`).
     pub selector: Option<String>,
+    /// The exporter's scrape job: only series with this `job` label count, not a look-alike
+    /// another job exports (or pushes) with a workspace's pod label; `None`: any job.
+    pub job: Option<String>,
     /// Distinct GPU series one pass may hold (`max_gpu_series`).
     pub max_series: usize,
 }
 
 impl Default for PrometheusOptions {
     fn default() -> Self {
-        PrometheusOptions { headers: Vec::new(), bearer_token_file: None, power: false, selector: None, max_series: DEFAULT_MAX_SERIES }
+        PrometheusOptions {
+            headers: Vec::new(),
+            bearer_token_file: None,
+            power: false,
+            selector: None,
+            job: Some(DEFAULT_JOB.to_string()),
+            max_series: DEFAULT_MAX_SERIES,
+        }
     }
 }
+
+/// What one fetch's points may hold (the points of a GPU's series, before the windows take
+/// them): 10,000 GPUs over the default 34 steps take 22 MB.
+pub const MAX_POINTS_BYTES: usize = 64 << 20;
+/// What one point costs (`Point`: its time, nine f32 readings, the energy counter).
+pub const POINT_BYTES: usize = std::mem::size_of::<super::Point>();
 
 /// Room for points reserved per GPU at most (more steps grow as they come).
 const MAX_STEPS_RESERVED: usize = 1024;
@@ -109,12 +130,14 @@ const REMEMBERED_ENTRY_BYTES: usize = 64;
 /// Fetches of at most this many steps are aggregated by `BY` (see the module's notes).
 const AGGREGATE_UP_TO_STEPS: i64 = 10;
 
-/// What narrows every query: the namespace filter, the workspace label, the selector.
-#[derive(Debug, Clone, Copy)]
+/// What narrows every query: the namespace filter, the workspace label, the selector, the
+/// exporter's job.
+#[derive(Debug, Clone, Copy, Default)]
 struct Filters<'a> {
     namespace: Option<&'a str>,
     workspace_label: Option<&'a str>,
     selector: Option<&'a str>,
+    job: Option<&'a str>,
 }
 
 /// One query: one exporter field, a signal or the energy counter.
@@ -144,9 +167,11 @@ impl QuerySpec {
     /// are real (reference dcgm NOTES §10).
     fn promql(&self, step_secs: u64, filters: Filters<'_>, aggregate: bool) -> String {
         let name = self.name;
-        let Filters { namespace, workspace_label, selector } = filters;
+        let Filters { namespace, workspace_label, selector, job } = filters;
+        let job = job.map(|j| format!("job=\"{}\"", j.replace('\\', "\\\\").replace('"', "\\\"")));
         let select = |ns_matcher: &str| {
-            let matchers: Vec<&str> = [selector.unwrap_or(""), ns_matcher].into_iter().filter(|m| !m.is_empty()).collect();
+            let matchers: Vec<&str> =
+                [job.as_deref().unwrap_or(""), selector.unwrap_or(""), ns_matcher].into_iter().filter(|m| !m.is_empty()).collect();
             let raw = format!("max_over_time({name}{{{}}}[{step_secs}s])", matchers.join(","));
             if !aggregate {
                 return raw;
@@ -377,6 +402,10 @@ pub fn read_answer(status: u16, body: &[u8], on_series: &mut dyn FnMut(Series<'_
 }
 
 /// One pass's answers, folded per GPU and step as they stream in.
+/// What a label set says once parsed: its series (its place in `series`), whether it carries a
+/// real `pod_uid`, and its scrape target (`instance`).
+type Known = (usize, bool, Option<Arc<str>>);
+
 struct Fold {
     source: Arc<str>,
     ownership: Ownership,
@@ -387,6 +416,18 @@ struct Fold {
     /// At most this many series; `over` once an answer named more (nothing more is created).
     max_series: usize,
     over: bool,
+    /// Each pod's series (at most `MAX_SERIES_PER_POD`: one pod never fails the source).
+    per_pod: PerPod,
+    /// The step, seconds: points are kept only on the grid `span.0 + k * step_secs`.
+    step_secs: i64,
+    /// Points this fetch may still create (`MAX_POINTS_BYTES`): bounded by bytes, whatever the
+    /// series and steps.
+    points_left: usize,
+    /// Per workspace series (its place in `series`): each scrape target (`instance`) that
+    /// reported it, with its first and last step (at most four targets).
+    instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>,
+    /// The workspaces whose series are held (the pass's listing); `None`: every one.
+    wanted: Option<Arc<HashSet<String>>>,
     /// The steps asked for (unix seconds): points outside are dropped, so no answer can grow a
     /// series past the steps of the pass.
     span: (i64, i64),
@@ -394,7 +435,7 @@ struct Fold {
     /// Every query of a pass gives a GPU the same labels (`max_over_time` drops the metric name).
     /// Only aggregated passes (every pass after the first) remember them: a whole-window fetch
     /// is the peak of `plan`'s memory, and there memory goes before CPU.
-    by_labels: HashMap<Vec<u8>, Option<usize>>,
+    by_labels: HashMap<Vec<u8>, Option<Known>>,
     /// Bytes left to remember label sets with this pass (none in a whole-window fetch), each
     /// charged its text and `REMEMBERED_ENTRY_BYTES`: a real set is a few hundred bytes (245 in
     /// the bench), and an answer must not grow memory past a bound.
@@ -404,44 +445,85 @@ struct Fold {
 impl Fold {
     /// One series of an answer (`read_series`'s labels and points).
     fn add_read(&mut self, spec: QuerySpec, metric: &[u8], points: &[(f64, Option<f64>)]) -> Result<(), String> {
-        let i = match self.by_labels.get(metric) {
-            Some(known) => *known,
+        let known = match self.by_labels.get(metric) {
+            Some(known) => known.clone(),
             None => {
                 // Not serde's message: it quotes the peer's text (up to a whole piece of it).
                 let labels: Labels<'_> =
                     serde_json::from_slice(metric).map_err(|_| "a series' labels are not a map of strings".to_string())?;
-                let i = self.gpu_of(&labels);
+                let known = self.gpu_of(&labels).map(|i| {
+                    let real_pod_uid = labels.get("pod_uid").is_some_and(|u| !u.is_empty());
+                    (i, real_pod_uid, labels.get("instance").map(Arc::from))
+                });
                 let cost = metric.len() + REMEMBERED_ENTRY_BYTES;
                 if cost <= self.remember_budget {
                     self.remember_budget -= cost;
-                    self.by_labels.insert(metric.to_vec(), i);
+                    self.by_labels.insert(metric.to_vec(), known.clone());
                 }
-                i
+                known
             }
         };
-        if let Some(gpu) = i.and_then(|i| self.series.get_mut(i)) {
-            let (start, end) = self.span;
-            let values = points
-                .iter()
-                .filter(|(t, _)| (start as f64..=end as f64).contains(t))
-                .filter_map(|(t, v)| Some((DateTime::from_timestamp(t.round() as i64, 0)?, (*v)?)));
-            gpu.add_values(spec.name, values);
+        let Some((i, real_pod_uid, instance)) = known else { return Ok(()) };
+        let Some(gpu) = self.series.get_mut(i) else { return Ok(()) };
+        if real_pod_uid && super::signals::lookup(spec.name).is_some_and(|m| m.signal.per_process()) {
+            gpu.real_pod_uid = true;
         }
+        // Only the steps asked for: a point off the step grid, or outside the span, is no
+        // answer to this query (Prometheus writes every point at start + k * step), and is
+        // dropped, so no answer can grow a series past the steps of the fetch.
+        let (start, end) = self.span;
+        let step = self.step_secs.max(1);
+        let on_grid = |t: f64| t.fract() == 0.0 && (start as f64..=end as f64).contains(&t) && (t as i64 - start) % step == 0;
+        let values = points.iter().filter(|(t, _)| on_grid(*t)).filter_map(|(t, v)| Some((DateTime::from_timestamp(*t as i64, 0)?, (*v)?)));
+        // Charged by the room the points take (a series' room was charged when it was made).
+        let before = gpu.points.capacity();
+        if let Some(instance) = instance.filter(|_| gpu.workspace_id.is_some()) {
+            let times = points.iter().map(|(t, _)| *t).filter(|t| on_grid(*t)).map(|t| t as i64);
+            if let (Some(first), Some(last)) = (times.clone().min(), times.max()) {
+                let targets = self.instances.entry(i).or_default();
+                if let Some((_, a, b)) = targets.iter_mut().find(|(t, _, _)| *t == instance) {
+                    (*a, *b) = ((*a).min(first), (*b).max(last));
+                } else if targets.len() < 4 {
+                    targets.push((instance, first, last));
+                }
+            }
+        }
+        gpu.add_values(spec.name, values);
+        let added = gpu.points.capacity().saturating_sub(before);
+        self.points_left = self.points_left.checked_sub(added).ok_or_else(|| {
+            format!(
+                "the answers hold more than {} points ({} MiB at {POINT_BYTES} bytes each): shorten the look-back, or narrow the queries with prometheus_selector",
+                MAX_POINTS_BYTES / POINT_BYTES,
+                MAX_POINTS_BYTES >> 20
+            )
+        })?;
         Ok(())
     }
 
     /// The GPU a label set names (its place in `series`, made when new), if any.
     fn gpu_of(&mut self, labels: &Labels<'_>) -> Option<usize> {
         let key = GpuKey::from_labels(|k| labels.get(k), &self.ownership)?;
+        if key.pod.is_some() {
+            // A workload series of a workspace the listing does not name is nobody's: not held.
+            let (id, _) = self.ownership.owner(|k| labels.get(k));
+            if let Some(wanted) = &self.wanted {
+                if id.as_deref().is_none_or(|id| !wanted.contains(id)) {
+                    return None;
+                }
+            }
+        }
         match self.index.get(&key) {
             Some(&i) => Some(i),
             None if self.series.len() >= self.max_series => {
                 self.over = true;
                 None
             }
+            None if !self.per_pod.admit(key.pod.as_deref()) => None,
             None => {
                 let mut new = GpuSeries::from_labels(|k| labels.get(k), &self.source, &self.ownership)?;
-                new.points.reserve_exact(self.steps);
+                let room = self.steps.min(self.points_left);
+                self.points_left -= room;
+                new.points.reserve_exact(room);
                 self.index.insert(key, self.series.len());
                 self.series.push(new);
                 Some(self.series.len() - 1)
@@ -465,11 +547,13 @@ pub struct PrometheusSource {
     /// The end of the last fetch that succeeded (unix seconds, step-aligned): the next fetches
     /// only the steps after it.
     fetched_until: Mutex<Option<i64>>,
+    /// The workspaces the latest listing named (`want`): only their series are held.
+    wanted: Mutex<Option<Arc<HashSet<String>>>>,
 }
 
 impl PrometheusSource {
     pub fn new(base: &Url, ownership: Ownership, range: Duration, step: Duration, timeout: Duration) -> Result<Self, Error> {
-        Self::with_options(base, ownership, range, step, timeout, &Tls::default(), DEFAULT_MAX_BODY, PrometheusOptions::default())
+        Self::with_options(base, ownership, range, step, timeout, &Outbound::default(), DEFAULT_MAX_BODY, PrometheusOptions::default())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -479,11 +563,11 @@ impl PrometheusSource {
         range: Duration,
         step: Duration,
         timeout: Duration,
-        tls: &Tls,
+        outbound: &Outbound,
         max_body: usize,
         options: PrometheusOptions,
     ) -> Result<Self, Error> {
-        let http = crate::http::client(timeout, Duration::from_secs(5), tls)?;
+        let http = crate::http::client(timeout, Duration::from_secs(5), outbound)?;
         for (k, v) in &options.headers {
             if HeaderName::from_bytes(k.as_bytes()).is_err() || HeaderValue::from_str(v).is_err() {
                 return Err(Error::config(format!("prometheus_headers: {k:?} is not a valid HTTP header name and value")));
@@ -500,7 +584,14 @@ impl PrometheusSource {
             step: step.max(Duration::from_secs(1)),
             options,
             fetched_until: Mutex::new(None),
+            wanted: Mutex::new(None),
         })
+    }
+
+    /// Holds only the series of these workspaces from the next fetch on (the pass's listing):
+    /// a store naming other pods, however many, costs nothing but the bytes read.
+    pub fn want(&self, workspaces: HashSet<String>) {
+        *self.wanted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(workspaces));
     }
 
     /// Every query a fetch sends: of the whole window (`aggregate = false`), or of a few new
@@ -514,6 +605,7 @@ impl PrometheusSource {
             namespace: self.ownership.namespace.as_deref(),
             workspace_label: self.ownership.workspace_id_label.as_deref(),
             selector: self.options.selector.as_deref(),
+            job: self.options.job.as_deref(),
         };
         spec.promql(self.step.as_secs().max(1), filters, aggregate)
     }
@@ -557,6 +649,69 @@ struct Query {
     headers: HeaderMap,
 }
 
+impl PrometheusSource {
+    /// Every field's query over one slice of steps, a few at a time, folded into `fold`; the
+    /// failures (none: the slice is whole).
+    async fn fetch_slice(
+        &self,
+        specs: &[QuerySpec],
+        headers: &HeaderMap,
+        range: (i64, i64, u64),
+        aggregate: bool,
+        fold: &Arc<Mutex<Fold>>,
+    ) -> Vec<SourceFailure> {
+        // A few queries at a time: each keeps Prometheus busy evaluating it (a whole window over
+        // 10,000 GPUs is 700,000 points per field); more would only queue there.
+        let in_flight = Arc::new(Semaphore::new(MAX_QUERIES_IN_FLIGHT));
+        let mut tasks = JoinSet::new();
+        for &spec in specs {
+            let in_flight = in_flight.clone();
+            let q = Query { http: self.http.clone(), base: self.base.clone(), max_body: self.max_body, headers: headers.clone() };
+            let query = self.promql(spec, aggregate);
+            let fold = fold.clone();
+            tasks.spawn(async move {
+                let _permit = in_flight.acquire_owned().await;
+                (spec, query_range(q, spec, query, range, fold).await)
+            });
+        }
+        let mut failures = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((_, Ok(()))) => {}
+                Ok((spec, Err(error))) => {
+                    failures.push(SourceFailure::new(self.shown.clone(), self.host.clone(), format!("{} query: {error}", spec.name)))
+                }
+                Err(e) => failures.push(SourceFailure::new(self.shown.clone(), self.host.clone(), format!("a query task failed: {e}"))),
+            }
+        }
+        failures
+    }
+}
+
+/// The workspace GPU keys that two scrape targets reported over at least two common steps. An
+/// exporter restart (a new pod, a new `instance`) overlaps the old one by a step at most; a copy
+/// of a GPU forged into the store overlaps it throughout.
+fn twins_in(series: &[GpuSeries], instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>, step: i64) -> (Vec<super::Twin>, usize) {
+    let mut seen: HashMap<GpuKey, Vec<String>> = HashMap::new();
+    for (i, targets) in instances {
+        let Some(s) = series.get(i) else { continue };
+        let overlapping = targets
+            .iter()
+            .enumerate()
+            .any(|(a, (_, a0, a1))| targets.iter().skip(a + 1).any(|(_, b0, b1)| (*a1).min(*b1) - (*a0).max(*b0) >= step));
+        if overlapping {
+            for (t, _, _) in &targets {
+                note_target(&mut seen, &s.key, t);
+            }
+        }
+    }
+    twins_of(seen)
+}
+
+/// Steps one query asks for at most: a longer fetch (a first pass over a long look-back) is
+/// sent as slices of this many steps, oldest first.
+const SLICE_STEPS: i64 = 60;
+
 /// Sends one `query_range` and folds its answer into `fold` as it streams in.
 async fn query_range(q: Query, spec: QuerySpec, query: String, range: (i64, i64, u64), fold: Arc<Mutex<Fold>>) -> Result<(), String> {
     let (start, end, step) = range;
@@ -575,20 +730,20 @@ async fn query_range(q: Query, spec: QuerySpec, query: String, range: (i64, i64,
 impl GpuSource for PrometheusSource {
     async fn collect(&self, now: DateTime<Utc>) -> Collection {
         let specs = QuerySpec::all(self.options.power);
-        let requests = specs.len();
         let Some((start, end)) = self.span(now) else {
-            return Collection { series: Vec::new(), failures: Vec::new(), requests: 0, step: Some(self.step) };
+            return Collection { series: Vec::new(), failures: Vec::new(), requests: 0, step: Some(self.step), ..Collection::default() };
         };
         let headers = match self.headers() {
             Ok(h) => h,
             Err(error) => {
                 let failures = vec![SourceFailure::new(self.shown.clone(), self.host.clone(), error)];
-                return Collection { series: Vec::new(), failures, requests: 0, step: Some(self.step) };
+                return Collection { series: Vec::new(), failures, requests: 0, step: Some(self.step), ..Collection::default() };
             }
         };
         let step = self.step.as_secs().max(1);
         let steps = (end - start) / step as i64 + 1;
         let aggregate = steps <= AGGREGATE_UP_TO_STEPS;
+        let requests = specs.len() * usize::try_from((steps + SLICE_STEPS - 1) / SLICE_STEPS).unwrap_or(1);
         let fold = Arc::new(Mutex::new(Fold {
             source: Arc::from(self.shown.as_str()),
             ownership: self.ownership.clone(),
@@ -597,53 +752,64 @@ impl GpuSource for PrometheusSource {
             series: Vec::new(),
             max_series: self.options.max_series,
             over: false,
+            per_pod: PerPod::default(),
+            instances: HashMap::new(),
+            wanted: self.wanted.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            step_secs: step as i64,
+            points_left: MAX_POINTS_BYTES / POINT_BYTES,
             span: (start, end),
             by_labels: HashMap::new(),
             remember_budget: if aggregate { MAX_REMEMBERED_LABEL_BYTES } else { 0 },
         }));
-        // A few queries at a time: each keeps Prometheus busy evaluating it (a whole window over
-        // 10,000 GPUs is 700,000 points per field); more would only queue there.
-        let in_flight = Arc::new(Semaphore::new(MAX_QUERIES_IN_FLIGHT));
-        let mut tasks = JoinSet::new();
-        for spec in specs {
-            let in_flight = in_flight.clone();
-            let q = Query { http: self.http.clone(), base: self.base.clone(), max_body: self.max_body, headers: headers.clone() };
-            let query = self.promql(spec, aggregate);
-            let fold = fold.clone();
-            tasks.spawn(async move {
-                let _permit = in_flight.acquire_owned().await;
-                (spec, query_range(q, spec, query, (start, end, step), fold).await)
-            });
-        }
+        // The steps in slices of `SLICE_STEPS`, oldest first: each query's answer (and what
+        // Prometheus evaluates for it, `query.max-samples`) stays bounded however long the
+        // look-back, and a slice that fails leaves the slices before it fetched.
         let mut failures = Vec::new();
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
-                Ok((_, Ok(()))) => {}
-                Ok((spec, Err(error))) => {
-                    failures.push(SourceFailure::new(self.shown.clone(), self.host.clone(), format!("{} query: {error}", spec.name)))
-                }
-                Err(e) => failures.push(SourceFailure::new(self.shown.clone(), self.host.clone(), format!("a query task failed: {e}"))),
+        let mut done_until = None;
+        let mut from = start;
+        while from <= end {
+            let to = (from + (SLICE_STEPS - 1) * step as i64).min(end);
+            let slice = self.fetch_slice(&specs, &headers, (from, to, step), aggregate, &fold).await;
+            if !slice.is_empty() {
+                failures = slice;
+                break;
             }
+            done_until = Some(to);
+            from = to + step as i64;
         }
         let max = self.options.max_series;
-        if fold.lock().unwrap_or_else(|p| p.into_inner()).over {
+        let over = fold.lock().unwrap_or_else(|p| p.into_inner()).over;
+        if over {
             failures.push(SourceFailure::new(
                 self.shown.clone(),
                 self.host.clone(),
                 format!("the answers name more than {max} distinct GPU series (max_gpu_series): raise it if the fleet is that large, or narrow the queries with prometheus_selector"),
             ));
         }
-        if !failures.is_empty() {
+        let Some(done_until) = done_until.filter(|_| !over) else {
             // A partial picture is worse than none: a missing SM_ACTIVE would fall back to
             // utilization silently. Report every GPU from this source as unknown, and fetch
             // these steps again next pass.
-            return Collection { series: Vec::new(), failures, requests, step: Some(self.step) };
+            return Collection { series: Vec::new(), failures, requests, step: Some(self.step), ..Collection::default() };
+        };
+        if !failures.is_empty() {
+            // The slices before the failed one are whole: kept, and not fetched again; the
+            // failed one's points are dropped (some of its fields may be missing).
+            let mut f = fold.lock().unwrap_or_else(|p| p.into_inner());
+            for s in &mut f.series {
+                s.points.retain(|p| p.at.timestamp() <= done_until);
+            }
         }
-        *self.fetched_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(end);
+        *self.fetched_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(done_until);
         let mut series = std::mem::take(&mut fold.lock().unwrap_or_else(|p| p.into_inner()).series);
         merge_device_level(&mut series);
         series.sort_by(|a, b| a.key.cmp(&b.key));
-        Collection { series, failures, requests, step: Some(self.step) }
+        let (twins, twin_count) = {
+            let mut f = fold.lock().unwrap_or_else(|p| p.into_inner());
+            let instances = std::mem::take(&mut f.instances);
+            twins_in(&f.series, instances, step as i64)
+        };
+        Collection { series, failures, twins, twin_count, requests, step: Some(self.step) }
     }
 }
 
@@ -720,6 +886,11 @@ mod tests {
             series: Vec::new(),
             max_series: 10,
             over: false,
+            per_pod: PerPod::default(),
+            instances: HashMap::new(),
+            wanted: None,
+            step_secs: 1,
+            points_left: usize::MAX,
             span: (0, i64::MAX),
             by_labels: HashMap::new(),
             remember_budget,
@@ -831,7 +1002,7 @@ mod tests {
     #[test]
     fn a_whole_window_is_asked_as_stored_and_new_steps_aggregated() {
         let spec = QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" };
-        let f = |namespace, workspace_label, selector| Filters { namespace, workspace_label, selector };
+        let f = |namespace, workspace_label, selector| Filters { namespace, workspace_label, selector, job: None };
         assert_eq!(spec.promql(60, f(None, None, None), false), "max_over_time(DCGM_FI_PROF_SM_ACTIVE{}[60s])");
         assert_eq!(
             spec.promql(60, f(Some("co\"der"), Some("label_ws"), None), true),
@@ -857,6 +1028,12 @@ mod tests {
             ),
             "{}",
             util.promql(60, f(Some("coder"), None, job), false)
+        );
+        // The exporter's job comes first, whatever else narrows the query.
+        let with_job = Filters { job: Some("dcgm\"x"), ..f(None, None, Some("exported_namespace=\"coder\"")) };
+        assert_eq!(
+            spec.promql(60, with_job, false),
+            "max_over_time(DCGM_FI_PROF_SM_ACTIVE{job=\"dcgm\\\"x\",exported_namespace=\"coder\"}[60s])"
         );
         let names: Vec<&str> = QuerySpec::all(true).iter().map(|q| q.name).collect();
         assert_eq!(names.len(), NAMES.len() + 2, "every field name the decisions read, and the energy counter by both names");

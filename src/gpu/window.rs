@@ -168,6 +168,9 @@ impl GpuWindow {
 struct WorkspaceWindows {
     windows: Vec<GpuWindow>,
     index: HashMap<GpuKey, usize>,
+    /// The latest time a series for this workspace was refused because it already had
+    /// `max_per_workspace` windows: then it is judged on none of them (see `refused_at`).
+    refused_at: Option<DateTime<Utc>>,
 }
 
 const INDEX_FROM: usize = 8;
@@ -205,7 +208,12 @@ impl WorkspaceWindows {
     }
 }
 
-/// GPU windows one workspace may have.
+/// GPU windows one workspace may have by default (`max_gpus_per_workspace`): a pod gets at most
+/// 8 GPUs of one node (16 leaves room for MIG instances). More series than this naming one
+/// workspace are forged or misconfigured, and the workspace is judged on none of them.
+pub const DEFAULT_MAX_GPUS_PER_WORKSPACE: usize = 16;
+
+/// The most `max_gpus_per_workspace` may be: 8 GPUs of 7 MIG instances each, and some.
 pub const MAX_GPUS_PER_WORKSPACE: usize = 64;
 
 /// All windows, keyed by workspace id.
@@ -216,13 +224,25 @@ pub struct Windows {
     /// so a full window costs no more than its samples.
     capacity: usize,
     by_workspace: HashMap<String, WorkspaceWindows>,
+    max_per_workspace: usize,
 }
 
 impl Windows {
     /// `retain`: the longest span any rule looks back (plus a margin); `interval`: between samples.
     pub fn new(retain: Duration, interval: std::time::Duration) -> Self {
         let per_window = retain.to_std().map_or(64, |r| (r.as_secs_f64() / interval.as_secs_f64().max(0.001)).ceil() as usize + 2);
-        Windows { retain, capacity: per_window.clamp(4, 4096), by_workspace: HashMap::new() }
+        Windows {
+            retain,
+            capacity: per_window.clamp(4, 4096),
+            by_workspace: HashMap::new(),
+            max_per_workspace: DEFAULT_MAX_GPUS_PER_WORKSPACE,
+        }
+    }
+
+    /// At most `n` windows per workspace (`max_gpus_per_workspace`, up to `MAX_GPUS_PER_WORKSPACE`).
+    pub fn with_max_per_workspace(mut self, n: usize) -> Self {
+        self.max_per_workspace = n.clamp(1, MAX_GPUS_PER_WORKSPACE);
+        self
     }
 
     /// Adds a series' points from `from` on to its workspace's window: merged into one sample
@@ -242,9 +262,14 @@ impl Windows {
         };
         let index = match gpus.position(&series.key) {
             Some(i) => i,
-            // No pod has this many GPUs (8 per node, 7 MIG instances each): a source naming
-            // more for one workspace gets no more windows, whatever it sends.
-            None if gpus.windows.len() >= MAX_GPUS_PER_WORKSPACE => return,
+            // No pod has this many GPUs: a source naming more for one workspace gets no more
+            // windows, whatever it sends, and the workspace is judged on none (no known key
+            // is evicted, and no subset decides).
+            None if gpus.windows.len() >= self.max_per_workspace => {
+                let latest = series.points.iter().map(|p| p.at).max();
+                gpus.refused_at = gpus.refused_at.max(latest);
+                return;
+            }
             None => {
                 let mut w = GpuWindow::new(series.key.clone(), series.source.clone());
                 w.samples.reserve_exact(self.capacity);
@@ -292,7 +317,8 @@ impl Windows {
                 }
                 !w.samples.is_empty()
             });
-            !gpus.windows.is_empty()
+            gpus.refused_at = gpus.refused_at.filter(|t| *t >= cutoff);
+            !gpus.windows.is_empty() || gpus.refused_at.is_some()
         });
     }
 
@@ -303,6 +329,12 @@ impl Windows {
 
     pub fn get(&self, workspace_id: &str) -> Option<&[GpuWindow]> {
         self.by_workspace.get(workspace_id).map(|g| g.windows.as_slice())
+    }
+
+    /// The latest time a GPU series naming this workspace was refused for being one too many
+    /// (within the retention).
+    pub fn refused_at(&self, workspace_id: &str) -> Option<DateTime<Utc>> {
+        self.by_workspace.get(workspace_id).and_then(|g| g.refused_at)
     }
 
     pub fn workspace_count(&self) -> usize {
@@ -420,13 +452,15 @@ mod tests {
             model: None,
             source: Arc::from("x"),
             attribution: Attribution::Exclusive,
+            real_pod_uid: false,
             points: vec![crate::gpu::Point { at: t(at), values: util(0.0), energy_joules: None }],
         }
     }
 
     #[test]
     fn many_series_on_one_workspace_are_found_by_key_and_capped() {
-        let mut ws = Windows::new(Duration::seconds(600), std::time::Duration::from_secs(10));
+        let mut ws =
+            Windows::new(Duration::seconds(600), std::time::Duration::from_secs(10)).with_max_per_workspace(MAX_GPUS_PER_WORKSPACE);
         let reading = |i: usize, at: i64| series(&format!("GPU-{i}"), "a", at);
         for at in [0, 10] {
             for i in 0..20_000 {
@@ -443,6 +477,25 @@ mod tests {
         ws.record(&reading(7, 20), None, false);
         ws.flush();
         assert_eq!(ws.get("a").unwrap()[7].samples.len(), 2, "the index still finds keys after pruning");
+        assert_eq!(ws.refused_at("a"), Some(t(10)), "the series refused are remembered, so nothing judges a subset");
+        ws.prune(t(611), &HashSet::from(["a"]));
+        assert_eq!(ws.refused_at("a"), None, "until they age out like samples");
+    }
+
+    #[test]
+    fn a_workspace_with_one_series_too_many_keeps_its_known_ones_and_says_so() {
+        let mut ws = Windows::new(Duration::seconds(600), std::time::Duration::from_secs(10));
+        for i in 0..DEFAULT_MAX_GPUS_PER_WORKSPACE {
+            ws.record(&series(&format!("GPU-{i:02}"), "a", 0), None, false);
+        }
+        assert_eq!(ws.refused_at("a"), None);
+        // A forged key that sorts first evicts nobody.
+        ws.record(&series("GPU-00-forged", "a", 10), None, false);
+        ws.flush();
+        let keys: Vec<&str> = ws.get("a").unwrap().iter().map(|w| w.key.uuid.as_str()).collect();
+        assert_eq!(keys.len(), DEFAULT_MAX_GPUS_PER_WORKSPACE);
+        assert!(!keys.contains(&"GPU-00-forged"));
+        assert_eq!(ws.refused_at("a"), Some(t(10)));
     }
 
     #[test]

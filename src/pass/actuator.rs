@@ -135,10 +135,14 @@ pub struct Outputs {
 
 impl Outputs {
     /// Opens the audit log and builds the webhook client the settings name.
-    pub fn open(audit_log: Option<&std::path::Path>, notify_webhook: Option<reqwest::Url>, tls: &crate::http::Tls) -> Result<Self, Error> {
+    pub fn open(
+        audit_log: Option<&std::path::Path>,
+        notify_webhook: Option<reqwest::Url>,
+        outbound: &crate::http::Outbound,
+    ) -> Result<Self, Error> {
         Ok(Outputs {
             audit: audit_log.map(AuditLog::open).transpose()?.map(Arc::new),
-            notifier: notify_webhook.map(|url| Notifier::new(url, tls)).transpose()?,
+            notifier: notify_webhook.map(|url| Notifier::new(url, outbound)).transpose()?,
         })
     }
 }

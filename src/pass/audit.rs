@@ -20,7 +20,7 @@ use serde::Serialize;
 use crate::coder::types::Workspace;
 use crate::duration::human;
 use crate::error::Error;
-use crate::http::{Tls, redact_webhook};
+use crate::http::{Outbound, redact_webhook};
 use crate::pass::decide::Decision;
 
 /// What happened. The observe-mode kinds (`would_*`) are what enforce mode would have done.
@@ -252,8 +252,8 @@ struct WebhookBody<'a> {
 }
 
 impl Notifier {
-    pub fn new(url: Url, tls: &Tls) -> Result<Self, Error> {
-        let http = crate::http::client(Duration::from_secs(5), Duration::from_secs(3), tls)?;
+    pub fn new(url: Url, outbound: &Outbound) -> Result<Self, Error> {
+        let http = crate::http::client(Duration::from_secs(5), Duration::from_secs(3), outbound)?;
         Ok(Notifier { http, url, in_flight: Default::default() })
     }
 

@@ -57,6 +57,7 @@ pub enum Reason {
     FrozenData,
     MetricsDisagree,
     NoDeviceSeries,
+    TooManyGpuSeries,
     GpuActive,
     Connected,
     Starting,
@@ -88,6 +89,7 @@ impl Reason {
             Reason::FrozenData => "frozen-data",
             Reason::MetricsDisagree => "metrics-disagree",
             Reason::NoDeviceSeries => "no-device-series",
+            Reason::TooManyGpuSeries => "too-many-gpu-series",
             Reason::GpuActive => "gpu-active",
             Reason::Connected => "connected",
             Reason::Starting => "starting",
@@ -142,10 +144,13 @@ pub enum SampleState {
     NoCompute,
 }
 
-/// What a sample is read with besides its values: the power veto for its model.
+/// What a sample is read with besides its values: the power veto for its model, and whether
+/// its memory reading is a sharer's own compute processes' (`Attribution::OwnProcesses`: an
+/// empty one proves nothing, a graphics process holds memory that is not counted there).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SampleContext {
     pub active_power_watts: Option<f64>,
+    pub own_processes: bool,
 }
 
 impl SampleContext {
@@ -153,7 +158,7 @@ impl SampleContext {
     /// (reference dcgm NOTES §10 "MIG"), so a threshold says nothing about one instance.
     pub fn of(w: &GpuWindow, p: &Policy) -> Self {
         let active_power_watts = if w.key.gpu_instance.is_some() { None } else { p.active_power_for(w.model.as_deref()) };
-        SampleContext { active_power_watts }
+        SampleContext { active_power_watts, own_processes: w.attribution == Attribution::OwnProcesses }
     }
 }
 
@@ -163,8 +168,8 @@ impl SampleContext {
 /// NOTES §10) and drawing the model's `active_power_watts`. Utilization or GR_ENGINE_ACTIVE
 /// claiming work that SM_ACTIVE does not show is phantom (a one-thread kernel, or a light one:
 /// GR ≈ d, SM ≈ d / SMs), and so is utilization above zero on an (almost) empty framebuffer.
-/// A sharer of a time-sliced GPU reads the device's memory, or its own processes' (see
-/// `gpu::merge_device_level`): either is a real reading, so an empty one is empty.
+/// A sharer of a time-sliced GPU reads the device's memory (a real reading: an empty one is
+/// empty), or its own compute processes' (`own_processes`: never taken as empty).
 pub fn classify(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleState {
     let util = v.get(Signal::GpuUtil);
     let gr = v.get(Signal::GrEngineActive);
@@ -180,7 +185,7 @@ pub fn classify(v: &SignalValues, p: &Policy, ctx: SampleContext) -> SampleState
         Some((_, u)) => u >= p.gpu_util_min,
         None => return SampleState::NoCompute,
     };
-    let empty_memory = v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib);
+    let empty_memory = !ctx.own_processes && v.get(Signal::FbUsedMib).is_some_and(|fb| fb < p.empty_memory_mib);
     let claims_work = util.is_some_and(|u| u >= p.gpu_util_min) || gr.is_some_and(|g| g >= p.gr_engine_active_min);
     if compute_active && !empty_memory {
         SampleState::Active
@@ -221,7 +226,7 @@ fn contradiction(v: &SignalValues, p: &Policy) -> Option<&'static str> {
     }
     if let (Some(sm), Some(gr)) = (v.get(Signal::SmActive), v.get(Signal::GrEngineActive)) {
         if gr >= p.gr_engine_active_min && sm_below_one_sms_share(sm, gr) {
-            return Some("SM_ACTIVE reads less than one SM's share while GR_ENGINE_ACTIVE says busy (a stuck profiling counter?)");
+            return Some("SM_ACTIVE reads less than half of one SM's share while GR_ENGINE_ACTIVE says busy (a stuck profiling counter?)");
         }
     }
     let compute_zero = v.compute().is_some_and(|(_, x)| x <= p.about_zero);
@@ -251,11 +256,11 @@ fn without_the_device_series(w: &GpuWindow, values: &[&SignalValues], p: &Policy
 
 /// A sample whose utilization and memory read exactly 0 while its profiling fields show compute:
 /// the shape of virtual-GPU per-pod copies read without their device-level series.
+/// (A MIG instance has no utilization field: its memory alone is the copy.)
 pub fn placeholders_beside_compute(v: &SignalValues, p: &Policy) -> bool {
-    let zero = |s: Signal| v.get(s) == Some(0.0);
     let computes = v.get(Signal::SmActive).is_some_and(|x| x >= p.sm_active_min)
         || v.get(Signal::GrEngineActive).is_some_and(|x| x >= p.gr_engine_active_min);
-    zero(Signal::GpuUtil) && zero(Signal::FbUsedMib) && computes
+    v.get(Signal::GpuUtil).is_none_or(|u| u == 0.0) && v.get(Signal::FbUsedMib) == Some(0.0) && computes
 }
 
 /// GR_ENGINE_ACTIVE at zero while utilization says busy, in two consecutive samples (one could
@@ -378,6 +383,10 @@ pub struct PassFacts {
     /// The GPU source's step when it reads history in complete steps (Prometheus): a start is
     /// not waiting before a complete step could have shown its pod.
     pub step: Option<std::time::Duration>,
+    /// The latest time a GPU series naming this workspace was refused for being more than
+    /// `max_gpus_per_workspace` (`Windows::refused_at`): within the idle window it is judged on
+    /// none of its series, never on a subset.
+    pub gpu_series_refused_at: Option<DateTime<Utc>>,
 }
 
 /// `decide`, with what the pass knows (`PassFacts`).
@@ -389,7 +398,7 @@ pub fn decide_with(
     prior_stop_at: Option<DateTime<Utc>>,
     facts: PassFacts,
 ) -> Decision {
-    let PassFacts { coder_offset, gpu_template, step } = facts;
+    let PassFacts { coder_offset, gpu_template, step, gpu_series_refused_at } = facts;
     let coder_now = now + coder_offset;
     let windows: Vec<&GpuWindow> = gpus.map(|g| g.iter().filter(|w| !w.samples.is_empty()).collect()).unwrap_or_default();
     let (th, exempt) = policy.for_workspace(ws);
@@ -428,6 +437,23 @@ pub fn decide_with(
         (Some(d), Some(_)) if d.verdict == Verdict::Waiting => return d,
         (_, Some((reason, why))) => return b.out(Verdict::Skip, reason, why.into(), None),
         (None, None) => {}
+    }
+    // With `gpu_templates` set, a workspace of another template has no GPU, whatever series
+    // carry its pod's name.
+    if !gpu_template && !policy.gpu_templates.is_empty() {
+        let why = if windows.is_empty() { "" } else { "; GPU series naming its pod are not read" };
+        return b.out(Verdict::Skip, Reason::NoGpu, format!("its template is not in gpu_templates{why}"), None);
+    }
+    if let Some(at) = gpu_series_refused_at.filter(|t| *t >= now - dur(th.idle_after)) {
+        return b.out(
+            Verdict::Unknown,
+            Reason::TooManyGpuSeries,
+            format!(
+                "more GPU series than max_gpus_per_workspace named this workspace (latest {}s ago): it is judged on none of them (forged or misconfigured series?)",
+                (now - at).num_seconds().max(0)
+            ),
+            None,
+        );
     }
     if windows.is_empty() {
         if gpu_template && !policy.gpu_templates.is_empty() {
@@ -711,7 +737,7 @@ fn judge_gpus(
 /// decisions without the power veto (a GPU drawing power is kept, not kept running).
 fn computes_by_its_readings(windows: &[&GpuWindow], policy: &Policy) -> bool {
     windows.iter().any(|w| {
-        let ctx = SampleContext { active_power_watts: None };
+        let ctx = SampleContext { active_power_watts: None, ..SampleContext::of(w, policy) };
         w.latest().is_some_and(|s| classify(&s.values, policy, ctx) == SampleState::Active)
     })
 }

@@ -44,6 +44,9 @@ pub struct Evaluation {
     /// GPU source requests made this pass.
     pub gpu_requests: usize,
     pub source_failures: Vec<SourceFailure>,
+    /// GPU keys more than one scrape target reported (the first few), and how many in all.
+    pub twins: Vec<crate::gpu::Twin>,
+    pub twin_count: usize,
     /// Entries the listing repeated (offset paging can repeat one); each was dropped.
     pub duplicates: usize,
     /// Coder's clock minus this machine's, as this listing's `Date` header measured it (`None`
@@ -114,8 +117,6 @@ pub struct Evaluator {
     /// Whether the token may stop workspaces, per organization id: asked once per organization
     /// that has running workspaces, forgotten when the token changes.
     may_stop: HashMap<String, bool>,
-    /// A listing succeeded once: `sessions` holds the running workspaces.
-    listed: bool,
     /// While `gpu_templates` is unset: templates one of whose workspaces had a GPU series, and
     /// when that was last seen (`LEARNED_TEMPLATE_MEMORY`).
     gpu_templates_seen: HashMap<String, DateTime<Utc>>,
@@ -131,7 +132,7 @@ impl Evaluator {
     pub fn new(coder: CoderClient, source: Sources, policy: Policy, interval: std::time::Duration) -> Self {
         let retain = crate::duration::chrono(policy.longest_lookback());
         Evaluator {
-            windows: Windows::new(retain, interval),
+            windows: Windows::new(retain, interval).with_max_per_workspace(policy.max_gpus_per_workspace),
             coder,
             source,
             policy,
@@ -139,7 +140,6 @@ impl Evaluator {
             sessions: HashMap::new(),
             coder_clock_offset: chrono::Duration::zero(),
             may_stop: HashMap::new(),
-            listed: false,
             gpu_templates_seen: HashMap::new(),
         }
     }
@@ -231,18 +231,26 @@ impl Evaluator {
     }
 
     /// Reads the GPU sources only, between passes (`--sample-interval`, and `plan`'s sampling):
-    /// the readings are merged into the next pass's sample, so no reading is skipped.
-    /// Once a listing said which workspaces run, only their readings are kept: a source
-    /// naming other pods (or new ones every scrape) grows nothing between passes. `plan`
-    /// samples before its one listing, a few times only.
+    /// the readings are merged into the next pass's sample, so no reading is skipped. Only the
+    /// readings of workspaces a listing said run are kept: a source naming other pods (or new
+    /// ones every scrape) grows nothing, and before the first listing nothing is kept at all.
     pub async fn sample(&mut self) {
         let collection = self.source.collect(Utc::now()).await;
         for series in &collection.series {
-            let running = series.workspace_id.as_deref().is_some_and(|id| self.sessions.contains_key(id));
-            if running || !self.listed {
+            if series.workspace_id.as_deref().is_some_and(|id| self.sessions.contains_key(id)) {
                 self.windows.record(series, None, false);
             }
         }
+    }
+
+    /// Lists the running workspaces once, before any pass (`plan` samples before its pass), so
+    /// that `sample` knows whose readings to keep.
+    pub async fn learn_running(&mut self) -> Result<(), CoderError> {
+        let listing = self.coder.listing().await?;
+        for ws in &listing.workspaces {
+            self.sessions.entry(ws.id.clone()).or_insert_with(|| ws.latest_build.id.clone());
+        }
+        Ok(())
     }
 
     /// Ends a sampling step as a pass would: the readings since become one sample (`plan`
@@ -256,7 +264,17 @@ impl Evaluator {
     pub async fn evaluate(&mut self) -> Result<Evaluation, (CoderError, Vec<SourceFailure>)> {
         let started = Instant::now();
         let now = Utc::now();
-        let (listing, mut collection) = tokio::join!(self.coder.listing(), self.source.collect(now));
+        let (listing, mut collection) = if self.source.lists_first() {
+            let listing = match self.coder.listing().await {
+                Ok(l) => l,
+                Err(e) => return Err((e, Vec::new())),
+            };
+            self.source.want(listing.workspaces.iter().map(|w| w.id.clone()).collect());
+            let collection = self.source.collect(now).await;
+            (Ok(listing), collection)
+        } else {
+            tokio::join!(self.coder.listing(), self.source.collect(now))
+        };
         let listing = match listing {
             Ok(l) => l,
             Err(e) => return Err((e, collection.failures)),
@@ -276,7 +294,6 @@ impl Evaluator {
             self.coder_clock_offset = offset;
         }
         let (workspaces, duplicates) = dedup_by_id(listing.workspaces);
-        self.listed = true;
         self.learn_permissions(&workspaces).await;
         let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
         for ws in &workspaces {
@@ -311,6 +328,7 @@ impl Evaluator {
                     coder_offset: self.coder_clock_offset,
                     gpu_template: self.is_gpu_template(&ws.template_name),
                     step: collection.step,
+                    gpu_series_refused_at: self.windows.refused_at(&ws.id),
                 };
                 decide_with(now, ws, self.windows.get(&ws.id), &self.policy, prior, facts)
             })
@@ -343,6 +361,8 @@ impl Evaluator {
             new_warnings,
             gpu_requests: collection.requests,
             source_failures: collection.failures,
+            twins: collection.twins,
+            twin_count: collection.twin_count,
             duplicates,
             coder_clock_offset: listing.clock_offset,
             coder_offset: self.coder_clock_offset,

@@ -121,6 +121,7 @@ pub struct Metrics {
     pub last_pass: Gauge<f64, AtomicU64>,
     pub coder_clock_offset: Gauge<f64, AtomicU64>,
     pub stuck_stops: Gauge,
+    pub gpu_series_twins: Gauge,
     pub gpu_idle_seconds: Family<TemplateLabels, Counter<f64, AtomicU64>>,
     pub gpus_reclaimed: Family<TemplateLabels, Counter>,
     pub gpu_seconds_given_back: Family<TemplateLabels, Counter<f64, AtomicU64>>,
@@ -156,6 +157,7 @@ impl Metrics {
             last_pass: Gauge::default(),
             coder_clock_offset: Gauge::default(),
             stuck_stops: Gauge::default(),
+            gpu_series_twins: Gauge::default(),
             gpu_idle_seconds: Family::default(),
             gpus_reclaimed: Family::default(),
             gpu_seconds_given_back: Family::default(),
@@ -201,6 +203,11 @@ impl Metrics {
             m.coder_clock_offset.clone(),
         );
         registry.register("stuck_stops", "Stop builds whose job has stayed pending longer than stop_timeout", m.stuck_stops.clone());
+        registry.register(
+            "gpu_series_twins",
+            "Workspace GPU keys reported by more than one scrape target in the latest pass (a forged copy looks like this)",
+            m.gpu_series_twins.clone(),
+        );
         registry.register("gpu_idle_seconds", "GPU-seconds observed not computing, by template", m.gpu_idle_seconds.clone());
         registry.register("gpus_reclaimed", "GPUs freed by completed stop builds, by template", m.gpus_reclaimed.clone());
         registry.register(

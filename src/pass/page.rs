@@ -57,6 +57,7 @@ fn in_words(w: &WorkspaceStatus, mode: Mode) -> String {
         (Verdict::Unknown, Reason::FrozenData) => "unknown: the exporter's readings are frozen",
         (Verdict::Unknown, Reason::MetricsDisagree) => "unknown: GPU counters contradict each other",
         (Verdict::Unknown, Reason::NoDeviceSeries) => "unknown: the GPU's device-level series is missing",
+        (Verdict::Unknown, Reason::TooManyGpuSeries) => "unknown: more GPU series name it than it can have",
         (Verdict::Unknown, Reason::SampleGap) => "unknown: a gap in GPU readings",
         (Verdict::Unknown, Reason::StaleData) => "unknown: GPU readings are stale",
         (Verdict::Unknown, _) => "unknown: not enough GPU data",
@@ -171,6 +172,14 @@ h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-
             );
         }
         out.push_str("</section>");
+    }
+    for t in &doc.twins {
+        let _ = write!(
+            out,
+            r#"<div class="breaker twin"><b>One GPU, two sources:</b> {} reported by {}: a GPU has one exporter; a second is a copy (forged, or two exporters on one node)</div>"#,
+            escape(&t.uuid),
+            escape(&t.reported_by.join(", "))
+        );
     }
     for n in &doc.no_provisioner {
         let _ = write!(out, r#"<div class="breaker no-provisioner"><b>Stops wait:</b> {}</div>"#, escape(&n.words()));

@@ -83,6 +83,8 @@ pub struct Policy {
     pub max_stops_per_pass: usize,
     /// Deadline extensions sent per pass at most (the soonest deadlines first).
     pub max_extensions_per_pass: usize,
+    /// GPU series one workspace may have; more, and it is judged on none (`too-many-gpu-series`).
+    pub max_gpus_per_workspace: usize,
     /// An extension is due once Coder's deadline is closer than this: Coder's 30 minutes plus
     /// two pass intervals, so a pass that fails or runs late still leaves one before it passes.
     pub extend_when_within: Duration,
@@ -180,6 +182,7 @@ impl Policy {
             stale_after: interval * 2,
             max_stops_per_pass: 10,
             max_extensions_per_pass: 50,
+            max_gpus_per_workspace: crate::gpu::window::DEFAULT_MAX_GPUS_PER_WORKSPACE,
             extend_when_within: CODER_MIN_AHEAD + interval * 2,
             max_idle_fraction: 0.5,
             reclaim_tasks: false,

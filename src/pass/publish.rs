@@ -240,6 +240,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
     let inc = accounting.pass(eval.now, &eval.judged, &acted.stops_done);
     accounting.autostops_averted(eval.now, acted.autostops_averted.len());
     metrics.account(&inc, &policy.currency);
+    metrics.gpu_series_twins.set(eval.twin_count as i64);
     if let Some(offset) = eval.coder_clock_offset {
         metrics.coder_clock_offset.set(offset.num_milliseconds() as f64 / 1000.0);
     }
@@ -263,6 +264,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
             .zip(&eval.fleet.pools)
             .map(|(name, c)| PoolStatus { pool: name.clone(), waiting: c.waiting, idle: c.idle })
             .collect(),
+        twins: eval.twins.clone(),
         notes: Vec::new(),
         workspaces: eval
             .judged

@@ -78,6 +78,10 @@ pub struct StatusDocument {
     /// who is idle there. In `contended` mode only a pool's own idle workspaces are stopped for
     /// its waiters.
     pub pools: Vec<PoolStatus>,
+    /// Workspace GPU keys more than one scrape target reported this pass (the first few): a
+    /// forged copy of a GPU looks like this, where a store lets others write.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub twins: Vec<crate::gpu::Twin>,
     /// Caveats about this document (for example, a short sampling history in `plan`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -219,6 +223,7 @@ impl StatusDocument {
             stuck_stops: Vec::new(),
             no_provisioner: Vec::new(),
             pools: Vec::new(),
+            twins: Vec::new(),
             notes: Vec::new(),
             workspaces: Vec::new(),
         }

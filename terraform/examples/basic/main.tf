@@ -24,6 +24,7 @@ module "gpu_reclaimer" {
   coder_url           = "https://coder.example.com"
   coder_session_token = var.coder_session_token
   dcgm_exporter_urls  = ["dns+http://nvidia-dcgm-exporter.gpu-operator.svc.cluster.local:9400/metrics"]
+  workspace_namespace = "coder" # where Coder runs the workspace pods: no other pod speaks for one
   enforce             = false
   idle_after          = "45m"
   grace               = "10m"
