@@ -116,7 +116,11 @@ impl Application {
         }
         let state = Arc::new(State::new(metrics.clone(), mode, settings.interval));
         let limits = StopLimits { interval: settings.interval, stop_timeout: settings.policy.stop_timeout };
-        let actuator = outputs.map(|outputs| Actuator::new(mode, coder.clone(), metrics, outputs, limits, Some(identity.user_id.clone())));
+        let actuator = outputs.map(|outputs| {
+            let mut actuator = Actuator::new(mode, coder.clone(), metrics, outputs, limits, Some(identity.user_id.clone()));
+            actuator.recover(chrono::Utc::now());
+            actuator
+        });
         let evaluator = Evaluator::new(coder.clone(), source, settings.policy.clone(), settings.interval);
         let sample_interval = match settings.gpu {
             GpuSourceSettings::Exporters(_) if settings.sample_interval < settings.interval => Some(settings.sample_interval),

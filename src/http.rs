@@ -460,6 +460,31 @@ pub fn redact_str(raw: &str) -> String {
 mod tests {
     use super::*;
 
+    fn body(bytes: usize) -> reqwest::Response {
+        reqwest::Response::from(axum::http::Response::new(vec![b'x'; bytes]))
+    }
+
+    /// Issue 31: two stalled exporters just under the body limit held the whole budget, and
+    /// healthy scrapes failed. Now each scrape's first share is its own.
+    #[tokio::test]
+    async fn stalled_bodies_at_the_limit_never_take_a_healthy_scrapes_share() {
+        let budget = BodyBudget::new(32 << 20, 32);
+        assert_eq!(budget.share(), 512 << 10);
+        let stalled = read_limited_within(body(15 << 20), 16 << 20, &budget).await.unwrap();
+        let second = read_limited_within(body(15 << 20), 16 << 20, &budget).await;
+        assert!(matches!(second, Err(BodyError::OverBudget { .. })), "the common half is taken");
+        let healthy: Vec<BudgetedBody> = {
+            let mut held = Vec::new();
+            for _ in 0..31 {
+                held.push(read_limited_within(body(400 << 10), 16 << 20, &budget).await.unwrap());
+            }
+            held
+        };
+        assert_eq!(healthy.len(), 31, "every other slot still reads a real body");
+        drop((stalled, healthy));
+        assert!(read_limited_within(body(15 << 20), 16 << 20, &budget).await.is_ok(), "given back when dropped");
+    }
+
     #[test]
     fn only_http_urls_with_a_host() {
         assert!(http_url("--x", "https://coder.example.com", "e").is_ok());

@@ -47,8 +47,8 @@ variable "prometheus_url" {
 
 variable "prometheus_selector" {
   type        = string
-  description = "With prometheus_url: label matchers added to every query, so only dcgm-exporter's series are read (another job's look-alike series could keep an idle GPU \"busy\"). Match your ServiceMonitor's job; null reads every job."
-  default     = "job=\"nvidia-dcgm-exporter\""
+  description = "With prometheus_url: extra label matchers added to every query, e.g. exported_namespace=\"coder\" (the exporter's job is prometheus_job; do not repeat it here)."
+  default     = null
 }
 
 variable "prometheus_job" {

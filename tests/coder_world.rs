@@ -255,7 +255,7 @@ async fn a_stop_coders_reaper_fails_is_sent_once_more_when_provisioners_answer_a
     assert_eq!(svc.events("stop_stuck").len(), 1, "stuck is reported once per episode, not per attempt");
     assert_eq!(
         audit_kinds(&audit, a),
-        ["stop_sent", "stop_stuck", "stop_reaped", "stop_sent", "stop_reaped", "stop_abandoned"],
+        ["stop_sending", "stop_sent", "stop_stuck", "stop_reaped", "stop_sending", "stop_sent", "stop_reaped", "stop_abandoned"],
         "{}",
         svc.raw()
     );
@@ -279,7 +279,10 @@ async fn a_reaped_stop_sent_again_stops_the_workspace() {
     until_with(&coder, Some(&svc), "A is stopped by the stop sent again", Duration::from_secs(15), |w| !holds_gpu(w, a)).await;
     svc.wait_event("stop_done", Duration::from_secs(5)).await;
     assert_eq!(stop_posts(&coder, a), 2);
-    assert_eq!(audit_kinds(&audit, a), ["stop_sent", "stop_stuck", "stop_reaped", "stop_sent", "stop_done"]);
+    assert_eq!(
+        audit_kinds(&audit, a),
+        ["stop_sending", "stop_sent", "stop_stuck", "stop_reaped", "stop_sending", "stop_sent", "stop_done"]
+    );
 }
 
 /// A stop build canceled by a person (`PATCH /api/v2/workspacebuilds/{id}/cancel`) is their
@@ -302,7 +305,7 @@ async fn a_stop_a_person_canceled_is_not_sent_again() {
     tokio::time::sleep(Duration::from_secs(8)).await; // a failed stop would have been retried twice by now
     assert_eq!(stop_posts(&coder, a), 1, "{}", svc.raw());
     assert!(coder.with(|w| holds_gpu(w, a)));
-    assert_eq!(audit_kinds(&audit, a), ["stop_sent", "stop_canceled"]);
+    assert_eq!(audit_kinds(&audit, a), ["stop_sending", "stop_sent", "stop_canceled"]);
     // Started again by its owner: a new session, idle again, may be stopped.
     coder.with(|w| w.create_build(a, "start", 1, "cli")).unwrap();
     until_with(&coder, Some(&svc), "A's new session is stopped", Duration::from_secs(25), |w| !holds_gpu(w, a)).await;
@@ -335,7 +338,7 @@ async fn a_stop_canceled_while_running_that_then_fails_is_not_sent_again() {
     tokio::time::sleep(Duration::from_secs(6)).await; // a failed stop would have been retried by now
     assert_eq!(stop_posts(&coder, a), 1, "{}", svc.raw());
     assert!(svc.events("stop_retry_scheduled").is_empty());
-    assert_eq!(audit_kinds(&audit, a), ["stop_sent", "stop_canceled"]);
+    assert_eq!(audit_kinds(&audit, a), ["stop_sending", "stop_sent", "stop_canceled"]);
 }
 
 /// Permissions are per organization (reference NOTES §15): a token that is organization admin
@@ -498,7 +501,7 @@ async fn a_pending_stop_is_withdrawn_when_its_user_comes_back() {
     };
     assert_eq!(cancels(b_build), 1, "a refused withdrawal is not asked again every pass");
     assert_eq!((stop_posts(&coder, a), stop_posts(&coder, b)), (1, 1), "withdrawn is not sent again");
-    assert_eq!(audit_kinds(&audit, a), ["stop_sent", "stop_withdrawn"]);
+    assert_eq!(audit_kinds(&audit, a), ["stop_sending", "stop_sent", "stop_withdrawn"]);
 }
 
 /// coderd matches a job to provisioners by organization and tags (reference NOTES §16): a start

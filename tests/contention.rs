@@ -189,8 +189,9 @@ async fn behind_prometheus_only_real_demand_in_the_same_pool_stops_an_idle_gpu()
         w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
     });
     let target = ex.url().trim_start_matches("http://").trim_end_matches("/metrics").to_string();
+    // The GPU Operator's job name: the service reads only the exporter's job (`prometheus_job`).
     let config = format!(
-        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n      - targets: [\"{target}\"]\n"
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: nvidia-dcgm-exporter\n    static_configs:\n      - targets: [\"{target}\"]\n"
     );
     let prom = crate::prometheus_world::Prometheus::start(&prometheus, crate::prometheus_world::Prometheus::folder(), &config).await;
     let policy = "gpu_templates = [\"gpu-*\"]\nexporter_collect_interval = \"1s\"\n\n[[rule]]\nworkspace = \"h100-*\"\npool = \"h100\"\n\n[[rule]]\nworkspace = \"a10g-*\"\npool = \"a10g\"\n";

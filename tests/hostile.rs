@@ -26,7 +26,7 @@ use crate::e2e::{Service, until, world};
 const TOKEN: &str = "k3y1d00001-v3ryS3cr3tTok3nValue";
 
 /// Peak resident memory of a process, from /proc (KiB).
-fn peak_rss_kib(pid: u32) -> u64 {
+pub fn peak_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
@@ -649,7 +649,7 @@ async fn endless_exporters_together_stay_within_the_in_flight_budget() {
 /// The finding: an 847 KB answer on the wire grew the service to 1.47 GB. A pass's answers now
 /// name at most `max_gpu_series` GPUs (20,000), and a series holds only the steps asked for.
 #[tokio::test]
-async fn a_prometheus_answer_naming_too_many_gpus_fails_and_memory_stays_bounded() {
+async fn a_prometheus_answer_naming_30000_gpus_nobody_runs_holds_none_and_memory_stays_bounded() {
     let coder = FakeCoder::start(world(1)).await.unwrap();
     // One answer for every query: 30,000 GPUs, each with points far outside any step.
     let mut result = String::from("{\"status\":\"success\",\"data\":{\"resultType\":\"matrix\",\"result\":[");
@@ -667,8 +667,16 @@ async fn a_prometheus_answer_naming_too_many_gpus_fails_and_memory_stays_bounded
     result.push_str("]}}");
     let url = serve(Router::new().route("/api/v1/query_range", get(move || async move { result }))).await;
     let svc = Service::start_url(&coder.url(), &[], &coder.owner_token(), &["--prometheus-url", &url]);
-    let failed = svc.wait_event("scrape_failed", Duration::from_secs(30)).await;
-    assert!(failed["error"].as_str().unwrap().contains("more than 20000 distinct GPU series"), "{failed}");
+    // The pass lists first and holds only the listed workspaces' series (issue 31): 30,000
+    // series nobody runs cost the bytes read, not a failed source.
+    for _ in 0..300 {
+        if svc.events("pass").len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(svc.events("pass").len() >= 3, "{}", svc.raw());
+    assert!(svc.events("scrape_failed").is_empty(), "{}", svc.raw());
     let peak = peak_rss_kib(svc.pid());
     assert!(peak > 0 && peak < 128 * 1024, "peak RSS {peak} KiB");
 }

@@ -26,3 +26,4 @@ mod prometheus_world;
 mod readings;
 mod sources;
 mod status_schema;
+mod trust;

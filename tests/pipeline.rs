@@ -387,10 +387,12 @@ async fn the_audit_log_and_the_webhook_record_warnings_and_stops() {
     }
     assert_eq!(h.stops_by_admin(a), 1);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    // One line per stop, written before the next pass; warnings go to the webhook only.
+    // One line before the stop's POST and one for the stop, written before the next pass;
+    // warnings go to the webhook only.
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    let e = &lines[0];
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["event"], "stop_sending");
+    let e = &lines[1];
     assert_eq!(
         (e["event"].as_str(), e["mode"].as_str(), e["reason"].as_str()),
         (Some("stop_sent"), Some("enforce"), Some("memory-held-idle"))
@@ -485,8 +487,15 @@ async fn a_refused_stop_backs_off_and_is_abandoned_after_five_attempts() {
     assert!(metrics.contains("coder_gpu_reclaimer_stop_failures_total{kind=\"abandoned\"} 1"), "{metrics}");
     let lines = audit_lines(&path);
     let kinds: Vec<&str> = lines.iter().filter_map(|l| l["event"].as_str()).collect();
-    // Each change of state is one audit line: four failures, then the abandonment.
-    assert_eq!(kinds, vec!["stop_failed", "stop_failed", "stop_failed", "stop_failed", "stop_abandoned"], "{lines:?}");
+    // Each change of state is one audit line, each attempt announced before its POST: four
+    // failures, then the abandonment.
+    let sending = ["stop_sending"];
+    let want: Vec<&str> = ["stop_failed", "stop_failed", "stop_failed", "stop_failed", "stop_abandoned"]
+        .iter()
+        .flat_map(|k| sending.iter().chain([k]))
+        .copied()
+        .collect();
+    assert_eq!(kinds, want, "{lines:?}");
     let attempts: Vec<i64> = lines.iter().filter_map(|l| l["attempts"].as_i64()).collect();
     assert_eq!(attempts, vec![1, 2, 3, 4, 5]);
 
@@ -529,10 +538,10 @@ async fn a_stop_whose_reply_was_lost_is_recorded_once_and_followed() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let lines = audit_lines(&path);
     let kinds: Vec<&str> = lines.iter().filter_map(|l| l["event"].as_str()).collect();
-    assert_eq!(kinds, vec!["stop_sent", "stop_done"], "exactly one stop line, then its completion: {lines:?}");
-    assert_eq!(lines[0]["build_id"], lines[1]["build_id"]);
+    assert_eq!(kinds, vec!["stop_sending", "stop_sent", "stop_done"], "exactly one stop line, then its completion: {lines:?}");
+    assert_eq!(lines[1]["build_id"], lines[2]["build_id"]);
     let build_id = h.coder.with(|w| w.ws_index(a).map(|i| w.workspaces[i].builds.last().unwrap().id.to_string())).unwrap();
-    assert_eq!(lines[0]["build_id"].as_str(), Some(build_id.as_str()), "the audit line names the build Coder created");
+    assert_eq!(lines[1]["build_id"].as_str(), Some(build_id.as_str()), "the audit line names the build Coder created");
     let events = hook_events(&hook).await;
     let stops: Vec<_> = events.iter().filter(|e| e["event"] == "stop_sent").collect();
     assert_eq!(stops.len(), 1, "exactly one webhook event: {events:?}");
@@ -625,9 +634,9 @@ async fn the_audit_log_records_the_gpu_time_given_back_until_the_workspace_runs_
     }
     let lines = audit_lines(&path);
     let kinds: Vec<&str> = lines.iter().filter_map(|l| l["event"].as_str()).collect();
-    assert_eq!(kinds, vec!["stop_sent", "stop_done", "resumed"], "{lines:?}");
-    assert_eq!(lines[1]["gpus"], 1);
-    assert!(lines[2]["gpu_seconds_given_back"].as_i64().is_some_and(|s| s >= 0), "{}", lines[2]);
+    assert_eq!(kinds, vec!["stop_sending", "stop_sent", "stop_done", "resumed"], "{lines:?}");
+    assert_eq!(lines[2]["gpus"], 1);
+    assert!(lines[3]["gpu_seconds_given_back"].as_i64().is_some_and(|s| s >= 0), "{}", lines[3]);
     let metrics = h.state().metrics.encode();
     assert!(metrics.contains("coder_gpu_reclaimer_gpus_reclaimed_total{template=\"gpu-workspace\"} 1"), "{metrics}");
     assert!(metrics.contains("coder_gpu_reclaimer_gpu_seconds_given_back_total{template=\"gpu-workspace\"}"), "{metrics}");

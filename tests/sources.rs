@@ -171,7 +171,10 @@ async fn prometheus_reads_raw_samples_per_step_with_a_constant_number_of_queries
     assert_eq!(later.len(), queries.len());
     assert!(later.iter().all(|r| param(r, "start") == Some(end + 60) && param(r, "end") == Some(end + 60)), "one new step");
     for q in source.queries(true) {
-        assert!(q.starts_with("max by (UUID, uuid, GPU_I_ID, pod, exported_pod") && q.ends_with("{job=\"nvidia-dcgm-exporter\"}[60s]))"), "aggregated: {q}");
+        assert!(
+            q.starts_with("max by (UUID, uuid, GPU_I_ID, pod, exported_pod") && q.ends_with("{job=\"nvidia-dcgm-exporter\"}[60s]))"),
+            "aggregated: {q}"
+        );
     }
     assert_eq!(next.series.len(), 1);
     crate::common::assert_close(next.series[0].points[0].values.get(Signal::SmActive), Some(0.5), "");

@@ -107,6 +107,9 @@ pub struct ExporterConfig {
     pub per_process: bool,
     /// The GPU's SM count: a one-block load reads SM_ACTIVE ≈ duty / SMs (the seed's A10G: 80).
     pub sm_count: u32,
+    /// Lines appended to every body as they are: what a hijacked target or a hostile exporter
+    /// adds (forged series, a flood of bad lines).
+    pub extra: std::sync::Arc<str>,
 }
 
 /// `--kubernetes-enable-pod-uid` (NOTES §11.1, `kubernetes.go` `createPodInfo`).
@@ -140,6 +143,7 @@ impl Default for ExporterConfig {
             pod_uid: PodUid::Off,
             per_process: false,
             sm_count: 80,
+            extra: std::sync::Arc::from(""),
         }
     }
 }
@@ -475,6 +479,7 @@ async fn metrics(State(s): State<ExporterState>) -> Response {
                 }
                 cache.text.clone()
             };
+            let text = if cfg.extra.is_empty() { text } else { format!("{text}{}", cfg.extra) };
             ([("X-Content-Type-Options", "nosniff")], text).into_response()
         }
     }

@@ -4,6 +4,7 @@
 
 pub mod coder;
 pub mod exporter;
+pub mod prometheus;
 pub mod world;
 
 use std::net::SocketAddr;

@@ -6,34 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::BufRead;
 use std::path::Path;
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::Error;
-
-/// The fields of an audit line the report reads (the rest are ignored).
-#[derive(Debug, Deserialize)]
-struct Line {
-    time: DateTime<Utc>,
-    event: String,
-    #[serde(default)]
-    workspace_id: String,
-    #[serde(default)]
-    owner: String,
-    #[serde(default)]
-    template: String,
-    #[serde(default)]
-    gpus: Option<u64>,
-    #[serde(default)]
-    gpu_seconds_given_back: Option<i64>,
-    #[serde(default)]
-    gpu_hour_price: Option<f64>,
-    #[serde(default)]
-    currency: Option<String>,
-}
 
 /// One row: a template and an owner.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -86,38 +64,20 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
             row.cost_given_back = Some(row.cost_given_back.unwrap_or(0.0) + gpu_hours * p);
         }
     };
-    let mut reader = std::io::BufReader::new(file);
-    let mut buf = Vec::new();
-    let mut number = 0usize;
-    loop {
-        number += 1;
-        let read = read_line_limited(&mut reader, &mut buf, MAX_LINE)
-            .map_err(|e| Error::runtime(format!("--audit-log {}: reading failed ({e})", path.display())))?;
-        match read {
-            LineRead::End => break,
-            LineRead::TooLong => {
-                tracing::warn!(
-                    event = "audit_line_too_long",
-                    line = number,
-                    "line {number} of the audit log is longer than {MAX_LINE} bytes: not an audit line, skipped"
-                );
-                unreadable += 1;
-                continue;
-            }
-            LineRead::Line => {}
-        }
-        let line = String::from_utf8_lossy(&buf);
-        if line.trim().is_empty() {
-            continue;
-        }
-        let Ok(l) = serde_json::from_str::<Line>(&line) else {
-            unreadable += 1;
-            continue;
-        };
+    // A stop is counted once per stop build: a line written again for the same build (found
+    // after a restart, a lost reply) is the same stop.
+    let mut counted: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
+    drop(file);
+    let read = crate::pass::audit::read_records(path, |l| {
         let key = (l.template.clone(), l.owner.clone());
         let in_period = l.time >= since && l.time <= until;
         match l.event.as_str() {
-            "stop_sent" if in_period => rows.entry(key).or_default().stops += 1,
+            "stop_sent" if in_period => {
+                let first = l.build_id.as_ref().is_none_or(|b| counted.insert((l.workspace_id.clone(), b.clone())));
+                if first {
+                    rows.entry(key).or_default().stops += 1;
+                }
+            }
             "would_stop" if in_period => rows.entry(key).or_default().would_stops += 1,
             "deadline_extended" if in_period => rows.entry(key).or_default().deadline_extensions += 1,
             "would_extend" if in_period => rows.entry(key).or_default().would_extend += 1,
@@ -144,7 +104,9 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
             }
             _ => {}
         }
-    }
+    })
+    .map_err(|e| Error::runtime(format!("--audit-log {}: reading failed ({e})", path.display())))?;
+    unreadable += read;
     for (_, (key, stopped)) in open {
         let from = stopped.at.max(since);
         if until > from {
@@ -179,49 +141,6 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     total.gpu_hours_given_back = round2(total.gpu_hours_given_back);
     total.cost_given_back = total.cost_given_back.map(round2);
     Ok(AuditReport { since, until, rows, total, currency, unreadable_lines: unreadable })
-}
-
-/// The longest audit line read; real ones are under 2 KB.
-pub const MAX_LINE: usize = 64 << 10;
-
-enum LineRead {
-    Line,
-    TooLong,
-    End,
-}
-
-/// Reads one line into `buf` (without its newline), holding at most `max` bytes of it: a longer
-/// line is skipped to its end without being kept.
-fn read_line_limited(reader: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> std::io::Result<LineRead> {
-    buf.clear();
-    let mut too_long = false;
-    let mut any = false;
-    loop {
-        let chunk = reader.fill_buf()?;
-        if chunk.is_empty() {
-            return Ok(match (any, too_long) {
-                (false, _) => LineRead::End,
-                (true, true) => LineRead::TooLong,
-                (true, false) => LineRead::Line,
-            });
-        }
-        any = true;
-        let (part, done) = match chunk.iter().position(|b| *b == b'\n') {
-            Some(i) => (&chunk[..i], Some(i + 1)),
-            None => (chunk, None),
-        };
-        if !too_long && buf.len() + part.len() <= max {
-            buf.extend_from_slice(part);
-        } else {
-            too_long = true;
-            buf.clear();
-        }
-        let used = done.unwrap_or(chunk.len());
-        reader.consume(used);
-        if done.is_some() {
-            return Ok(if too_long { LineRead::TooLong } else { LineRead::Line });
-        }
-    }
 }
 
 /// A completed stop, until its workspace runs again.

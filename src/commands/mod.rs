@@ -197,6 +197,12 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
             }
         }
     }
+    // Read as a pass reads it: behind Prometheus only the listed workspaces' series are held.
+    if source.lists_first() {
+        if let Ok(listing) = coder.listing().await {
+            source.want(listing.workspaces.iter().map(|w| w.id.clone()).collect());
+        }
+    }
     // One line per URL actually read (a dns+ target stands for every address it resolved to).
     let collection = source.collect(chrono::Utc::now()).await;
     let mut series: BTreeMap<&str, HashSet<&GpuKey>> = BTreeMap::new();
@@ -210,7 +216,19 @@ pub async fn check(settings: Result<Settings, Error>) -> bool {
         line(true, "gpu source", &format!("{url}: {} GPU series", gpus.len()));
     }
     if series.is_empty() && collection.failures.is_empty() {
-        line(false, "gpu source", "no GPU series at all: check the exporter URLs and that dcgm-exporter runs with --kubernetes");
+        let job = if source.lists_first() {
+            format!(
+                "; behind Prometheus only the scrape job {:?} is read (prometheus_job): set it to your ServiceMonitor's job",
+                settings.prometheus.job.as_deref().unwrap_or_default()
+            )
+        } else {
+            String::new()
+        };
+        line(
+            false,
+            "gpu source",
+            &format!("no GPU series at all: check the exporter URLs and that dcgm-exporter runs with --kubernetes{job}"),
+        );
     }
     if let Some(t) = collection.twins.first() {
         line(

@@ -7,7 +7,6 @@
 //! headless Service), each scraped on its own. Each value is the exporter's latest cached
 //! reading; the scrape time is recorded as the sample time.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,7 +51,7 @@ impl Default for ExporterLimits {
     }
 }
 
-use super::{Collection, GpuSeries, GpuSource, Ownership, SourceFailure, note_target, series_from_exposition_capped, twins_of};
+use super::{Collection, GpuSeries, GpuSource, Ownership, SourceFailure, series_from_exposition_capped};
 
 /// One `--dcgm-exporter` value: a URL scraped as it is, or `dns+http://name:port/path`, scraped
 /// at every address the name resolves to (a headless Service).
@@ -212,13 +211,8 @@ impl GpuSource for ExporterSource {
                 Err(error) => failures.push(SourceFailure::new(source.to_string(), host, error)),
             }
         }
-        // A GPU of a workspace is on one node, read by one exporter: the same key from two
-        // URLs is shown (`Twin`).
-        let mut seen = HashMap::new();
-        for s in series.iter().filter(|s| s.workspace_id.is_some()) {
-            note_target(&mut seen, &s.key, &s.source);
-        }
-        let (twins, twin_count) = twins_of(seen);
-        Collection { series, failures, twins, twin_count, requests, step: None }
+        // Twins are a store's question: scraped directly, the targets are the configured ones
+        // (a `dns+` name's A and AAAA addresses are one exporter).
+        Collection { series, failures, requests, step: None, ..Collection::default() }
     }
 }

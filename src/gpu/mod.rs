@@ -234,6 +234,8 @@ pub trait GpuSource: Send + Sync {
 }
 
 /// The configured source.
+// One per process: the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Sources {
     Exporters(exporter::ExporterSource),
     Prometheus(prometheus::PrometheusSource),
@@ -491,8 +493,8 @@ pub fn series_from_exposition_capped(
 /// Gives each workload series of a GPU that also has a device-level series (virtual-GPU mode)
 /// the device's readings, point by point (same time). An exclusive pod gets the device's
 /// `GPU_UTIL` and `FB_USED` where higher than its own (per-pod values can show work; their
-/// zeros prove nothing) and any field its series lacks; its copies of the other fields (power,
-/// video engines, energy, profiling) are the device's values already.
+/// zeros prove nothing), and nothing else: its copies of the other fields (power, video
+/// engines, energy, profiling) are the device's values already.
 ///
 /// The sharers of a time-sliced GPU read the same (`Shared`), unless their own readings can be
 /// trusted (`OwnProcesses`, reference dcgm NOTES §11.2): every sharer's per-process fields carry
@@ -544,14 +546,15 @@ pub fn merge_device_level(series: &mut [GpuSeries]) {
             for p in &mut series[i].points {
                 let Ok(j) = dev_points.binary_search_by(|q| q.at.cmp(&p.at)) else { continue };
                 let d = dev_points[j];
-                for signal in Signal::ALL {
+                // Only the per-process fields: the pod's copies hold every other one, and a
+                // series without a workspace pod is anybody's (a forged SM_ACTIVE of 0 must not
+                // turn a busy GPU's readings phantom).
+                for signal in Signal::ALL.into_iter().filter(|s| s.per_process()) {
                     let Some(dv) = d.values.get(signal) else { continue };
-                    let own = p.values.get(signal);
-                    if own.is_none() || (signal.per_process() && own.is_some_and(|o| dv > o)) {
+                    if p.values.get(signal).is_none_or(|o| dv > o) {
                         p.values.set(signal, dv);
                     }
                 }
-                p.energy_joules = p.energy_joules.or(d.energy_joules);
             }
         }
     }

@@ -112,9 +112,14 @@ impl Default for PrometheusOptions {
     }
 }
 
-/// What one fetch's points may hold (the points of a GPU's series, before the windows take
-/// them): 10,000 GPUs over the default 34 steps take 22 MB.
+/// What one fetch's points of workspace series may hold besides `GPUS_PER_LISTED_WORKSPACE`
+/// per listed workspace (the points of a GPU's series, before the windows take them): 10,000
+/// GPUs over the default 34 steps take 22 MB.
 pub const MAX_POINTS_BYTES: usize = 64 << 20;
+/// Room for this many GPUs' points per listed workspace, over `MAX_POINTS_BYTES`.
+const GPUS_PER_LISTED_WORKSPACE: usize = 2;
+/// What one fetch's points of series of no workspace pod may hold (device-level series).
+const DEVICE_POINTS_BYTES: usize = 16 << 20;
 /// What one point costs (`Point`: its time, nine f32 readings, the energy counter).
 pub const POINT_BYTES: usize = std::mem::size_of::<super::Point>();
 
@@ -404,7 +409,7 @@ pub fn read_answer(status: u16, body: &[u8], on_series: &mut dyn FnMut(Series<'_
 /// One pass's answers, folded per GPU and step as they stream in.
 /// What a label set says once parsed: its series (its place in `series`), whether it carries a
 /// real `pod_uid`, and its scrape target (`instance`).
-type Known = (usize, bool, Option<Arc<str>>);
+type Known = (usize, bool, Arc<str>);
 
 struct Fold {
     source: Arc<str>,
@@ -420,9 +425,16 @@ struct Fold {
     per_pod: PerPod,
     /// The step, seconds: points are kept only on the grid `span.0 + k * step_secs`.
     step_secs: i64,
-    /// Points this fetch may still create (`MAX_POINTS_BYTES`): bounded by bytes, whatever the
-    /// series and steps.
+    /// The slice being fetched (unix seconds): its answers' points must lie in it.
+    slice: (i64, i64),
+    /// Points this fetch may still create for workspace series: `MAX_POINTS_BYTES`, and room for
+    /// `POINTS_PER_LISTED_WORKSPACE` GPUs of each listed workspace over the fetch's steps (memory
+    /// follows the fleet, whatever the series).
     points_left: usize,
+    /// Points left for series of no workspace pod (`DEVICE_POINTS_BYTES`), and how many of
+    /// them are held (at most `max_series`).
+    device_points_left: usize,
+    device_series: usize,
     /// Per workspace series (its place in `series`): each scrape target (`instance`) that
     /// reported it, with its first and last step (at most four targets).
     instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>,
@@ -445,15 +457,17 @@ struct Fold {
 impl Fold {
     /// One series of an answer (`read_series`'s labels and points).
     fn add_read(&mut self, spec: QuerySpec, metric: &[u8], points: &[(f64, Option<f64>)]) -> Result<(), String> {
+        let per_process = super::signals::lookup(spec.name).is_some_and(|m| m.signal.per_process());
         let known = match self.by_labels.get(metric) {
             Some(known) => known.clone(),
             None => {
                 // Not serde's message: it quotes the peer's text (up to a whole piece of it).
                 let labels: Labels<'_> =
                     serde_json::from_slice(metric).map_err(|_| "a series' labels are not a map of strings".to_string())?;
-                let known = self.gpu_of(&labels).map(|i| {
+                let known = self.gpu_of(&labels, per_process).map(|i| {
                     let real_pod_uid = labels.get("pod_uid").is_some_and(|u| !u.is_empty());
-                    (i, real_pod_uid, labels.get("instance").map(Arc::from))
+                    // A copy without a target label is a target of its own (a remote write).
+                    (i, real_pod_uid, Arc::from(labels.get("instance").unwrap_or("(no instance)")))
                 });
                 let cost = metric.len() + REMEMBERED_ENTRY_BYTES;
                 if cost <= self.remember_budget {
@@ -465,19 +479,20 @@ impl Fold {
         };
         let Some((i, real_pod_uid, instance)) = known else { return Ok(()) };
         let Some(gpu) = self.series.get_mut(i) else { return Ok(()) };
-        if real_pod_uid && super::signals::lookup(spec.name).is_some_and(|m| m.signal.per_process()) {
+        if real_pod_uid && per_process {
             gpu.real_pod_uid = true;
         }
-        // Only the steps asked for: a point off the step grid, or outside the span, is no
-        // answer to this query (Prometheus writes every point at start + k * step), and is
-        // dropped, so no answer can grow a series past the steps of the fetch.
-        let (start, end) = self.span;
+        // Only the steps of the slice asked for: a point off the step grid, or outside the
+        // slice, is no answer to this query (Prometheus writes every point at start + k * step),
+        // and is dropped, so no answer can grow a series past the steps asked for.
+        let (start, end) = self.slice;
+        let grid = self.span.0;
         let step = self.step_secs.max(1);
-        let on_grid = |t: f64| t.fract() == 0.0 && (start as f64..=end as f64).contains(&t) && (t as i64 - start) % step == 0;
+        let on_grid = |t: f64| t.fract() == 0.0 && (start as f64..=end as f64).contains(&t) && (t as i64 - grid) % step == 0;
         let values = points.iter().filter(|(t, _)| on_grid(*t)).filter_map(|(t, v)| Some((DateTime::from_timestamp(*t as i64, 0)?, (*v)?)));
         // Charged by the room the points take (a series' room was charged when it was made).
         let before = gpu.points.capacity();
-        if let Some(instance) = instance.filter(|_| gpu.workspace_id.is_some()) {
+        if gpu.workspace_id.is_some() {
             let times = points.iter().map(|(t, _)| *t).filter(|t| on_grid(*t)).map(|t| t as i64);
             if let (Some(first), Some(last)) = (times.clone().min(), times.max()) {
                 let targets = self.instances.entry(i).or_default();
@@ -490,18 +505,31 @@ impl Fold {
         }
         gpu.add_values(spec.name, values);
         let added = gpu.points.capacity().saturating_sub(before);
-        self.points_left = self.points_left.checked_sub(added).ok_or_else(|| {
-            format!(
-                "the answers hold more than {} points ({} MiB at {POINT_BYTES} bytes each): shorten the look-back, or narrow the queries with prometheus_selector",
-                MAX_POINTS_BYTES / POINT_BYTES,
-                MAX_POINTS_BYTES >> 20
-            )
-        })?;
+        let device = gpu.key.pod.is_none();
+        let left = if device { &mut self.device_points_left } else { &mut self.points_left };
+        match left.checked_sub(added) {
+            Some(l) => *left = l,
+            // A device's series over its budget loses its points (its workspaces read their
+            // own copies, and a sharer without it is unknown); a workspace's fails the fetch.
+            None if device => {
+                *left = 0;
+                gpu.points.clear();
+                gpu.points.shrink_to_fit();
+            }
+            None => {
+                return Err(format!(
+                    "the answers hold more points of listed workspaces than {} MiB at {POINT_BYTES} bytes each: shorten the look-back, or narrow the queries with prometheus_selector",
+                    MAX_POINTS_BYTES >> 20
+                ));
+            }
+        }
         Ok(())
     }
 
-    /// The GPU a label set names (its place in `series`, made when new), if any.
-    fn gpu_of(&mut self, labels: &Labels<'_>) -> Option<usize> {
+    /// The GPU a label set names (its place in `series`, made when new), if any. A series of no
+    /// workspace pod (a device's own) is held only for the per-process fields, the only ones
+    /// read from it, and never fails the fetch: past its own budget it is not held.
+    fn gpu_of(&mut self, labels: &Labels<'_>, per_process: bool) -> Option<usize> {
         let key = GpuKey::from_labels(|k| labels.get(k), &self.ownership)?;
         if key.pod.is_some() {
             // A workload series of a workspace the listing does not name is nobody's: not held.
@@ -511,19 +539,26 @@ impl Fold {
                     return None;
                 }
             }
+        } else if !per_process {
+            return None;
         }
         match self.index.get(&key) {
             Some(&i) => Some(i),
-            None if self.series.len() >= self.max_series => {
+            None if key.pod.is_none() && (self.device_series >= self.max_series || self.device_points_left == 0) => None,
+            None if key.pod.is_some() && self.series.len() - self.device_series >= self.max_series => {
                 self.over = true;
                 None
             }
             None if !self.per_pod.admit(key.pod.as_deref()) => None,
             None => {
                 let mut new = GpuSeries::from_labels(|k| labels.get(k), &self.source, &self.ownership)?;
-                let room = self.steps.min(self.points_left);
-                self.points_left -= room;
+                let left = if key.pod.is_none() { &mut self.device_points_left } else { &mut self.points_left };
+                let room = self.steps.min(*left);
+                *left -= room;
                 new.points.reserve_exact(room);
+                if key.pod.is_none() {
+                    self.device_series += 1;
+                }
                 self.index.insert(key, self.series.len());
                 self.series.push(new);
                 Some(self.series.len() - 1)
@@ -549,6 +584,10 @@ pub struct PrometheusSource {
     fetched_until: Mutex<Option<i64>>,
     /// The workspaces the latest listing named (`want`): only their series are held.
     wanted: Mutex<Option<Arc<HashSet<String>>>>,
+    /// Workspace GPU keys two scrape targets report, with the targets and the steps they did
+    /// (see `twins_in`); a key not co-reported in a fetch is dropped, so it is bounded by the
+    /// series a fetch holds.
+    co_reported: Mutex<HashMap<GpuKey, (Vec<String>, i64)>>,
 }
 
 impl PrometheusSource {
@@ -585,6 +624,7 @@ impl PrometheusSource {
             options,
             fetched_until: Mutex::new(None),
             wanted: Mutex::new(None),
+            co_reported: Mutex::new(HashMap::new()),
         })
     }
 
@@ -688,20 +728,44 @@ impl PrometheusSource {
     }
 }
 
-/// The workspace GPU keys that two scrape targets reported over at least two common steps. An
-/// exporter restart (a new pod, a new `instance`) overlaps the old one by a step at most; a copy
-/// of a GPU forged into the store overlaps it throughout.
-fn twins_in(series: &[GpuSeries], instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>, step: i64) -> (Vec<super::Twin>, usize) {
-    let mut seen: HashMap<GpuKey, Vec<String>> = HashMap::new();
+/// The workspace GPU keys that two scrape targets reported over at least two common steps,
+/// counted across fetches (`co_reported`: a steady pass fetches one step). An exporter restart
+/// (a new pod, a new `instance`) overlaps the old one by a step at most; a copy of a GPU forged
+/// into the store overlaps it throughout.
+fn twins_in(
+    series: &[GpuSeries],
+    instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>,
+    step: i64,
+    co_reported: &mut HashMap<GpuKey, (Vec<String>, i64)>,
+) -> (Vec<super::Twin>, usize) {
+    let mut now: HashMap<GpuKey, (Vec<String>, i64)> = HashMap::new();
     for (i, targets) in instances {
         let Some(s) = series.get(i) else { continue };
-        let overlapping = targets
-            .iter()
-            .enumerate()
-            .any(|(a, (_, a0, a1))| targets.iter().skip(a + 1).any(|(_, b0, b1)| (*a1).min(*b1) - (*a0).max(*b0) >= step));
-        if overlapping {
-            for (t, _, _) in &targets {
-                note_target(&mut seen, &s.key, t);
+        let mut steps = 0;
+        for (a, (_, a0, a1)) in targets.iter().enumerate() {
+            for (_, b0, b1) in targets.iter().skip(a + 1) {
+                let common = (*a1).min(*b1) - (*a0).max(*b0);
+                if common >= 0 {
+                    steps = steps.max(common / step.max(1) + 1);
+                }
+            }
+        }
+        if steps > 0 {
+            now.insert(s.key.clone(), (targets.iter().map(|(t, _, _)| t.to_string()).collect(), steps));
+        }
+    }
+    // Keys no longer reported by two targets are forgotten; the others add this fetch's steps.
+    co_reported.retain(|k, _| now.contains_key(k));
+    for (key, (targets, steps)) in now {
+        let entry = co_reported.entry(key).or_insert((Vec::new(), 0));
+        entry.0 = targets;
+        entry.1 = entry.1.saturating_add(steps);
+    }
+    let mut seen: HashMap<GpuKey, Vec<String>> = HashMap::new();
+    for (key, (targets, steps)) in co_reported.iter() {
+        if *steps >= 2 {
+            for t in targets {
+                note_target(&mut seen, key, t);
             }
         }
     }
@@ -743,7 +807,9 @@ impl GpuSource for PrometheusSource {
         let step = self.step.as_secs().max(1);
         let steps = (end - start) / step as i64 + 1;
         let aggregate = steps <= AGGREGATE_UP_TO_STEPS;
-        let requests = specs.len() * usize::try_from((steps + SLICE_STEPS - 1) / SLICE_STEPS).unwrap_or(1);
+        let wanted = self.wanted.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let wanted_count = wanted.as_ref().map_or(0, |w| w.len());
+        let mut requests = 0;
         let fold = Arc::new(Mutex::new(Fold {
             source: Arc::from(self.shown.as_str()),
             ownership: self.ownership.clone(),
@@ -754,9 +820,13 @@ impl GpuSource for PrometheusSource {
             over: false,
             per_pod: PerPod::default(),
             instances: HashMap::new(),
-            wanted: self.wanted.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            wanted,
             step_secs: step as i64,
-            points_left: MAX_POINTS_BYTES / POINT_BYTES,
+            slice: (start, end),
+            points_left: MAX_POINTS_BYTES / POINT_BYTES
+                + wanted_count.saturating_mul(GPUS_PER_LISTED_WORKSPACE).saturating_mul(usize::try_from(steps).unwrap_or(0)),
+            device_points_left: DEVICE_POINTS_BYTES / POINT_BYTES,
+            device_series: 0,
             span: (start, end),
             by_labels: HashMap::new(),
             remember_budget: if aggregate { MAX_REMEMBERED_LABEL_BYTES } else { 0 },
@@ -769,6 +839,8 @@ impl GpuSource for PrometheusSource {
         let mut from = start;
         while from <= end {
             let to = (from + (SLICE_STEPS - 1) * step as i64).min(end);
+            fold.lock().unwrap_or_else(|p| p.into_inner()).slice = (from, to);
+            requests += specs.len();
             let slice = self.fetch_slice(&specs, &headers, (from, to, step), aggregate, &fold).await;
             if !slice.is_empty() {
                 failures = slice;
@@ -801,14 +873,14 @@ impl GpuSource for PrometheusSource {
             }
         }
         *self.fetched_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(done_until);
-        let mut series = std::mem::take(&mut fold.lock().unwrap_or_else(|p| p.into_inner()).series);
-        merge_device_level(&mut series);
-        series.sort_by(|a, b| a.key.cmp(&b.key));
         let (twins, twin_count) = {
             let mut f = fold.lock().unwrap_or_else(|p| p.into_inner());
             let instances = std::mem::take(&mut f.instances);
-            twins_in(&f.series, instances, step as i64)
+            twins_in(&f.series, instances, step as i64, &mut self.co_reported.lock().unwrap_or_else(|p| p.into_inner()))
         };
+        let mut series = std::mem::take(&mut fold.lock().unwrap_or_else(|p| p.into_inner()).series);
+        merge_device_level(&mut series);
+        series.sort_by(|a, b| a.key.cmp(&b.key));
         Collection { series, failures, twins, twin_count, requests, step: Some(self.step) }
     }
 }
@@ -890,7 +962,10 @@ mod tests {
             instances: HashMap::new(),
             wanted: None,
             step_secs: 1,
+            slice: (0, i64::MAX),
             points_left: usize::MAX,
+            device_points_left: usize::MAX,
+            device_series: 0,
             span: (0, i64::MAX),
             by_labels: HashMap::new(),
             remember_budget,
@@ -905,7 +980,8 @@ mod tests {
             {"metric":{"UUID":"GPU-1","Hostname":"n1"},"values":[[60,"0.5"],[120,"1"]]},
             {"metric":{"UUID":"GPU-2","pod":"esc\u0061ped"},"values":[[60,"NaN"],[120,"0.25"]]},
             {"metric":{"UUID":"GPU-1","Hostname":"n1"},"values":[[180,"0"]]}]}}"#;
-        let spec = QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" };
+        // A per-process field: the only ones a series of no workspace pod is held for.
+        let spec = QuerySpec { name: "DCGM_FI_DEV_GPU_UTIL" };
         let folded = |chunk: usize, budget: usize| {
             let fold = Mutex::new(fold(budget));
             let mut into = SeriesInto { status: 200, spec, fold: &fold, points: Vec::new() };
@@ -929,7 +1005,8 @@ mod tests {
     #[test]
     fn a_steady_pass_remembers_label_sets_within_its_byte_budget() {
         let mut fold = fold(1_000);
-        let spec = QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" };
+        // A per-process field: the only ones a series of no workspace pod is held for.
+        let spec = QuerySpec { name: "DCGM_FI_DEV_GPU_UTIL" };
         let labels = |gpu: usize, pad: usize| format!(r#"{{"UUID":"GPU-{gpu}","pad":"{}"}}"#, "x".repeat(pad));
         for gpu in 0..3 {
             fold.add_read(spec, labels(gpu, 500).as_bytes(), &[(60.0, Some(0.5))]).unwrap();
@@ -1042,5 +1119,32 @@ mod tests {
         let without: Vec<&str> = QuerySpec::all(false).iter().map(|q| q.name).collect();
         assert_eq!(without.len(), names.len() - 2, "no power draw unless a power veto reads it");
         assert!(!without.iter().any(|n| n.contains("POWER")));
+    }
+
+    /// Twins are counted across fetches: a steady pass fetches one step, and a forged copy
+    /// reported beside the real GPU at every step is a twin from its second step on; an exporter
+    /// restart (old and new target at one common step, then the old one gone) never is.
+    #[test]
+    fn twins_are_two_targets_over_two_steps_across_fetches() {
+        let key = GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some("coder-x".into()) };
+        let series = vec![GpuSeries {
+            key: key.clone(),
+            workspace_id: Some("w".into()),
+            namespace: None,
+            model: None,
+            source: Arc::from("p"),
+            attribution: super::super::Attribution::Exclusive,
+            real_pod_uid: false,
+            points: Vec::new(),
+        }];
+        let at = |t: i64, targets: &[&str]| HashMap::from([(0usize, targets.iter().map(|n| (Arc::from(*n), t, t)).collect::<Vec<_>>())]);
+        let mut co = HashMap::new();
+        assert_eq!(twins_in(&series, at(60, &["a", "forged"]), 60, &mut co).1, 0, "one common step: maybe a restart");
+        assert_eq!(twins_in(&series, at(120, &["a", "forged"]), 60, &mut co).1, 1, "two: a twin");
+        assert_eq!(twins_in(&series, at(180, &["a"]), 60, &mut co).1, 0, "gone with the copy");
+        let mut restart = HashMap::new();
+        assert_eq!(twins_in(&series, at(60, &["old", "new"]), 60, &mut restart).1, 0);
+        assert_eq!(twins_in(&series, at(120, &["new"]), 60, &mut restart).1, 0, "an exporter restart is no twin");
+        assert!(restart.is_empty(), "nothing remembered once one target reports it");
     }
 }

@@ -93,6 +93,27 @@ struct TrackedStop {
     state: StopState,
 }
 
+impl TrackedStop {
+    /// A stop a previous run sent, read back from the audit log (`Actuator::recover`): followed
+    /// as any stop in flight; its session is unknown, so a listed running build ends it.
+    fn recovered(event: AuditEvent, state: StopState) -> Self {
+        TrackedStop {
+            since: event.time,
+            session: String::new(),
+            organization: String::new(),
+            last_used_at: event.time,
+            attempts: 1,
+            stuck_reported: false,
+            resent_after_reap: false,
+            withdraw_refused: false,
+            tags: Tags::default(),
+            no_provisioner_since: None,
+            state,
+            event,
+        }
+    }
+}
+
 /// Provisioner tags (`job.tags`).
 pub type Tags = crate::coder::types::JobTags;
 
@@ -186,6 +207,8 @@ pub struct Acted {
     pub autostops_averted: Vec<String>,
     /// Workspaces whose pending stop was withdrawn this pass: they were used after it was sent.
     pub withdrawn: Vec<String>,
+    /// The audit log's latest append failed: readiness fails until one works.
+    pub audit_failing: bool,
 }
 
 /// One stop to attempt this pass.
@@ -222,6 +245,8 @@ pub struct Actuator {
     /// Per workspace, the build for which `would_extend` (observe) or `extend_limit_reached`
     /// was already said: each is said once per build.
     said_once: HashMap<(String, &'static str), String>,
+    /// Stops whose `stop_sending` line a previous run left without an outcome (`recover`).
+    unconfirmed: HashMap<String, AuditEvent>,
 }
 
 /// A build whose deadline was moved.
@@ -264,6 +289,7 @@ impl Actuator {
             extend_refused: HashMap::new(),
             extended: HashMap::new(),
             said_once: HashMap::new(),
+            unconfirmed: HashMap::new(),
         }
     }
 
@@ -284,10 +310,125 @@ impl Actuator {
         self.tracked.len()
     }
 
-    /// Writes one audit line: the one way the actuator writes to the audit log.
-    fn audit(&self, event: &AuditEvent) {
-        if let Some(a) = &self.outputs.audit {
-            a.append(event);
+    /// Writes one audit line: the one way the actuator writes to the audit log. `false` when a
+    /// configured log could not take it (counted; readiness fails meanwhile).
+    fn audit(&self, event: &AuditEvent) -> bool {
+        let Some(a) = &self.outputs.audit else { return true };
+        let written = a.append(event);
+        if !written {
+            self.metrics.audit_write_failures.inc();
+        }
+        written
+    }
+
+    /// Rebuilds, from the audit log a previous run wrote, what it knew about stops: stops sent
+    /// and not finished (followed again), stops done whose workspace has not run since (for their
+    /// `resumed` line), and stops whose POST may or may not have happened before the process
+    /// ended (`stop_sending` alone: checked against Coder's builds at the next pass).
+    pub fn recover(&mut self, now: DateTime<Utc>) {
+        // Only a regular file is read back (a device such as /dev/full reads forever).
+        let Some(path) = self.outputs.audit.as_ref().filter(|a| a.is_regular()).map(|a| a.path().to_path_buf()) else { return };
+        /// Where a workspace's stop stood at its latest stop line: each line replaces the last.
+        enum Open {
+            Sending(AuditEvent),
+            InFlight(AuditEvent),
+            Done(AuditEvent),
+        }
+        let mut by_ws: HashMap<String, Open> = HashMap::new();
+        let read = crate::pass::audit::read_records(&path, |r| {
+            let Some(kind) = AuditKind::named(&r.event) else { return };
+            let event = AuditEvent::recovered(kind, &r);
+            let open = match kind {
+                AuditKind::StopSending => Some(Open::Sending(event)),
+                AuditKind::StopSent | AuditKind::StopRunning | AuditKind::StopStuck => Some(Open::InFlight(event)),
+                AuditKind::StopDone => Some(Open::Done(event)),
+                AuditKind::Resumed
+                | AuditKind::StopNotSent
+                | AuditKind::StopFailed
+                | AuditKind::StopReaped
+                | AuditKind::StopCanceled
+                | AuditKind::StopWithdrawn
+                | AuditKind::StopAbandoned => None,
+                _ => return,
+            };
+            match open {
+                Some(o) => by_ws.insert(r.workspace_id.clone(), o),
+                None => by_ws.remove(&r.workspace_id),
+            };
+        });
+        if let Err(e) = read {
+            tracing::warn!(event = "audit_recovery_failed", path = %path.display(), error = %e, "cannot read the audit log back; stops of the previous run are not followed");
+            return;
+        }
+        let (mut followed, mut resumable, mut unconfirmed) = (0, 0, 0);
+        for (id, open) in by_ws {
+            match open {
+                Open::Done(done) if now - done.time < Duration::days(8) => {
+                    let at = done.time;
+                    self.stopped.insert(id, (done, at));
+                    resumable += 1;
+                }
+                Open::Done(_) => {}
+                Open::InFlight(sent) => {
+                    let Some(build_id) = sent.build_id.clone() else { continue };
+                    self.tracked.insert(id, TrackedStop::recovered(sent, StopState::Sent { build_id }));
+                    followed += 1;
+                }
+                Open::Sending(sending) => {
+                    self.unconfirmed.insert(id, sending);
+                    unconfirmed += 1;
+                }
+            }
+        }
+        if followed + resumable + unconfirmed > 0 {
+            tracing::info!(
+                event = "audit_recovered",
+                followed,
+                resumable,
+                unconfirmed,
+                "read back the stops of the previous run from the audit log"
+            );
+        }
+    }
+
+    /// Stops whose `stop_sending` line has no outcome (the process ended around the POST): the
+    /// workspace's latest build tells. A stop build by this service's user created since is the
+    /// stop: written as sent (found) and followed; anything else means it was not sent.
+    async fn confirm_unconfirmed(&mut self, coder_offset: Duration, acted: &mut Acted) {
+        for (id, sending) in std::mem::take(&mut self.unconfirmed) {
+            let ws = match self.coder.workspace(&id).await {
+                Ok(ws) => ws,
+                Err(e) if matches!(e.kind, ErrorKind::Status(404 | 410)) => continue,
+                Err(e) => {
+                    // Asked again next pass: a stop that landed must not be forgotten.
+                    tracing::warn!(event = "stop_check_deferred", workspace_id = %id, error = %e, "cannot read the workspace to settle a stop of the previous run; asking again next pass");
+                    self.unconfirmed.insert(id, sending);
+                    continue;
+                }
+            };
+            let b = ws.latest_build;
+            let by_us = matches!((&self.self_id, &b.initiator_id), (Some(me), Some(initiator)) if me == initiator);
+            // Created around the POST (its time on this machine's clock, within the request's
+            // timeout and some skew), by this service's user, and a stop.
+            let around = b.created_at.is_some_and(|c| {
+                let c = c - coder_offset;
+                c >= sending.time - Duration::minutes(2) && c <= sending.time + Duration::minutes(2)
+            });
+            if b.transition == Transition::Stop && by_us && around {
+                let event = AuditEvent {
+                    event: AuditKind::StopSent,
+                    build_id: Some(b.id.clone()),
+                    message: format!("{} (found after a restart: sent before the previous run ended)", sending.message),
+                    ..sending
+                };
+                tracing::info!(event = "stop_found", workspace_id = %id, build_id = %b.id, "a stop sent before the previous run ended was found in Coder's builds");
+                self.audit(&event);
+                self.tracked.insert(id.clone(), TrackedStop::recovered(event, StopState::Sent { build_id: b.id }));
+                acted.stops_sent.push(id);
+            } else {
+                tracing::info!(event = "stop_not_found", workspace_id = %id, "a stop about to be sent when the previous run ended was not sent");
+                self.audit(&AuditEvent { event: AuditKind::StopNotSent, ..sending });
+            }
         }
     }
 
@@ -314,10 +455,12 @@ impl Actuator {
         if !acts(self.mode) {
             self.announce_warnings(eval, AuditKind::WouldWarn);
             self.would_act(eval, &mut acted);
+            acted.audit_failing = self.outputs.audit.as_ref().is_some_and(|a| a.failing());
             return acted;
         }
         self.announce_warnings(eval, AuditKind::Warn);
         self.resumed(eval);
+        self.confirm_unconfirmed(eval.coder_offset, &mut acted).await;
         self.follow(now, eval.coder_offset, &mut acted).await;
         self.reconcile(eval);
         self.provisioners_for_reaped(eval).await;
@@ -337,6 +480,7 @@ impl Actuator {
         self.restore_ttls(eval, shutdown).await;
         self.count_averted(eval, &mut acted);
         self.extend_deadlines(eval, shutdown, &mut acted).await;
+        acted.audit_failing = self.outputs.audit.as_ref().is_some_and(|a| a.failing());
         acted
     }
 
@@ -473,10 +617,14 @@ impl Actuator {
         for ws in eval.workspaces() {
             let Some((done, at)) = self.stopped.remove(&ws.id) else { continue };
             let gpus = done.gpus.unwrap_or(0);
+            // It runs again since its start build (on Coder's clock), not since this pass saw
+            // it: after a restart that may be long ago.
+            let started = ws.latest_build.created_at.map(|t| t - eval.coder_offset).filter(|t| *t > at && *t < eval.now);
+            let time = started.unwrap_or(eval.now);
             let event = AuditEvent {
                 event: AuditKind::Resumed,
-                time: eval.now,
-                gpu_seconds_given_back: Some((eval.now - at).num_seconds().max(0) * gpus as i64),
+                time,
+                gpu_seconds_given_back: Some((time - at).num_seconds().max(0) * gpus as i64),
                 ..done
             };
             tracing::info!(event = "resumed", workspace_id = %ws.id, gpu_seconds_given_back = event.gpu_seconds_given_back, "a workspace this service stopped runs again");
@@ -677,6 +825,12 @@ impl Actuator {
                 }
             }
         }
+        // The line first, on disk, then the POST: a stop is never sent without its audit line.
+        if !self.audit(&AuditEvent { event: AuditKind::StopSending, time: now, ..c.event.clone() }) {
+            tracing::error!(event = "stop_not_sent", workspace_id = %id, "the audit log cannot be written: the stop is not sent (no stop without its audit line); fix the audit log's volume");
+            self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "audit" }).inc();
+            return;
+        }
         let outcome = self.coder.stop_workspace(&id).await;
         let lost_reply = match &outcome {
             Ok(StopOutcome::BuildActive(_)) => true,
@@ -694,6 +848,7 @@ impl Actuator {
             (_, Some(build)) => self.sent(now, c, &build.id, true, acted),
             (Ok(StopOutcome::BuildActive(msg)), None) => {
                 tracing::info!(event = "stop_deferred", workspace_id = %id, detail = %msg, "another build is active; deciding again next pass");
+                self.audit(&AuditEvent { event: AuditKind::StopNotSent, time: now, ..c.event.clone() });
                 self.tracked.remove(&id);
                 acted.build_active.push(id);
             }
@@ -844,9 +999,12 @@ impl Actuator {
                     let Some(t) = self.tracked.remove(&id) else { continue };
                     tracing::info!(event = "stop_done", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, "the workspace is stopped; its GPU is free");
                     acted.stops_done.push(id.clone());
-                    let done = AuditEvent { event: AuditKind::StopDone, time: now, ..t.event };
+                    // When Coder finished it (on this machine's clock), not when a pass saw it:
+                    // after a restart that may be long before.
+                    let at = build.job.completed_at.map(|c| c - coder_offset).filter(|c| *c <= now && *c >= t.since).unwrap_or(now);
+                    let done = AuditEvent { event: AuditKind::StopDone, time: at, ..t.event };
                     self.audit(&done);
-                    self.stopped.insert(id.clone(), (done, now));
+                    self.stopped.insert(id.clone(), (done, at));
                     continue;
                 }
                 JobChange::Canceled => {

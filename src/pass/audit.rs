@@ -30,6 +30,12 @@ pub enum AuditKind {
     /// A grace period began: the stop follows unless the workspace becomes active.
     Warn,
     WouldWarn,
+    /// Written and synced before the stop's POST: a stop is never sent without its line. After
+    /// a restart, one with no `stop_sent` after it is checked against Coder's builds.
+    StopSending,
+    /// The stop announced by `stop_sending` was not sent after all (another build was active,
+    /// or after a restart no such build is found): it closes the `stop_sending` line.
+    StopNotSent,
     StopSent,
     WouldStop,
     /// A provisioner took the stop build.
@@ -67,6 +73,8 @@ impl AuditKind {
         match self {
             AuditKind::Warn => "warn",
             AuditKind::WouldWarn => "would_warn",
+            AuditKind::StopSending => "stop_sending",
+            AuditKind::StopNotSent => "stop_not_sent",
             AuditKind::StopSent => "stop_sent",
             AuditKind::WouldStop => "would_stop",
             AuditKind::StopRunning => "stop_running",
@@ -85,6 +93,34 @@ impl AuditKind {
         }
     }
 
+    /// Every kind, in the order `as_str` lists them.
+    pub const ALL: [AuditKind; 19] = [
+        AuditKind::Warn,
+        AuditKind::WouldWarn,
+        AuditKind::StopSending,
+        AuditKind::StopNotSent,
+        AuditKind::StopSent,
+        AuditKind::WouldStop,
+        AuditKind::StopRunning,
+        AuditKind::StopStuck,
+        AuditKind::StopFailed,
+        AuditKind::StopReaped,
+        AuditKind::StopCanceled,
+        AuditKind::StopWithdrawn,
+        AuditKind::StopAbandoned,
+        AuditKind::RestoreTtl,
+        AuditKind::StopDone,
+        AuditKind::Resumed,
+        AuditKind::DeadlineExtended,
+        AuditKind::WouldExtend,
+        AuditKind::AutostopAverted,
+    ];
+
+    /// The kind an audit line names (`event`), as the writer wrote it.
+    pub fn named(text: &str) -> Option<AuditKind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == text)
+    }
+
     /// The sentence a person reads, e.g. in Slack.
     fn headline(self, e: &AuditEvent) -> String {
         let left = e.stop_at.map(|t| human(t - e.time));
@@ -95,6 +131,8 @@ impl AuditKind {
                 format!("would be stopped in {left} to free its GPU (observe mode: nothing is stopped)")
             }
             (AuditKind::WouldWarn, None) => "would be stopped to free its GPU (observe mode: nothing is stopped)".into(),
+            (AuditKind::StopSending, _) => "is being stopped to free its GPU".into(),
+            (AuditKind::StopNotSent, _) => "was not stopped after all".into(),
             (AuditKind::StopSent, _) => "was stopped to free its GPU".into(),
             (AuditKind::WouldStop, _) => "would be stopped to free its GPU (observe mode: nothing was stopped)".into(),
             (AuditKind::StopRunning, _) => "is being stopped".into(),
@@ -203,6 +241,31 @@ impl AuditEvent {
         }
     }
 
+    /// An event rebuilt from its audit line (enforce mode: only enforce mode sends stops).
+    pub fn recovered(event: AuditKind, r: &AuditRecord) -> Self {
+        AuditEvent {
+            time: r.time,
+            event,
+            mode: "enforce",
+            workspace_id: r.workspace_id.clone(),
+            workspace: r.workspace.clone(),
+            owner: r.owner.clone(),
+            template: r.template.clone(),
+            reason: stop_reason(&r.reason),
+            message: r.message.clone(),
+            gpu_idle_seconds: None,
+            connection_idle_seconds: 0,
+            build_id: r.build_id.clone(),
+            stop_at: None,
+            attempts: None,
+            gpus: r.gpus,
+            gpu_seconds_given_back: None,
+            gpu_hour_price: r.gpu_hour_price,
+            currency: r.currency.clone(),
+            extension: None,
+        }
+    }
+
     /// "Workspace alice/train was stopped to free its GPU: GPU idle 41m, no connection for 38m".
     pub fn text(&self) -> String {
         format!("Workspace {}/{} {}: {}", self.owner, self.workspace, self.event.headline(self), self.message)
@@ -212,28 +275,188 @@ impl AuditEvent {
 pub struct AuditLog {
     path: PathBuf,
     file: Mutex<File>,
+    /// A regular file (synced after each line); a device or pipe is only written.
+    regular: bool,
+    /// The latest append failed (a full or read-only volume): readiness fails until one works.
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl AuditLog {
-    /// Opens (creating) the file for appending. Fails at start-up, not at the first stop.
+    /// Opens (creating, mode 0600) the file for appending. A last line cut short (the process
+    /// died mid-write, the volume filled) is ended first, so it does not swallow the next
+    /// event. Fails at start-up, not at the first stop.
     pub fn open(path: &Path) -> Result<Self, Error> {
-        let file = OpenOptions::new().create(true).append(true).open(path).map_err(|e| {
+        let mut options = OpenOptions::new();
+        options.create(true).append(true).read(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let cannot = |e: std::io::Error| {
             Error::config(format!("--audit-log {}: cannot open it for appending ({e}); fix the path or its permissions", path.display()))
-        })?;
-        Ok(AuditLog { path: path.to_path_buf(), file: Mutex::new(file) })
+        };
+        let mut file = options.open(path).map_err(cannot)?;
+        let meta = file.metadata().map_err(cannot)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            // Owners, reasons and messages are nobody else's business: an existing log too.
+            if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+                file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(cannot)?;
+            }
+        }
+        let len = meta.len();
+        if meta.is_file() && len > 0 {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut last = [0u8; 1];
+            file.seek(SeekFrom::Start(len - 1)).and_then(|_| file.read_exact(&mut last)).map_err(cannot)?;
+            if last[0] != b'\n' {
+                file.write_all(b"\n").and_then(|()| file.sync_data()).map_err(cannot)?;
+                tracing::warn!(event = "audit_torn_line", path = %path.display(), "the audit log's last line was cut short; ended it");
+            }
+        }
+        Ok(AuditLog {
+            path: path.to_path_buf(),
+            file: Mutex::new(file),
+            regular: meta.is_file(),
+            failing: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
-    pub fn append(&self, event: &AuditEvent) {
-        let Ok(mut line) = serde_json::to_string(event) else { return };
+    /// Appends one whole line and syncs it to disk (`sync_data`). `false` when it could not be
+    /// written: logged, counted, and readiness fails until a write works again.
+    pub fn append(&self, event: &AuditEvent) -> bool {
+        let Ok(mut line) = serde_json::to_string(event) else { return false };
         line.push('\n');
         let mut file = match self.file.lock() {
             Ok(f) => f,
             Err(poisoned) => poisoned.into_inner(),
         };
-        if let Err(e) = file.write_all(line.as_bytes()).and_then(|_| file.flush()) {
-            tracing::error!(event = "audit_write_failed", path = %self.path.display(), error = %e, "cannot append to the audit log");
+        // After a failed write part of a line may be on disk: end it before the next one.
+        if self.failing.load(std::sync::atomic::Ordering::Relaxed) {
+            line.insert(0, '\n');
+        }
+        let written = file.write_all(line.as_bytes()).and_then(|()| if self.regular { file.sync_data() } else { Ok(()) });
+        self.failing.store(written.is_err(), std::sync::atomic::Ordering::Relaxed);
+        match written {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(event = "audit_write_failed", path = %self.path.display(), error = %e, "cannot append to the audit log");
+                false
+            }
         }
     }
+
+    /// Whether the latest append failed.
+    pub fn failing(&self) -> bool {
+        self.failing.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A regular file (not a device or a pipe).
+    pub fn is_regular(&self) -> bool {
+        self.regular
+    }
+}
+
+/// One audit line as a reader sees it (`report`, and the service's own recovery after a
+/// restart): the fields that say what happened to whose stop, owned.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct AuditRecord {
+    pub time: DateTime<Utc>,
+    pub event: String,
+    #[serde(default)]
+    pub workspace_id: String,
+    #[serde(default)]
+    pub workspace: String,
+    #[serde(default)]
+    pub owner: String,
+    #[serde(default)]
+    pub template: String,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub build_id: Option<String>,
+    #[serde(default)]
+    pub gpus: Option<u64>,
+    #[serde(default)]
+    pub gpu_seconds_given_back: Option<i64>,
+    #[serde(default)]
+    pub gpu_hour_price: Option<f64>,
+    #[serde(default)]
+    pub currency: Option<String>,
+}
+
+/// The longest audit line read; real ones are under 2 KB.
+pub const MAX_LINE: usize = 64 << 10;
+
+/// Reads every audit line of `path` in order, calling `on` with each record; returns how many
+/// lines were not audit records (too long, not JSON). A missing file is an error.
+pub fn read_records(path: &Path, mut on: impl FnMut(AuditRecord)) -> std::io::Result<usize> {
+    use std::io::BufRead;
+    let mut reader = std::io::BufReader::new(File::open(path)?);
+    let mut buf = Vec::new();
+    let mut unreadable = 0;
+    let mut number = 0usize;
+    loop {
+        number += 1;
+        buf.clear();
+        let mut too_long = false;
+        let mut any = false;
+        loop {
+            let chunk = reader.fill_buf()?;
+            if chunk.is_empty() {
+                break;
+            }
+            any = true;
+            let (part, done) = match chunk.iter().position(|b| *b == b'\n') {
+                Some(i) => (&chunk[..i], Some(i + 1)),
+                None => (chunk, None),
+            };
+            if !too_long && buf.len() + part.len() <= MAX_LINE {
+                buf.extend_from_slice(part);
+            } else {
+                too_long = true;
+                buf.clear();
+            }
+            let used = done.unwrap_or(chunk.len());
+            reader.consume(used);
+            if done.is_some() {
+                break;
+            }
+        }
+        if !any {
+            return Ok(unreadable);
+        }
+        if too_long {
+            tracing::warn!(
+                event = "audit_line_too_long",
+                line = number,
+                "line {number} of the audit log is longer than {MAX_LINE} bytes: not an audit line, skipped"
+            );
+            unreadable += 1;
+            continue;
+        }
+        let line = String::from_utf8_lossy(&buf);
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<AuditRecord>(&line) {
+            Ok(r) => on(r),
+            Err(_) => unreadable += 1,
+        }
+    }
+}
+
+/// A stop reason as the decisions name it (`Reason::as_str`), for an event rebuilt from its line.
+pub fn stop_reason(text: &str) -> &'static str {
+    ["idle", "memory-held-idle", "phantom-utilization", "connected-but-gpu-idle", "max-lifetime"]
+        .into_iter()
+        .find(|r| *r == text)
+        .unwrap_or("idle")
 }
 
 #[derive(Clone)]

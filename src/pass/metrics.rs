@@ -122,6 +122,7 @@ pub struct Metrics {
     pub coder_clock_offset: Gauge<f64, AtomicU64>,
     pub stuck_stops: Gauge,
     pub gpu_series_twins: Gauge,
+    pub audit_write_failures: Counter,
     pub gpu_idle_seconds: Family<TemplateLabels, Counter<f64, AtomicU64>>,
     pub gpus_reclaimed: Family<TemplateLabels, Counter>,
     pub gpu_seconds_given_back: Family<TemplateLabels, Counter<f64, AtomicU64>>,
@@ -158,6 +159,7 @@ impl Metrics {
             coder_clock_offset: Gauge::default(),
             stuck_stops: Gauge::default(),
             gpu_series_twins: Gauge::default(),
+            audit_write_failures: Counter::default(),
             gpu_idle_seconds: Family::default(),
             gpus_reclaimed: Family::default(),
             gpu_seconds_given_back: Family::default(),
@@ -203,6 +205,11 @@ impl Metrics {
             m.coder_clock_offset.clone(),
         );
         registry.register("stuck_stops", "Stop builds whose job has stayed pending longer than stop_timeout", m.stuck_stops.clone());
+        registry.register(
+            "audit_write_failures",
+            "Audit lines that could not be written (a full or read-only volume); no stop is sent without its line",
+            m.audit_write_failures.clone(),
+        );
         registry.register(
             "gpu_series_twins",
             "Workspace GPU keys reported by more than one scrape target in the latest pass (a forged copy looks like this)",

@@ -84,6 +84,8 @@ pub struct State {
     last_pass_end: Mutex<Instant>,
     /// Why the token is not good enough, while it is not: /readyz fails with it.
     token_problem: Mutex<Option<TokenProblem>>,
+    /// The audit log's latest append failed (`Acted::audit_failing`).
+    pub audit_failing: std::sync::atomic::AtomicBool,
     pub interval: Duration,
 }
 
@@ -96,6 +98,7 @@ impl State {
             last_good_pass: Mutex::new(None),
             last_pass_end: Mutex::new(Instant::now()),
             token_problem: Mutex::new(None),
+            audit_failing: std::sync::atomic::AtomicBool::new(false),
             interval,
         }
     }
@@ -162,6 +165,9 @@ impl State {
     pub fn ready(&self) -> Result<(), String> {
         if let Some(p) = self.token_problem() {
             return Err(p.message().to_string());
+        }
+        if self.audit_failing.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err("the audit log cannot be written (a full or read-only volume?): no stop is sent until it can".into());
         }
         let last = self.last_good_pass.lock().ok().and_then(|t| *t);
         match last {
@@ -236,6 +242,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
         );
         metrics.breaker_trips.inc();
     }
+    state.audit_failing.store(acted.audit_failing, std::sync::atomic::Ordering::Relaxed);
     metrics.set_verdicts(eval.decisions().map(|d| (d.verdict, d.reason)));
     let inc = accounting.pass(eval.now, &eval.judged, &acted.stops_done);
     accounting.autostops_averted(eval.now, acted.autostops_averted.len());
