@@ -337,19 +337,30 @@ pub const MAX_SERIES_PER_POD: usize = window::MAX_GPUS_PER_WORKSPACE + 1;
 
 /// Counts the GPU series each workspace pod names in one answer (series of no workspace pod, a
 /// device's own among them, count only against the source's cap: behind Prometheus they carry
-/// the exporter's own pod, which names one node's GPUs).
+/// the exporter's own pod, which names one node's GPUs). Nothing is counted until the answer
+/// holds `MAX_SERIES_PER_POD` series (no pod can be over before): then the pods of those are.
 #[derive(Debug, Default)]
-pub struct PerPod(HashMap<String, usize>);
+pub struct PerPod(Option<HashMap<String, usize>>);
 
 impl PerPod {
-    /// Whether one more series of `pod` is kept.
-    pub fn admit(&mut self, pod: Option<&str>) -> bool {
+    /// Whether one more series of `pod` is kept; `held` are the series kept so far.
+    pub fn admit(&mut self, pod: Option<&str>, held: &[GpuSeries]) -> bool {
         let Some(pod) = pod else { return true };
-        if let Some(n) = self.0.get_mut(pod) {
+        if self.0.is_none() && held.len() < MAX_SERIES_PER_POD {
+            return true;
+        }
+        let counts = self.0.get_or_insert_with(|| {
+            let mut counts = HashMap::new();
+            for p in held.iter().filter_map(|s| s.key.pod.as_deref()) {
+                *counts.entry(p.to_string()).or_insert(0) += 1;
+            }
+            counts
+        });
+        if let Some(n) = counts.get_mut(pod) {
             *n += 1;
             return *n <= MAX_SERIES_PER_POD;
         }
-        self.0.insert(pod.to_string(), 1);
+        counts.insert(pod.to_string(), 1);
         true
     }
 }
@@ -438,7 +449,7 @@ pub fn series_from_exposition_capped(
                             over = true;
                             None
                         }
-                        None if !per_pod.admit(key.pod.as_deref()) => None,
+                        None if !per_pod.admit(key.pod.as_deref(), &series) => None,
                         None => {
                             let new = GpuSeries::from_labels(label, source, ownership)?;
                             by_gpu.insert(key, series.len());
@@ -459,7 +470,8 @@ pub fn series_from_exposition_capped(
             };
             let Some((i, pod_uid)) = slot else { return };
             let name = signals::read_as(line.name, line.integer);
-            let per_process = signals::lookup(name).is_some_and(|m| m.signal.per_process());
+            // Only a series with a `pod_uid` label needs to know (most have none).
+            let per_process = pod_uid.is_some() && signals::lookup(name).is_some_and(|m| m.signal.per_process());
             if per_process && pod_uid == Some(true) {
                 if let Some(gpu) = series.get_mut(i) {
                     gpu.real_pod_uid = true;
@@ -478,9 +490,16 @@ pub fn series_from_exposition_capped(
         },
     );
     errors.merge(label_errors);
-    let device_level: HashSet<(&str, Option<&str>)> =
-        series.iter().filter(|s| s.key.pod.is_none()).map(|s| (s.key.uuid.as_str(), s.key.gpu_instance.as_deref())).collect();
-    let own: Vec<bool> = series.iter().map(|s| !device_level.contains(&(s.key.uuid.as_str(), s.key.gpu_instance.as_deref()))).collect();
+    let device_level: HashSet<(&str, Option<&str>)> = if maybe_placeholders.is_empty() {
+        HashSet::new()
+    } else {
+        series.iter().filter(|s| s.key.pod.is_none()).map(|s| (s.key.uuid.as_str(), s.key.gpu_instance.as_deref())).collect()
+    };
+    let own: Vec<bool> = if maybe_placeholders.is_empty() {
+        Vec::new()
+    } else {
+        series.iter().map(|s| !device_level.contains(&(s.key.uuid.as_str(), s.key.gpu_instance.as_deref()))).collect()
+    };
     for ((i, name), value) in maybe_placeholders {
         if let Some(gpu) = series.get_mut(i).filter(|_| own[i]) {
             gpu.add_values(name, std::iter::once((at, value)));
@@ -508,17 +527,25 @@ pub fn series_from_exposition_capped(
 /// a sharer that holds none copies nothing. A sharer with per-process fields but no
 /// device-level series beside it cannot be read: `DeviceSeriesMissing`.
 pub fn merge_device_level(series: &mut [GpuSeries]) {
-    type Gpu = (String, Option<String>);
-    let mut gpus: HashMap<Gpu, (Option<usize>, Vec<usize>)> = HashMap::new();
-    for (i, s) in series.iter().enumerate() {
-        let entry = gpus.entry((s.key.uuid.clone(), s.key.gpu_instance.clone())).or_default();
-        match s.key.pod {
-            None => entry.0 = Some(i),
-            Some(_) => entry.1.push(i),
-        }
-    }
     let per_process = |p: &Point| p.values.get(Signal::GpuUtil).is_some() || p.values.get(Signal::FbUsedMib).is_some();
-    for (device, pods) in gpus.into_values() {
+    // The common case, every GPU held by one pod in the default layout: nothing to merge.
+    if series.iter().all(|s| s.key.pod.is_some() && s.attribution != Attribution::Shared) {
+        return;
+    }
+    // Per GPU (UUID and instance): its device-level series, and its workload series.
+    type Group = (Option<usize>, Vec<usize>);
+    let groups: Vec<Group> = {
+        let mut gpus: HashMap<(&str, Option<&str>), Group> = HashMap::new();
+        for (i, s) in series.iter().enumerate() {
+            let entry = gpus.entry((s.key.uuid.as_str(), s.key.gpu_instance.as_deref())).or_default();
+            match s.key.pod {
+                None => entry.0 = Some(i),
+                Some(_) => entry.1.push(i),
+            }
+        }
+        gpus.into_values().collect()
+    };
+    for (device, pods) in groups {
         let sharers: Vec<usize> = pods.iter().copied().filter(|&i| series[i].attribution == Attribution::Shared).collect();
         let Some(dev) = device else {
             for &i in &sharers {

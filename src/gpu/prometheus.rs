@@ -549,7 +549,7 @@ impl Fold {
                 self.over = true;
                 None
             }
-            None if !self.per_pod.admit(key.pod.as_deref()) => None,
+            None if !self.per_pod.admit(key.pod.as_deref(), &self.series) => None,
             None => {
                 let mut new = GpuSeries::from_labels(|k| labels.get(k), &self.source, &self.ownership)?;
                 let left = if key.pod.is_none() { &mut self.device_points_left } else { &mut self.points_left };
