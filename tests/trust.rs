@@ -174,7 +174,7 @@ fn gpu(uuid: &str, pod: &str, job: &str, instance: &str, busy: bool) -> Vec<Stor
     ]
 }
 
-/// Behind Prometheus, with a 3 h look-back (`docs/examples/team-policy.toml`): forged series
+/// Behind Prometheus, with a 6 h look-back (twice `docs/examples/team-policy.toml`'s): forged series
 /// decide nothing and cost no memory. 64 idle "GPUs" on a busy workspace's pod whose UUIDs sort
 /// first; one idle series for a CPU workspace; a busy copy of an idle GPU pushed under another
 /// job; a busy twin of an idle GPU from a second target; 19,999 series of workspace-like pods
@@ -191,11 +191,11 @@ async fn forged_series_behind_prometheus_decide_nothing_and_cost_no_memory() {
         for id in ids.iter().chain([&cpu]) {
             let i = w.ws_index(*id).unwrap();
             let ws = &mut w.workspaces[i];
-            let started = now - chrono::Duration::hours(4);
+            let started = now - chrono::Duration::hours(7);
             let build = ws.builds.last_mut().unwrap();
             build.created_at = started;
             build.job.completed_at = Some(started);
-            ws.last_used_at = now - chrono::Duration::hours(4);
+            ws.last_used_at = now - chrono::Duration::hours(7);
         }
     });
     let pods: Vec<String> = ids.iter().map(|id| pod_of(&coder, *id)).collect();
@@ -221,7 +221,7 @@ async fn forged_series_behind_prometheus_decide_nothing_and_cost_no_memory() {
     let dir = std::env::temp_dir().join(format!("cgr-trust-{}", Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("policy.toml");
-    std::fs::write(&config, "idle_after = \"3h\"\ngpu_templates = [\"gpu-workspace\"]\n").unwrap();
+    std::fs::write(&config, "idle_after = \"6h\"\ngpu_templates = [\"gpu-workspace\"]\n").unwrap();
     let base = |cmd: &str| -> Vec<String> {
         [cmd, "--coder-url", &coder.url(), "--prometheus-url", &prom.url(), "--config", config.to_str().unwrap()].map(String::from).to_vec()
     };
@@ -249,7 +249,7 @@ async fn forged_series_behind_prometheus_decide_nothing_and_cost_no_memory() {
     assert!(out.contains("FAIL twins: 1 workspace GPU key(s) reported by more than one scrape target"), "{out}");
     std::fs::remove_dir_all(&dir).ok();
     eprintln!(
-        "forged series behind Prometheus (3 h look-back, 20,070 series, one answered at every second): plan peak RSS {} MiB, {:.1} s; 0 wrong reclaims",
+        "forged series behind Prometheus (6 h look-back, 20,070 series, one answered at every second): plan peak RSS {} MiB, {:.1} s; 0 wrong reclaims",
         peak / 1024,
         wall.as_secs_f64()
     );
