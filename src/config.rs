@@ -411,6 +411,13 @@ impl Settings {
                     "proxy_url is set and coder_url is http://: the owner token would cross the proxy in clear; use Coder's https:// URL, or drop proxy_url",
                 );
             }
+            let bearer_in_clear =
+                file.prometheus_bearer_token_file.is_some() && matches!(&gpu, GpuSourceSettings::Prometheus(p) if p.scheme() == "http");
+            if bearer_in_clear {
+                return err(
+                    "proxy_url is set and prometheus_url is http:// with prometheus_bearer_token_file: the bearer token would cross the proxy in clear; use Prometheus's https:// URL, or drop proxy_url",
+                );
+            }
             outbound.proxy = Some(proxy);
         }
         let prometheus_job = match args.prometheus_job.clone().or_else(|| file.prometheus_job.clone()) {
@@ -772,6 +779,16 @@ mod tests {
                 CommonArgs { token_file: Some("/nonexistent/token".into()), ..args() },
                 None,
                 "--token-file: cannot read the token file /nonexistent/token",
+            ),
+            (
+                CommonArgs { coder_url: Some("http://coder:80".into()), proxy_url: Some("http://proxy:3128".into()), ..args() },
+                token(),
+                "the owner token would cross the proxy in clear",
+            ),
+            (
+                CommonArgs { prometheus_job: Some("a\"b".into()), ..args() },
+                token(),
+                "prometheus_job \"a\\\"b\": name the exporter's scrape job",
             ),
         ];
         for (a, tok, want) in cases {

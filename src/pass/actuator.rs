@@ -455,7 +455,7 @@ impl Actuator {
         if !acts(self.mode) {
             self.announce_warnings(eval, AuditKind::WouldWarn);
             self.would_act(eval, &mut acted);
-            acted.audit_failing = self.outputs.audit.as_ref().is_some_and(|a| a.failing());
+            acted.audit_failing = self.outputs.audit.as_ref().is_some_and(|a| !a.probe());
             return acted;
         }
         self.announce_warnings(eval, AuditKind::Warn);
@@ -480,7 +480,7 @@ impl Actuator {
         self.restore_ttls(eval, shutdown).await;
         self.count_averted(eval, &mut acted);
         self.extend_deadlines(eval, shutdown, &mut acted).await;
-        acted.audit_failing = self.outputs.audit.as_ref().is_some_and(|a| a.failing());
+        acted.audit_failing = self.outputs.audit.as_ref().is_some_and(|a| !a.probe());
         acted
     }
 

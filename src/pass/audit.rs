@@ -350,6 +350,22 @@ impl AuditLog {
         self.failing.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// While failing, tries the file again with an empty line (readers skip it), so readiness
+    /// comes back once the volume has room, even in a pass with no event to write. `true` when
+    /// the log works.
+    pub fn probe(&self) -> bool {
+        if !self.failing() {
+            return true;
+        }
+        let mut file = match self.file.lock() {
+            Ok(f) => f,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let ok = file.write_all(b"\n").and_then(|()| if self.regular { file.sync_data() } else { Ok(()) }).is_ok();
+        self.failing.store(!ok, std::sync::atomic::Ordering::Relaxed);
+        ok
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
