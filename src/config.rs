@@ -411,8 +411,7 @@ impl Settings {
                     "proxy_url is set and coder_url is http://: the owner token would cross the proxy in clear; use Coder's https:// URL, or drop proxy_url",
                 );
             }
-            let bearer_in_clear =
-                file.prometheus_bearer_token_file.is_some() && matches!(&gpu, GpuSourceSettings::Prometheus(p) if p.scheme() == "http");
+            let bearer_in_clear = file.prometheus_bearer_token_file.is_some() && prometheus_in_clear(&gpu);
             if bearer_in_clear {
                 return err(
                     "proxy_url is set and prometheus_url is http:// with prometheus_bearer_token_file: the bearer token would cross the proxy in clear; use Prometheus's https:// URL, or drop proxy_url",
@@ -421,7 +420,7 @@ impl Settings {
             outbound.proxy = Some(proxy);
         }
         let prometheus_job = match args.prometheus_job.clone().or_else(|| file.prometheus_job.clone()) {
-            Some(job) if job.trim().is_empty() || job.contains(['"', '\\', '\n']) => {
+            Some(job) if job.trim().is_empty() || job.chars().any(|c| c.is_control() || c == '\u{22}' || c == '\u{5c}') => {
                 return err(format!(
                     "prometheus_job {job:?}: name the exporter's scrape job (the `job` label of its series), e.g. \"{}\"",
                     crate::gpu::prometheus::DEFAULT_JOB
@@ -495,6 +494,14 @@ impl Settings {
             humantime::format_duration(t.grace),
             self.policy.rules.len()
         )
+    }
+}
+
+/// Whether the GPU source is a Prometheus reached over plain `http://`.
+fn prometheus_in_clear(gpu: &GpuSourceSettings) -> bool {
+    match gpu {
+        GpuSourceSettings::Prometheus(p) => p.scheme() == "http",
+        GpuSourceSettings::Exporters(_) => false,
     }
 }
 
