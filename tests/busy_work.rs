@@ -11,7 +11,7 @@ use mocks::{ExporterConfig, FakeCoder, FakeExporter, Fault, Load, Stuck, WorldCo
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::e2e::{Service, holds_gpu, until, until_with, world};
+use crate::e2e::{Service, exporter, holds_gpu, running, until, until_with, world};
 
 /// A 20-second autostop TTL: Coder's deadline passes within the test.
 const TTL_MS: i64 = 20_000;
@@ -59,10 +59,6 @@ async fn left_running(coder: &FakeCoder, name: &str, ttl_ms: Option<i64>, load: 
     id
 }
 
-fn running(w: &mocks::World, id: Uuid) -> bool {
-    w.ws_index(id).is_some_and(|i| w.is_running(&w.workspaces[i]))
-}
-
 fn deadline(coder: &FakeCoder, id: Uuid) -> Option<chrono::DateTime<chrono::Utc>> {
     coder.with(|w| w.ws_index(id).and_then(|i| w.workspaces[i].latest()?.deadline))
 }
@@ -78,10 +74,6 @@ fn stops_by(coder: &FakeCoder, id: Uuid, reason: &str) -> usize {
 fn extends(coder: &FakeCoder, id: Uuid) -> usize {
     let path = format!("/api/v2/workspaces/{id}/extend");
     coder.requests().iter().filter(|(m, uri)| m == "PUT" && *uri == path).count()
-}
-
-async fn exporter(coder: &FakeCoder) -> FakeExporter {
-    FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.unwrap()
 }
 
 async fn status_of(svc: &Service, id: Uuid) -> Value {

@@ -4,15 +4,11 @@
 
 use std::time::Duration;
 
-use mocks::{FakeCoder, FakeExporter, Load, WorldConfig};
+use mocks::{FakeCoder, Load, WorldConfig};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::e2e::{Service, holds_gpu, until, until_with, world};
-
-fn running(w: &mocks::World, id: Uuid) -> bool {
-    w.ws_index(id).is_some_and(|i| w.is_running(&w.workspaces[i]))
-}
+use crate::e2e::{Service, exporter, holds_gpu, running, until, until_with, world};
 
 fn agent_connected(w: &mocks::World, id: Uuid) -> bool {
     w.ws_index(id).and_then(|i| w.workspaces[i].latest()?.agent.clone()).is_some_and(|a| w.agent_status(&a) == "connected")
@@ -20,10 +16,6 @@ fn agent_connected(w: &mocks::World, id: Uuid) -> bool {
 
 fn stops(coder: &FakeCoder, id: Uuid) -> usize {
     coder.with(|w| w.workspaces.iter().find(|ws| ws.id == id).map_or(0, |ws| ws.builds.iter().filter(|b| b.transition == "stop").count()))
-}
-
-async fn exporter(coder: &FakeCoder) -> FakeExporter {
-    FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap()
 }
 
 async fn status_of(svc: &Service, id: Uuid) -> Value {

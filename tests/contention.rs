@@ -6,22 +6,14 @@
 
 use std::time::Duration;
 
-use mocks::{FakeCoder, FakeExporter};
+use mocks::FakeCoder;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::e2e::{Service, holds_gpu, until, until_with, world};
+use crate::e2e::{Service, exporter, holds_gpu, running, until, until_with, world};
 
 fn stops(coder: &FakeCoder, id: Uuid) -> usize {
     coder.with(|w| w.stop_builds_by(id, "admin"))
-}
-
-fn running(w: &mocks::World, id: Uuid) -> bool {
-    w.ws_index(id).is_some_and(|i| w.is_running(&w.workspaces[i]))
-}
-
-async fn exporter(coder: &FakeCoder) -> FakeExporter {
-    FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap()
 }
 
 async fn get(svc: &Service, path: &str) -> Value {

@@ -165,8 +165,14 @@ fn connected(w: &mocks::World, id: Uuid) -> bool {
     w.ws_index(id).and_then(|i| w.workspaces[i].latest()?.agent.clone()).is_some_and(|a| a.first_connected_at.is_some())
 }
 
-async fn exporter(coder: &FakeCoder) -> FakeExporter {
+/// A fake exporter over the world, in its default set-up.
+pub async fn exporter(coder: &FakeCoder) -> FakeExporter {
     FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.unwrap()
+}
+
+/// The workspace's latest build is a running start.
+pub fn running(w: &mocks::World, id: Uuid) -> bool {
+    w.ws_index(id).is_some_and(|i| w.is_running(&w.workspaces[i]))
 }
 
 /// Stage 1, scenarios 1-3 (and stage 3, scenario 1): A holds the only GPU and walks away; B waits;

@@ -8,24 +8,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mocks::prometheus::{Answer, FakePrometheus, RangeQuery};
-use mocks::{FakeCoder, FakeExporter, Fault, WorldConfig};
+use mocks::{FakeCoder, Fault, WorldConfig};
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::common::binary;
-use crate::e2e::{Service, holds_gpu, until, world};
+use crate::e2e::{Service, exporter, holds_gpu, running, until, world};
 use crate::hostile::peak_rss_kib;
-
-async fn exporter(coder: &FakeCoder) -> FakeExporter {
-    FakeExporter::start(coder.world.clone(), mocks::ExporterConfig::default()).await.unwrap()
-}
 
 fn pod_of(coder: &FakeCoder, id: Uuid) -> String {
     coder.with(|w| w.ws_index(id).and_then(|i| w.workspaces[i].pod.as_ref().map(|p| p.name.clone()))).unwrap()
-}
-
-fn running(w: &mocks::World, id: Uuid) -> bool {
-    w.ws_index(id).is_some_and(|i| w.is_running(&w.workspaces[i]))
 }
 
 /// Runs the binary to its end, polling its peak RSS: (exit code, stdout, stderr, peak KiB, wall).
