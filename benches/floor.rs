@@ -2,7 +2,7 @@
 //! each body and discards it (no parsing, no decompression, no state), with the same number in
 //! flight as the service. What a pass costs above it is the service's own share.
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::disallowed_methods)]
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! Prints MB/s, lines/s and the ratio. Single-threaded. Run: `cargo bench --bench parse`.
 
 // A measuring harness, not service code: failing loudly is what it should do.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[path = "synthetic.rs"]
 mod synthetic;

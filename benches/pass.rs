@@ -6,7 +6,7 @@
 //! and discarded) and the ratio of the two. Run: `cargo bench --bench pass`.
 
 // A measuring harness, not service code: failing loudly is what it should do.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[path = "synthetic.rs"]
 mod synthetic;

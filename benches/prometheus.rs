@@ -18,7 +18,7 @@
 //! GPUs).
 
 // A measuring harness, not service code: failing loudly is what it should do.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 #[path = "synthetic.rs"]
 mod synthetic;

@@ -2,7 +2,7 @@
 //! default counters, label order and number formats of reference NOTES §2.1) and Coder
 //! workspace listings (the captured, spec-checked fixture repeated with new ids).
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::disallowed_methods)]
 
 use std::fmt::Write;
 use std::io::Write as _;

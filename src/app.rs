@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::coder::actions::CoderActions;
 use crate::coder::identity::connect;
 use crate::coder::{ClientOptions, CoderClient, CoderError, TokenSource};
 use crate::config::{GpuSourceSettings, Settings};
@@ -117,7 +118,8 @@ impl Application {
         let state = Arc::new(State::new(metrics.clone(), mode, settings.interval));
         let limits = StopLimits { interval: settings.interval, stop_timeout: settings.policy.stop_timeout };
         let actuator = outputs.map(|outputs| {
-            let mut actuator = Actuator::new(mode, coder.clone(), metrics, outputs, limits, Some(identity.user_id.clone()));
+            let mut actuator =
+                Actuator::new(mode, CoderActions::new(coder.clone()), metrics, outputs, limits, Some(identity.user_id.clone()));
             actuator.recover(chrono::Utc::now());
             actuator
         });

@@ -42,7 +42,7 @@ pub enum Command {
     Run(RunArgs),
     /// Run one pass and print the decisions. Never stops anything.
     Plan(PlanArgs),
-    /// Check the settings, the token (owner? expiry?), Coder and the GPU sources; exit 0 only if all pass.
+    /// Check the settings, Coder, the token (may it read and stop workspaces? expiry?) and the GPU sources; exit 0 only if all pass.
     Check(CheckArgs),
     /// Play the seed experiment on built-in fakes (no Coder, no GPU needed) and print a timeline.
     Demo(DemoArgs),
@@ -129,7 +129,7 @@ pub struct CommonArgs {
 
     /// Reclaim every idle GPU, or only while someone waits for one [default: always]
     #[arg(long, value_name = "WHEN", value_enum)]
-    pub reclaim_when: Option<ReclaimWhen>,
+    pub reclaim_when: Option<ReclaimWhenArg>,
 
     /// Timeout of each HTTP request to Coder and the GPU sources [default: 10s]
     #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse)]
@@ -182,7 +182,9 @@ pub struct RunOptions {
     #[arg(long, value_name = "ADDR")]
     pub health_listen: Option<SocketAddr>,
 
-    /// Append one JSON line per stop or would-stop to this file
+    /// Append one JSON line to this file per change of a stop's state (stop_sending, stop_sent, ...,
+    /// stop_done), would_stop, restore_ttl, resumed, deadline_extended, would_extend and
+    /// autostop_averted (warnings go to the log and the webhook only)
     #[arg(long, value_name = "PATH")]
     pub audit_log: Option<PathBuf>,
 
@@ -238,4 +240,23 @@ pub struct DemoArgs {
     /// Keep serving, and passing, after the story ends, until Ctrl-C
     #[arg(long)]
     pub hold: bool,
+}
+
+/// `--reclaim-when`'s values, as clap lists them; the policy's `ReclaimWhen` (the core crate
+/// does not depend on clap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReclaimWhenArg {
+    /// Reclaim every idle GPU workspace.
+    Always,
+    /// Reclaim only while GPU workspaces wait for a GPU, and only as many as wait.
+    Contended,
+}
+
+impl From<ReclaimWhenArg> for ReclaimWhen {
+    fn from(arg: ReclaimWhenArg) -> Self {
+        match arg {
+            ReclaimWhenArg::Always => ReclaimWhen::Always,
+            ReclaimWhenArg::Contended => ReclaimWhen::Contended,
+        }
+    }
 }

@@ -1,8 +1,10 @@
 //! Settings: the config file's shape, and the one place raw flags, the environment and the file
-//! are validated into `Settings` (flag > env > file > default). After `Settings::resolve`, no raw
-//! value remains: URLs are parsed URLs, an exporter target is a URL or a `dns+` name, the log
-//! format, listen address, audit log and webhook are decided. Every error names the setting and
-//! the fix, and is an `Error::Config` (exit 2).
+//! are validated into `Settings` (flag > env > file > default). After `Settings::resolve`, URLs
+//! are parsed URLs, an exporter target is a URL or a `dns+` name, the log format, listen address,
+//! audit log and webhook are decided. Two things are not final here: `prometheus_headers` stay
+//! raw strings (checked when the source is built, turned into headers again at each pass), and
+//! `prometheus.power` is a placeholder `false` that `app::gpu_source` sets from the policy. Every
+//! error here names the setting and the fix, and is an `Error::Config` (exit 2).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -159,8 +161,8 @@ pub enum GpuSourceSettings {
     Prometheus(Url),
 }
 
-/// Validated settings: what `run`, `plan`, `check`, the demo, the tests and the benchmark build
-/// the service from (`app::Application::build`).
+/// Validated settings: what `run`, `plan`, the demo, the tests and the benchmarks build the
+/// service from (`app::Application::build`); `check` builds only the clients from them.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub coder_url: Url,
@@ -183,7 +185,8 @@ pub struct Settings {
     pub status_token: Option<std::sync::Arc<crate::http::SecretFile>>,
     /// Extra CAs every outgoing client trusts.
     pub outbound: Outbound,
-    /// Headers and bearer token for Prometheus-compatible stores.
+    /// Prometheus options: headers (raw), bearer token file, selector, job and series bound;
+    /// `power` is `false` here, set from the policy where the source is built.
     pub prometheus: PrometheusOptions,
     pub limits: BodyLimits,
     /// `run --enforce`; observe otherwise (and always for `plan` and `check`).
@@ -208,7 +211,8 @@ pub struct BodyLimits {
 
 impl Default for BodyLimits {
     /// Sized from the measured 10,000-workspace figures with room to spare: the listing is about
-    /// 42 MB, an exporter of 8 GPUs about 80 KB, 7 Prometheus queries about 105 MB in all.
+    /// 42 MB, an exporter of 8 GPUs about 80 KB. Behind Prometheus a pass sends 18 queries (20 with
+    /// a power veto) per slice of 60 steps; `prometheus` bounds each answer.
     fn default() -> Self {
         BodyLimits {
             listing: crate::coder::DEFAULT_MAX_LISTING,
@@ -549,7 +553,7 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     if t.connected_idle_after.is_some_and(|c| c < t.idle_after) {
         return err("connected_idle_after must be at least idle_after: it is the longer limit for GPUs idle behind an open connection");
     }
-    p.reclaim_when = args.reclaim_when.or(file.reclaim_when).unwrap_or_default();
+    p.reclaim_when = args.reclaim_when.map(ReclaimWhen::from).or(file.reclaim_when).unwrap_or_default();
     p.gpu_templates = file.gpu_templates.clone().unwrap_or_default();
     p.restore_autostop = file.restore_autostop;
     if let Some(d) = p.restore_autostop {

@@ -55,6 +55,7 @@ impl Outbound {
 /// A client that never follows redirects (a 3xx is an answer, reported as an error by the
 /// caller: a token must never leave the host it was configured for, and https must never turn
 /// into http), with the given timeouts and trust.
+#[allow(clippy::disallowed_methods)] // the one place a client is built
 pub fn client(timeout: Duration, connect_timeout: Duration, outbound: &Outbound) -> Result<reqwest::Client, Error> {
     let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -158,21 +159,24 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// The answer to a redirect: what was refused, naming the status and the target's host only.
-pub fn redirect_refused(status: u16, headers: &reqwest::header::HeaderMap) -> String {
-    let target = headers
+/// A redirect answer refused, naming the status and the target's host only, or `None` for any
+/// other answer.
+pub fn refused_redirect(resp: &reqwest::Response) -> Option<String> {
+    let status = resp.status();
+    if !status.is_redirection() {
+        return None;
+    }
+    let target = resp
+        .headers()
         .get(reqwest::header::LOCATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|l| Url::parse(l).ok())
         .and_then(|u| u.host_str().map(str::to_string))
         .unwrap_or_else(|| "the same host".into());
-    format!("HTTP {status}: a redirect to {target}, not followed (configure the final URL; credentials never leave the configured host)")
-}
-
-/// A redirect answer refused (as `redirect_refused` words it), or `None` for any other answer.
-pub fn refused_redirect(resp: &reqwest::Response) -> Option<String> {
-    let status = resp.status();
-    status.is_redirection().then(|| redirect_refused(status.as_u16(), resp.headers()))
+    Some(format!(
+        "HTTP {}: a redirect to {target}, not followed (configure the final URL; credentials never leave the configured host)",
+        status.as_u16()
+    ))
 }
 
 /// Sends a request to a GPU source: no answer reads "timed out" or "no response: …" (the error
@@ -227,6 +231,7 @@ pub fn bytes_human(n: usize) -> String {
 
 /// Hands a body to `on_chunk` chunk by chunk, stopping as soon as it passes `limit` bytes (or
 /// announces more) with the `BodyError` as `E`, or at `on_chunk`'s first error.
+#[allow(clippy::disallowed_methods)] // the one place a body is read, chunk by chunk, against its limit
 async fn for_each_chunk<E>(
     mut resp: reqwest::Response,
     limit: usize,

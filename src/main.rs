@@ -1,6 +1,8 @@
-//! The command line only: parse the flags, resolve them into `Settings` once, set up logging as
-//! the settings say, run the subcommand, and map the outcome to an exit code (0 fine, 1 runtime
-//! failure, 2 usage or configuration error: `Error::exit_code`).
+//! The binary: parse the flags, run the subcommand on a two-thread runtime, and map the outcome
+//! to an exit code (0 fine, 1 runtime failure or a failed `check`, 2 usage or configuration
+//! error: `Error::exit_code`). `run`, `plan` and `check` resolve their flags into `Settings` once
+//! and log in the settings' format (`run` at info, the others at warn); `report` and `demo`
+//! resolve none (the demo builds its own) and log text at warn.
 
 use std::process::ExitCode;
 

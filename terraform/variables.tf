@@ -144,7 +144,7 @@ variable "egress_ports" {
 
 variable "audit_log" {
   type        = bool
-  description = "Keep an audit trail (one JSON line per stop or would-stop), on a PersistentVolumeClaim unless audit_log_persistent is false."
+  description = "Keep an audit trail (one JSON line per change of a stop's state, would-stop, TTL restore, resumed workspace and deadline extension), on a PersistentVolumeClaim unless audit_log_persistent is false."
   default     = true
 }
 

@@ -1,10 +1,13 @@
-//! The invariants ARCHITECTURE.md states, checked on the sources: the module order (every import,
-//! `crate::`, `super::` or `self::`, in a `use` group or inline, points down the order the
-//! document states), which code may read the clock or touch the network, where side effects and
-//! the mode check live, and that the code map lists every source file and names what is in it.
+//! The invariants ARCHITECTURE.md states that types cannot, checked on the sources: the module
+//! order (every import, `crate::`, `super::` or `self::`, in a `use` group or inline, points down
+//! the order the document states) and no import cycle between files, even inside a folder; who
+//! may hold Coder's write capability and the audit and webhook writers; where the mode check
+//! lives; and that the code map lists every source file and names what is in it.
 //!
-//! Each check reads a tree (`src/` and ARCHITECTURE.md under one root) and returns the breaches it
-//! found; the `planted_*` tests copy the tree, plant one breach and expect the check to name it.
+//! Each check reads a tree (`src/`, `core/src/` and ARCHITECTURE.md under one root) and returns
+//! the breaches it found; the `planted_*` tests copy the tree, plant one breach and expect the
+//! check to name it. What the compiler refuses (the core crate's purity, writes on the read-only
+//! client, private fields, whole-body reads) is shown in `fences.rs`, by building a planted copy.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -12,6 +15,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The crates' sources: the service crate's `src/` and the core crate's `core/src/`.
+const SOURCE_DIRS: [&str; 2] = ["src", "core/src"];
+
+/// Every `.rs` file of both crates, relative to `base`.
+fn sources(base: &Path) -> Vec<String> {
+    SOURCE_DIRS.iter().filter(|d| base.join(d).exists()).flat_map(|d| rust_files(base, d)).collect()
 }
 
 /// Every `.rs` file under `dir` (relative to `base`), recursively, sorted.
@@ -36,8 +47,30 @@ fn rust_files(base: &Path, dir: &str) -> Vec<String> {
 /// The text without comments; string and char literals kept whole (`keep_strings`) or emptied.
 /// A `//` inside a string is not a comment.
 fn strip(text: &str, keep_strings: bool) -> String {
+    strip_marked(text, keep_strings).into_iter().map(|(c, _)| c).collect()
+}
+
+/// `strip`, each char marked when it lies inside a string or char literal (braces there do not
+/// open or close anything).
+fn strip_marked(text: &str, keep_strings: bool) -> Vec<(char, bool)> {
+    struct Out(Vec<(char, bool)>);
+    impl Out {
+        fn push(&mut self, c: char) {
+            self.0.push((c, false));
+        }
+        fn push_str(&mut self, s: &str) {
+            let n = s.chars().count();
+            // A literal's quotes are code, its body is not.
+            self.0.extend(s.chars().enumerate().map(|(i, c)| (c, i > 0 && i + 1 < n)));
+        }
+        fn extend(&mut self, s: &[char]) {
+            let n = s.len();
+            let open = s.iter().position(|c| *c == '"').unwrap_or(0);
+            self.0.extend(s.iter().enumerate().map(|(i, c)| (*c, i > open && i + 1 < n)));
+        }
+    }
     let b: Vec<char> = text.chars().collect();
-    let mut out = String::with_capacity(text.len());
+    let mut out = Out(Vec::with_capacity(text.len()));
     let mut i = 0;
     let word_before = |i: usize| i > 0 && (b[i - 1].is_alphanumeric() || b[i - 1] == '_');
     while i < b.len() {
@@ -104,6 +137,53 @@ fn strip(text: &str, keep_strings: bool) -> String {
             i += 1;
         }
     }
+    out.0
+}
+
+/// Drops every `#[cfg(test)] mod name { ... }` (braces matched outside literals), wherever it
+/// stands: code after a test module in the middle of a file is still read. A `#[cfg(test)]` on
+/// anything else is read as code.
+fn without_test_modules(marked: Vec<(char, bool)>) -> String {
+    const ATTR: &str = "#[cfg(test)]";
+    let text: Vec<char> = marked.iter().map(|(c, _)| *c).collect();
+    let at = |i: usize, s: &str| s.chars().enumerate().all(|(k, c)| text.get(i + k) == Some(&c));
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        if !marked[i].1 && at(i, ATTR) {
+            let mut j = i + ATTR.len();
+            while text.get(j).is_some_and(|c| c.is_whitespace()) {
+                j += 1;
+            }
+            if at(j, "pub ") {
+                j += 4;
+            }
+            if at(j, "mod ") {
+                let mut k = j;
+                while k < text.len() && text[k] != '{' && text[k] != ';' {
+                    k += 1;
+                }
+                if text.get(k) == Some(&'{') {
+                    let mut depth = 0;
+                    while k < text.len() {
+                        if !marked[k].1 && text[k] == '{' {
+                            depth += 1;
+                        } else if !marked[k].1 && text[k] == '}' {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        k += 1;
+                    }
+                }
+                i = k + 1;
+                continue;
+            }
+        }
+        out.push(text[i]);
+        i += 1;
+    }
     out
 }
 
@@ -128,8 +208,7 @@ fn raw_string_start(b: &[char], i: usize) -> Option<(usize, usize)> {
 /// A file's code outside `#[cfg(test)]` modules, comments removed.
 fn source(base: &Path, rel: &str, keep_strings: bool) -> String {
     let text = std::fs::read_to_string(base.join(rel)).unwrap();
-    let text = text.split("#[cfg(test)]").next().unwrap_or("");
-    strip(text, keep_strings)
+    without_test_modules(strip_marked(&text, keep_strings))
 }
 
 /// Code with comments and string contents removed, whitespace runs made one space.
@@ -137,14 +216,21 @@ fn code(base: &Path, rel: &str) -> String {
     source(base, rel, false).split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// The module path of a file under `src/` (`src/gpu/window.rs` is `["gpu", "window"]`).
+/// The module path of a source file: `src/gpu/exporter.rs` is `["gpu", "exporter"]`, and the
+/// core crate's files lie under `core` (`core/src/gpu/window.rs` is `["core", "gpu", "window"]`).
 fn module_of(rel: &str) -> Vec<String> {
-    let path = rel.trim_start_matches("src/").trim_end_matches(".rs");
-    let mut parts: Vec<String> = path.split('/').map(str::to_string).collect();
+    let mut parts = crate_root(rel);
+    let path = rel.strip_prefix("core/src/").or_else(|| rel.strip_prefix("src/")).unwrap_or(rel).trim_end_matches(".rs");
+    parts.extend(path.split('/').map(str::to_string));
     if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
         parts.pop();
     }
     parts
+}
+
+/// Where `crate::` leads from a file: the core crate's root is `core`.
+fn crate_root(rel: &str) -> Vec<String> {
+    if rel.starts_with("core/src/") { vec!["core".to_string()] } else { Vec::new() }
 }
 
 /// Expands a `use` tree (`a::{b, c::{d, e as f}}`) into its paths.
@@ -202,8 +288,11 @@ fn crate_imports(base: &Path, rel: &str) -> BTreeSet<String> {
         let end = code[i..].find(';').map_or(code.len(), |e| i + e);
         paths.extend(expand_use(&code[i + 4..end]));
     }
-    for head in ["crate::", "super::", "self::"] {
-        for (i, _) in code.match_indices(head) {
+    // In a `mod.rs`, a child's name leads a path too (`exporter::ExporterSource`).
+    let heads: Vec<String> =
+        ["crate::", "super::", "self::"].into_iter().map(str::to_string).chain(children.iter().map(|c| format!("{c}::"))).collect();
+    for head in &heads {
+        for (i, _) in code.match_indices(head.as_str()) {
             if boundary(i) {
                 let tail: String = code[i..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
                 paths.push(tail);
@@ -216,7 +305,7 @@ fn crate_imports(base: &Path, rel: &str) -> BTreeSet<String> {
         let mut at: Vec<String> = match segs.first() {
             Some(&"crate") => {
                 segs.remove(0);
-                Vec::new()
+                crate_root(rel)
             }
             Some(&"self") => {
                 segs.remove(0);
@@ -271,10 +360,13 @@ fn import_order(base: &Path) -> Vec<String> {
     let rank = stated_order(base);
     // What an import can name: the crate's modules (a path to anything else names an item of
     // `lib.rs` or of an inline module, as `super::parse` inside `duration`'s `mod serde`).
-    let modules: BTreeSet<String> = rust_files(base, "src").iter().map(|f| module_of(f)).filter_map(|m| m.first().cloned()).collect();
+    // (The core crate's are `core::` and their name.)
+    let top =
+        |m: &[String]| m.iter().take(if m.first().is_some_and(|s| s == "core") { 2 } else { 1 }).cloned().collect::<Vec<_>>().join("::");
+    let modules: BTreeSet<String> = sources(base).iter().map(|f| top(&module_of(f))).collect();
     let mut breaches = Vec::new();
-    for file in rust_files(base, "src") {
-        if file == "src/main.rs" || file == "src/lib.rs" {
+    for file in sources(base) {
+        if file == "src/main.rs" || file.ends_with("src/lib.rs") {
             continue;
         }
         let me = unit(&rank, &module_of(&file).join("::"));
@@ -282,7 +374,10 @@ fn import_order(base: &Path) -> Vec<String> {
             breaches.push(format!("{me} ({file}) is not in ARCHITECTURE.md's module order"));
             continue;
         };
-        for path in crate_imports(base, &file).into_iter().filter(|p| p.split("::").next().is_some_and(|top| modules.contains(top))) {
+        for path in crate_imports(base, &file)
+            .into_iter()
+            .filter(|p| modules.contains(&top(&p.split("::").map(str::to_string).collect::<Vec<_>>())))
+        {
             let m = unit(&rank, &path);
             match rank.get(&m) {
                 Some(&theirs) if m == me || theirs > mine => {}
@@ -294,40 +389,82 @@ fn import_order(base: &Path) -> Vec<String> {
     breaches
 }
 
-/// Files that must stay pure: no I/O, no clock.
-const PURE: [&str; 6] = [
-    "src/pass/decide.rs",
-    "src/pass/deadline.rs",
-    "src/pass/policy.rs",
-    "src/duration.rs",
-    "src/pass/stop_lifecycle.rs",
-    "src/gpu/window.rs",
-];
+/// Import cycles between files, folders included (`gpu/mod.rs` and a source importing each
+/// other): each file's imports, resolved to the file they lie in, searched depth first.
+fn import_cycles(base: &Path) -> Vec<String> {
+    let files: BTreeMap<String, String> = sources(base).into_iter().map(|f| (module_of(&f).join("::"), f)).collect();
+    let file_of = |path: &str| -> Option<String> {
+        let segs: Vec<&str> = path.split("::").collect();
+        (1..=segs.len()).rev().map(|n| segs[..n].join("::")).find(|p| files.contains_key(p))
+    };
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, file) in &files {
+        let to = crate_imports(base, file).iter().filter_map(|p| file_of(p)).filter(|m| m != module && !m.is_empty()).collect();
+        edges.insert(module.clone(), to);
+    }
+    fn visit(
+        at: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+        found: &mut Vec<String>,
+    ) {
+        if let Some(start) = path.iter().position(|p| p == at) {
+            found.push(format!("import cycle: {} > {at}", path[start..].join(" > ")));
+            return;
+        }
+        if !done.insert(at.to_string()) {
+            return;
+        }
+        path.push(at.to_string());
+        for next in edges.get(at).into_iter().flatten() {
+            visit(next, edges, path, done, found);
+        }
+        path.pop();
+    }
+    let (mut done, mut found) = (BTreeSet::new(), Vec::new());
+    for module in edges.keys() {
+        visit(module, &edges, &mut Vec::new(), &mut done, &mut found);
+    }
+    found
+}
 
+/// The core crate stays pure: besides the compiler's fences (no tokio, reqwest or tracing among
+/// its dependencies, chrono without its clock, clippy's bans: `fences.rs`), no file of it names
+/// an I/O or clock path, and no `allow` lifts clippy's bans outside its tests.
 fn pure_code(base: &Path) -> Vec<String> {
     let mut breaches = Vec::new();
-    for file in PURE {
-        let code = code(base, file);
+    for file in sources(base).into_iter().filter(|f| f.starts_with("core/")) {
+        let code = code(base, &file);
         for banned in [
             "tokio",
             "reqwest",
+            "tracing",
             "std::fs",
             "std::net",
+            "std::env",
             "std::time::Instant",
             "Utc::now",
             "Local::now",
             "Instant::now",
             "SystemTime",
-            "Utc.timestamp",
+            "disallowed_methods",
+            "disallowed_types",
         ] {
             if code.contains(banned) {
-                breaches.push(format!("{file} mentions {banned}: it is pure"));
+                breaches.push(format!("{file} mentions {banned}: the core crate is pure"));
             }
         }
-        let imports_instant = code.contains("time::{") && code.contains("Instant");
-        if imports_instant {
-            breaches.push(format!("{file} imports Instant: it is pure"));
+    }
+    let manifest = std::fs::read_to_string(base.join("core/Cargo.toml")).unwrap_or_default();
+    let dependencies = manifest.split("[dependencies]").nth(1).and_then(|s| s.split("\n[").next()).unwrap_or("");
+    for crate_name in ["tokio", "reqwest", "tracing", "axum", "hyper"] {
+        if dependencies.lines().any(|l| l.trim_start().starts_with(crate_name)) {
+            breaches.push(format!("core/Cargo.toml depends on {crate_name}: the core crate is pure"));
         }
+    }
+    if dependencies.lines().any(|l| l.trim_start().starts_with("chrono") && (l.contains("clock") || l.contains("workspace = true"))) {
+        breaches.push("core/Cargo.toml takes chrono with its clock: the core crate reads no clock".into());
     }
     breaches
 }
@@ -337,25 +474,17 @@ fn word_at(code: &str, i: usize) -> bool {
     i == 0 || !code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_')
 }
 
+/// Clients and body reads are fenced by clippy (`clippy.toml`, by type: `fences.rs`); what types
+/// cannot say is checked here: only `http.rs` lifts the ban, and its client refuses redirects.
 fn outgoing_http(base: &Path) -> Vec<String> {
     let mut breaches = Vec::new();
-    for file in rust_files(base, "src") {
-        let code = code(base, &file);
-        let compact: String = code.chars().filter(|c| !c.is_whitespace()).collect();
-        if file != "src/http.rs" {
-            for builder in ["Client::new(", "Client::builder(", "ClientBuilder", "reqwest::get(", "reqwest::blocking", "Client::default("] {
-                if code.match_indices(builder).any(|(i, _)| word_at(&code, i)) {
-                    breaches.push(format!("{file} builds an HTTP client ({builder}); use http::client (no redirects, the configured CAs)"));
-                }
-            }
-            if compact.contains(".chunk().await") || compact.contains(".bytes_stream(") {
-                breaches.push(format!("{file} reads a body by hand; use http::read_limited or http::read_split"));
-            }
-        }
-        for whole in [".json::<", ".json().await", ".text().await", ".bytes().await", ".text_with_charset("] {
-            if compact.contains(whole) {
-                breaches.push(format!("{file} reads a peer's body whole ({whole}); use http::read_limited"));
-            }
+    for file in sources(base).into_iter().filter(|f| f.starts_with("src/")) {
+        let lifted = code(base, &file).matches("clippy::disallowed_methods").count();
+        let allowed = if file == "src/http.rs" { 2 } else { 0 };
+        if lifted > allowed {
+            breaches.push(format!(
+                "{file} allows clippy::disallowed_methods: only http::client and its body reader may build clients and read bodies"
+            ));
         }
     }
     if !code(base, "src/http.rs").contains("redirect::Policy::none()") {
@@ -364,30 +493,67 @@ fn outgoing_http(base: &Path) -> Vec<String> {
     breaches
 }
 
-/// Stop builds, TTL changes, deadline extensions, the audit log and the webhook: only in the actuator.
+/// Coder's writes, the audit log and the webhook are capabilities: the types make every write a
+/// method of `CoderActions` (`CoderClient` only reads) and keep `Outputs`' writers private; what
+/// the types cannot say is who holds them. Only `Application::build` makes them and only the
+/// actuator holds them; a write method or verb outside `coder/actions.rs`, a POST outside the
+/// webhook, or a public writer field would reopen the door.
 fn only_the_actuator_acts(base: &Path) -> Vec<String> {
     let mut breaches = Vec::new();
-    for file in rust_files(base, "src") {
-        if matches!(file.as_str(), "src/pass/actuator.rs" | "src/pass/audit.rs" | "src/coder/mod.rs") {
-            continue;
-        }
+    let holders: [(&str, &[&str]); 4] = [
+        ("CoderActions", &["src/coder/actions.rs", "src/pass/actuator.rs", "src/app.rs"]),
+        ("AuditLog", &["src/pass/audit.rs", "src/pass/actuator.rs"]),
+        ("Notifier", &["src/pass/audit.rs", "src/pass/actuator.rs"]),
+        ("Outputs", &["src/pass/actuator.rs", "src/app.rs"]),
+    ];
+    let makers: [(&str, &str); 2] = [("CoderActions::new(", "src/app.rs"), ("Outputs::open(", "src/app.rs")];
+    for file in sources(base).into_iter().filter(|f| f.starts_with("src/")) {
         let code = code(base, &file);
         let compact: String = code.chars().filter(|c| !c.is_whitespace()).collect();
-        for needle in [".stop_workspace(", ".set_ttl(", ".extend_deadline(", "AuditLog", "Notifier", "AuditEvent::new("] {
-            if compact.contains(needle) {
-                breaches.push(format!("{file} uses {needle}: only the actuator acts"));
+        for (name, may) in holders {
+            let named = code
+                .match_indices(name)
+                .any(|(i, _)| word_at(&code, i) && !code[i + name.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_'));
+            if named && !may.contains(&file.as_str()) {
+                breaches.push(format!("{file} names {name}: only the actuator holds it ({may:?})"));
             }
         }
-        for field in [".audit", ".notifier"] {
-            if compact.match_indices(field).any(|(i, _)| !compact[i + field.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_'))
-            {
-                breaches.push(format!("{file} uses Outputs' field {field}: only the actuator acts"));
+        for (maker, may) in makers {
+            if compact.contains(maker) && file != may {
+                breaches.push(format!("{file} makes {maker}..): only Application::build does"));
             }
         }
+        if file != "src/coder/actions.rs" {
+            for verb in ["Method::PUT", "Method::PATCH", "Method::DELETE"] {
+                if compact.contains(verb) {
+                    breaches.push(format!("{file} sends {verb}: Coder's writes are CoderActions' methods (coder/actions.rs)"));
+                }
+            }
+            // Reading permissions is the one POST that changes nothing.
+            let posts = compact.matches("Method::POST").count();
+            let reads = if file == "src/coder/mod.rs" { compact.matches("Method::POST,\"\",").count() } else { 0 };
+            if posts > reads || (file == "src/coder/mod.rs" && reads > 1) {
+                breaches.push(format!("{file} sends Method::POST: Coder's writes are CoderActions' methods (coder/actions.rs)"));
+            }
+        }
+        if file != "src/pass/audit.rs" {
+            for verb in [".post(", ".put(", ".patch(", ".delete("] {
+                if compact.contains(verb) {
+                    breaches.push(format!("{file} sends {verb}..): only the webhook (pass/audit.rs) and CoderActions write"));
+                }
+            }
+        }
+    }
+    let authcheck: String = source(base, "src/coder/mod.rs", true).chars().filter(|c| !c.is_whitespace()).collect();
+    if authcheck.matches("Method::POST,").count() != authcheck.matches("Method::POST,\"POST/api/v2/authcheck\"").count() {
+        breaches.push("src/coder/mod.rs sends a POST other than authcheck: Coder's writes are CoderActions' methods".into());
     }
     let actuator: String = code(base, "src/pass/actuator.rs").chars().filter(|c| !c.is_whitespace()).collect();
     if actuator.contains("pubaudit:") || actuator.contains("pubnotifier:") {
         breaches.push("Outputs' fields are public: others could write the audit log".into());
+    }
+    if code(base, "src/coder/actions.rs").contains("derive(Clone") || code(base, "src/coder/actions.rs").contains("implClone") {
+        breaches.push("CoderActions is Clone: a second holder could appear".into());
     }
     breaches
 }
@@ -396,8 +562,8 @@ fn only_the_actuator_acts(base: &Path) -> Vec<String> {
 /// Naming a mode to make one (`mode: Mode::Observe`, `=> Mode::Observe`) is not a check.
 fn mode_checks(base: &Path) -> Vec<String> {
     let mut checks = Vec::new();
-    for file in rust_files(base, "src") {
-        if file == "src/pass/mode.rs" {
+    for file in sources(base) {
+        if file == "core/src/pass/mode.rs" {
             continue;
         }
         let code = code(base, &file);
@@ -409,22 +575,24 @@ fn mode_checks(base: &Path) -> Vec<String> {
             if !word_at(&code, i) {
                 continue;
             }
+            // A path in front (`crate::pass::mode::Mode::Enforce`) is part of the name.
             let before: String = code[..i].chars().filter(|ch| !ch.is_whitespace()).collect();
+            let before = before.trim_end_matches(|ch: char| ch.is_alphanumeric() || ch == '_' || ch == ':').to_string();
             let after: String =
                 code[i + 6..].chars().skip_while(|ch| ch.is_alphanumeric() || *ch == '_').filter(|ch| !ch.is_whitespace()).collect();
+            // Inside a `matches!` whose own parenthesis is still open here.
             let in_matches = before.rfind("matches!(").is_some_and(|m| {
-                let depth: i32 = before[m + 8..]
-                    .chars()
-                    .map(|ch| {
-                        if ch == '(' {
-                            1
-                        } else if ch == ')' {
-                            -1
-                        } else {
-                            0
+                let mut depth = 0;
+                for ch in before[m + 8..].chars() {
+                    if ch == '(' {
+                        depth += 1;
+                    } else if ch == ')' {
+                        depth -= 1;
+                        if depth == 0 {
+                            return false;
                         }
-                    })
-                    .sum();
+                    }
+                }
                 depth > 0
             });
             // After the group it closes: `(Mode::Enforce, x) =>`, `Some(Mode::Enforce) =>`.
@@ -452,7 +620,20 @@ fn mode_checks(base: &Path) -> Vec<String> {
                 checks.push(format!("{file}: {}", &code[i..(i + 30).min(code.len())]));
             }
         }
-        for s in ["==\"observe\"", "==\"enforce\"", "\"observe\"==", "\"enforce\"==", "\"observe\"=>", "\"enforce\"=>"] {
+        for s in [
+            "==\"observe\"",
+            "==\"enforce\"",
+            "!=\"observe\"",
+            "!=\"enforce\"",
+            "\"observe\"==",
+            "\"enforce\"==",
+            "\"observe\"!=",
+            "\"enforce\"!=",
+            "\"observe\"=>",
+            "\"enforce\"=>",
+            "\"observe\"|",
+            "\"enforce\"|",
+        ] {
             if source(base, &file, true).split_whitespace().collect::<String>().contains(s) {
                 checks.push(format!("{file}: the mode's name compared ({s})"));
             }
@@ -468,10 +649,10 @@ fn mode_rule(base: &Path) -> Vec<String> {
     if checks.len() != 1 || !checks[0].starts_with("src/pass/actuator.rs") {
         breaches.push(format!("the mode is checked in exactly one place, in the actuator: {checks:?}"));
     }
-    let m: String = code(base, "src/pass/mode.rs").chars().filter(|c| !c.is_whitespace()).collect();
+    let m: String = code(base, "core/src/pass/mode.rs").chars().filter(|c| !c.is_whitespace()).collect();
     for banned in ["->bool", "==", "!=", "matches!"] {
         if m.contains(banned) {
-            breaches.push(format!("src/pass/mode.rs holds {banned}: it phrases texts, the actuator decides"));
+            breaches.push(format!("core/src/pass/mode.rs holds {banned}: it phrases texts, the actuator decides"));
         }
     }
     breaches
@@ -482,7 +663,7 @@ fn mode_rule(base: &Path) -> Vec<String> {
 fn code_map(base: &Path) -> Vec<String> {
     let map = std::fs::read_to_string(base.join("ARCHITECTURE.md")).unwrap();
     let mut breaches = Vec::new();
-    let mut files = rust_files(base, "src");
+    let mut files = sources(base);
     for dir in ["mocks/src", "tests", "benches"] {
         if base.join(dir).exists() {
             files.extend(rust_files(base, dir));
@@ -493,7 +674,7 @@ fn code_map(base: &Path) -> Vec<String> {
             breaches.push(format!("ARCHITECTURE.md's code map does not list {f}"));
         }
     }
-    for row in map.lines().filter(|l| l.starts_with("| `src/")) {
+    for row in map.lines().filter(|l| l.starts_with("| `src/") || l.starts_with("| `core/src/")) {
         let mut cells = row.split('|').map(str::trim).filter(|c| !c.is_empty());
         let (Some(path), Some(owns)) = (cells.next(), cells.next()) else { continue };
         let path = path.trim_matches('`');
@@ -531,6 +712,11 @@ fn dependencies_point_down_the_stated_order() {
 }
 
 #[test]
+fn no_file_imports_in_a_cycle() {
+    assert_eq!(import_cycles(&root()), Vec::<String>::new());
+}
+
+#[test]
 fn the_decision_code_does_no_io_and_reads_no_clock() {
     assert_eq!(pure_code(&root()), Vec::<String>::new());
 }
@@ -555,19 +741,18 @@ fn every_outgoing_client_refuses_redirects_and_every_body_is_bounded() {
     assert_eq!(outgoing_http(&root()), Vec::<String>::new());
 }
 
-/// A copy of `src/` and ARCHITECTURE.md, removed when dropped.
+/// A copy of both crates' sources, the core's manifest and ARCHITECTURE.md, removed when dropped.
 struct Copy(PathBuf);
 
 impl Copy {
     fn new() -> Self {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!("architecture-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
-        for file in rust_files(&root(), "src") {
+        for file in sources(&root()).into_iter().chain(["ARCHITECTURE.md".to_string(), "core/Cargo.toml".to_string()]) {
             let to = dir.join(&file);
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
             std::fs::copy(root().join(&file), to).unwrap();
         }
-        std::fs::copy(root().join("ARCHITECTURE.md"), dir.join("ARCHITECTURE.md")).unwrap();
         Copy(dir)
     }
 
@@ -605,21 +790,31 @@ fn fails_on(check: fn(&Path) -> Vec<String>, planted: Copy, expect: &str) {
 
 #[test]
 fn planted_imports_against_the_order_are_caught() {
-    fails_on(import_order, Copy::new().plant("src/gpu/window.rs", "use ", "use super::super::config::Settings;"), "imports config");
-    fails_on(import_order, Copy::new().plant("src/gpu/window.rs", "use ", "use self::super::super::app::Application;"), "imports app");
+    fails_on(import_order, Copy::new().plant("src/gpu/exporter.rs", "use ", "use super::super::config::Settings;"), "imports config");
+    fails_on(import_order, Copy::new().plant("src/gpu/exporter.rs", "use ", "use self::super::super::app::Application;"), "imports app");
     fails_on(
         import_order,
-        Copy::new().plant("src/pass/decide.rs", "use ", "use crate::{\n    duration::human,\n    pass::evaluate::Evaluation,\n};"),
-        "imports pass::evaluate",
-    );
-    fails_on(
-        import_order,
-        Copy::new().plant("src/pass/policy.rs", "use ", "fn f() -> crate::pass::publish::State { todo!() }"),
+        Copy::new().plant("src/pass/evaluate.rs", "use ", "use crate::{\n    duration::human,\n    pass::publish::State,\n};"),
         "imports pass::publish",
     );
-    // Within the pass, `super::` names a sibling: decide may not reach up to the actuator.
-    fails_on(import_order, Copy::new().plant("src/pass/decide.rs", "use ", "use super::actuator::Actuator;"), "imports pass::actuator");
-    fails_on(import_order, Copy::new().plant("src/coder/types.rs", "use ", "use super::identity::Identity;"), "imports coder::identity");
+    fails_on(
+        import_order,
+        Copy::new().plant("src/pass/audit.rs", "use ", "fn f() -> crate::pass::actuator::Outputs { todo!() }"),
+        "imports pass::actuator",
+    );
+    // Within a crate's folder, `super::` names a sibling: decide may not reach up to the audit
+    // vocabulary, nor the Coder models to the decisions.
+    fails_on(
+        import_order,
+        Copy::new().plant("core/src/pass/decide.rs", "use ", "use super::audit::AuditKind;"),
+        "imports core::pass::audit",
+    );
+    fails_on(
+        import_order,
+        Copy::new().plant("core/src/coder/types.rs", "use ", "use crate::pass::decide::Decision;"),
+        "imports core::pass::decide",
+    );
+    fails_on(import_order, Copy::new().plant("src/gpu/exporter.rs", "use ", "use super::Sources;"), "imports gpu,");
     fails_on(import_order, Copy::new().plant("src/pass/actuator.rs", "use ", "use crate::config::Settings;"), "imports config");
     // A string holding `//` on the line does not hide the import after it.
     fails_on(
@@ -627,67 +822,81 @@ fn planted_imports_against_the_order_are_caught() {
         Copy::new().plant("src/gpu/exporter.rs", "use ", r#"const U: &str = "http://x"; use crate::pass::evaluate::Evaluation;"#),
         "imports pass::evaluate",
     );
+    // Nor does a test module in the middle of a file hide the code after it.
+    fails_on(
+        import_order,
+        Copy::new().plant(
+            "src/gpu/source.rs",
+            "use ",
+            "#[cfg(test)]\nmod early {\n    fn f() -> &'static str { \"}\" }\n}\nuse crate::pass::evaluate::Evaluation;",
+        ),
+        "imports pass::evaluate",
+    );
     fails_on(import_order, Copy::new().replace("ARCHITECTURE.md", "http:     http\n", ""), "http (src/http.rs) is not in");
+}
+
+#[test]
+fn planted_cycles_are_caught_even_inside_a_folder() {
+    // Between folders the order catches it too; inside one (`core::coder` and its `types`, one
+    // place in the order) only the cycle check does.
+    fails_on(import_cycles, Copy::new().plant("src/gpu/exporter.rs", "use ", "use super::Sources;"), "import cycle: gpu");
+    let inside = Copy::new().plant("core/src/coder/mod.rs", "pub mod types;", "pub const ANSWER: u8 = 42;\nuse types::Workspace;").plant(
+        "core/src/coder/types.rs",
+        "use ",
+        "use super::ANSWER;",
+    );
+    assert_eq!(import_order(&inside.0), Vec::<String>::new(), "one place in the order: the order cannot see it");
+    fails_on(import_cycles, inside, "import cycle: core::coder > core::coder::types");
 }
 
 #[test]
 fn planted_clocks_and_io_in_the_pure_code_are_caught() {
     fails_on(
         pure_code,
-        Copy::new().plant("src/gpu/window.rs", "use ", "fn n() -> chrono::DateTime<chrono::Utc> { chrono::Utc::now() }"),
+        Copy::new().plant("core/src/gpu/window.rs", "use ", "fn n() -> chrono::DateTime<chrono::Utc> { chrono::Utc::now() }"),
         "Utc::now",
     );
     fails_on(
         pure_code,
-        Copy::new().plant("src/pass/decide.rs", "use ", "fn n() -> std::time::Instant { std::time::Instant::now() }"),
+        Copy::new().plant("core/src/pass/decide.rs", "use ", "fn n() -> std::time::Instant { std::time::Instant::now() }"),
         "Instant::now",
     );
     fails_on(
         pure_code,
-        Copy::new().plant("src/pass/stop_lifecycle.rs", "use ", "fn n() -> std::time::SystemTime { std::time::SystemTime::now() }"),
+        Copy::new().plant("core/src/pass/stop_lifecycle.rs", "use ", "fn n() -> std::time::SystemTime { std::time::SystemTime::now() }"),
         "SystemTime",
     );
-    fails_on(pure_code, Copy::new().plant("src/pass/policy.rs", "use ", "fn n() { let _ = chrono::Local::now(); }"), "Local::now");
+    fails_on(pure_code, Copy::new().plant("core/src/pass/policy.rs", "use ", "fn n() { let _ = chrono::Local::now(); }"), "Local::now");
+    fails_on(pure_code, Copy::new().plant("core/src/pass/policy.rs", "use ", "fn n() { tracing::warn!(\"x\"); }"), "tracing");
+    fails_on(
+        pure_code,
+        Copy::new().plant("core/src/pass/decide.rs", "use ", "fn n() -> bool { std::env::var(\"X\").is_ok() }"),
+        "std::env",
+    );
+    fails_on(
+        pure_code,
+        Copy::new().plant("core/src/gpu/window.rs", "use ", "#[allow(clippy::disallowed_methods)]\nfn n() {}"),
+        "disallowed_methods",
+    );
+    fails_on(pure_code, Copy::new().plant("core/Cargo.toml", "[dependencies]", "tracing = \"0.1\""), "depends on tracing");
+    fails_on(
+        pure_code,
+        Copy::new().replace("core/Cargo.toml", "features = [\"std\", \"serde\"]", "features = [\"std\", \"serde\", \"clock\"]"),
+        "chrono with its clock",
+    );
 }
 
 #[test]
-fn planted_clients_and_whole_body_reads_are_caught() {
+fn planted_lifts_of_the_http_fence_are_caught() {
     fails_on(
         outgoing_http,
-        Copy::new().plant("src/gpu/exporter.rs", "use ", "async fn f() -> Result<String, reqwest::Error> { reqwest::Client::new().get(\"http://x\").send().await?.json::<String>().await }"),
-        "builds an HTTP client",
+        Copy::new().plant("src/gpu/exporter.rs", "use ", "#[allow(clippy::disallowed_methods)]\nfn f() {}"),
+        "src/gpu/exporter.rs allows clippy::disallowed_methods",
     );
     fails_on(
         outgoing_http,
-        Copy::new().plant(
-            "src/gpu/exporter.rs",
-            "use ",
-            "async fn f(r: reqwest::Response) -> Result<String, reqwest::Error> { r.json::<String>().await }",
-        ),
-        "reads a peer's body whole (.json::<",
-    );
-    fails_on(
-        outgoing_http,
-        Copy::new().plant(
-            "src/coder/mod.rs",
-            "use ",
-            "async fn f(r: reqwest::Response) -> String { r.text()\n    .await.unwrap_or_default() }",
-        ),
-        "(.text().await)",
-    );
-    fails_on(
-        outgoing_http,
-        Copy::new().plant("src/pass/audit.rs", "use ", "fn c() { let _ = reqwest::Client::builder(); }"),
-        "Client::builder(",
-    );
-    fails_on(
-        outgoing_http,
-        Copy::new().plant(
-            "src/gpu/prometheus.rs",
-            "use ",
-            "async fn f(r: reqwest::Response) -> Vec<u8> { r.bytes().await.map(|b| b.to_vec()).unwrap_or_default() }",
-        ),
-        "(.bytes().await)",
+        Copy::new().replace("src/http.rs", "redirect::Policy::none()", "redirect::Policy::limited(3)"),
+        "must refuse redirects",
     );
 }
 
@@ -698,9 +907,9 @@ fn planted_actions_outside_the_actuator_are_caught() {
         Copy::new().plant(
             "src/pass/publish.rs",
             "use ",
-            "fn w(o: &crate::pass::actuator::Outputs, e: &crate::pass::audit::AuditEvent) { if let Some(a) = &o.audit { a.append(e); } }",
+            "fn w(n: &crate::pass::audit::Notifier, e: &crate::pass::audit::AuditEvent) { n.send(e); }",
         ),
-        "uses Outputs' field .audit",
+        "src/pass/publish.rs names Notifier",
     );
     fails_on(
         only_the_actuator_acts,
@@ -709,17 +918,50 @@ fn planted_actions_outside_the_actuator_are_caught() {
     );
     fails_on(
         only_the_actuator_acts,
-        Copy::new().plant("src/app.rs", "use ", "async fn s(c: &crate::coder::CoderClient) { let _ = c.stop_workspace(\"id\").await; }"),
-        ".stop_workspace(",
+        Copy::new().plant(
+            "src/pass/evaluate.rs",
+            "use ",
+            "async fn s(a: &crate::coder::actions::CoderActions) { let _ = a.stop_workspace(\"id\").await; }",
+        ),
+        "src/pass/evaluate.rs names CoderActions",
     );
     fails_on(
         only_the_actuator_acts,
         Copy::new().plant(
-            "src/pass/evaluate.rs",
+            "src/commands/mod.rs",
             "use ",
-            "async fn x(c: &crate::coder::CoderClient) { let _ = c\n    .extend_deadline(\"id\", chrono::Utc::now()).await; }",
+            "fn s(c: crate::coder::CoderClient) { let _ = crate::coder::actions::CoderActions::new(c); }",
         ),
-        ".extend_deadline(",
+        "makes CoderActions::new(",
+    );
+    // A new write added to the read-only client (and so callable by the evaluator).
+    fails_on(
+        only_the_actuator_acts,
+        Copy::new().plant(
+            "src/coder/mod.rs",
+            "use ",
+            "async fn put(c: &CoderClient) -> Result<(), CoderError> {\n    c.call::<serde::de::IgnoredAny>(Method::PUT, \"PUT /x\", \"/x\".into(), None::<&()>).await.map(|_| ())\n}",
+        ),
+        "src/coder/mod.rs sends Method::PUT",
+    );
+    fails_on(
+        only_the_actuator_acts,
+        Copy::new().plant(
+            "src/coder/mod.rs",
+            "use ",
+            "async fn post(c: &CoderClient) -> Result<(), CoderError> {\n    c.call::<serde::de::IgnoredAny>(Method::POST, \"POST /api/v2/workspaces/{workspace}/builds\", \"/x\".into(), None::<&()>).await.map(|_| ())\n}",
+        ),
+        "a POST other than authcheck",
+    );
+    fails_on(
+        only_the_actuator_acts,
+        Copy::new().plant("src/pass/publish.rs", "use ", "fn p(h: &reqwest::Client) { let _ = h.post(\"http://hook\"); }"),
+        "src/pass/publish.rs sends .post(",
+    );
+    fails_on(
+        only_the_actuator_acts,
+        Copy::new().replace("src/coder/actions.rs", "pub struct CoderActions {", "#[derive(Clone)]\npub struct CoderActions {"),
+        "CoderActions is Clone",
     );
 }
 
@@ -766,8 +1008,22 @@ fn planted_mode_checks_are_caught() {
     );
     fails_on(
         check,
-        Copy::new().plant("src/pass/mode.rs", "impl Mode {", "    pub fn acts(self) -> bool { self == Mode::Enforce }"),
-        "src/pass/mode.rs holds",
+        Copy::new().plant("core/src/pass/mode.rs", "impl Mode {", "    pub fn acts(self) -> bool { self == Mode::Enforce }"),
+        "core/src/pass/mode.rs holds",
+    );
+    fails_on(
+        check,
+        Copy::new().plant("src/pass/publish.rs", "use ", "fn m(mode: Mode) -> bool { mode.as_str() != \"observe\" }"),
+        "the mode's name compared",
+    );
+    fails_on(
+        check,
+        Copy::new().plant(
+            "core/src/pass/decide.rs",
+            "use ",
+            "fn m(mode: crate::pass::mode::Mode) -> bool { mode == crate::pass::mode::Mode::Enforce }",
+        ),
+        "core/src/pass/decide.rs",
     );
 }
 
@@ -778,7 +1034,7 @@ fn planted_code_map_drift_is_caught() {
     fails_on(code_map, copy, "does not list src/unlisted.rs");
     fails_on(
         code_map,
-        Copy::new().replace("src/pass/decide.rs", "pub fn apply_fleet_rules", "pub fn fleet_rules"),
+        Copy::new().replace("core/src/pass/decide.rs", "pub fn apply_fleet_rules", "pub fn fleet_rules"),
         "holds `apply_fleet_rules()`",
     );
     fails_on(
@@ -790,6 +1046,15 @@ fn planted_code_map_drift_is_caught() {
         ),
         "holds `Evaluator`",
     );
+}
+
+/// Making a mode is not checking one, whatever came earlier in the file: a match guard inside
+/// `matches!`, a quote as a char literal (both once misread as checks).
+#[test]
+fn making_a_mode_after_tricky_code_is_not_a_check() {
+    let tricky = "fn t(c: char, n: u8) -> bool { matches!(c, '\"' | '(' if n > 1) || matches!(n, 2 if c == ')') }\nfn make() -> Mode { Mode::Enforce }\nfn made() -> Option<Mode> { Some(Mode::Observe) }";
+    let copy = Copy::new().plant("src/pass/publish.rs", "use ", tricky);
+    assert_eq!(mode_rule(&copy.0), Vec::<String>::new());
 }
 
 #[test]

@@ -28,6 +28,8 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
+/// `--help` lists `run`, `plan`, `check` and `demo` (four of the five subcommands: `report` is
+/// not checked here), and no help shows the token or an env value.
 #[test]
 fn help_lists_the_four_commands_and_never_shows_the_token() {
     let (code, out, _) = run(&["--help"], &[("CODER_SESSION_TOKEN", SECRET)]);

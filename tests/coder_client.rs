@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use coder_gpu_reclaimer::coder::actions::CoderActions;
 use coder_gpu_reclaimer::coder::types::{AgentLifecycle, AgentStatus, BuildReason, JobStatus, Transition};
 use coder_gpu_reclaimer::coder::{CoderClient, ErrorKind, SessionToken, StopOutcome};
 use coder_gpu_reclaimer::retry::RetryPolicy;
@@ -17,6 +18,11 @@ const TOKEN: &str = "a1b2c3d4e5-5up3rs3cr3tt0k3n";
 
 fn quick_retry() -> RetryPolicy {
     RetryPolicy { initial: Duration::from_millis(10), max_interval: Duration::from_millis(50), max_elapsed: Duration::from_secs(5) }
+}
+
+/// The writes, through the same client.
+fn actions(server: &MockServer, retry: RetryPolicy) -> CoderActions {
+    CoderActions::new(client(server, retry))
 }
 
 fn client(server: &MockServer, retry: RetryPolicy) -> CoderClient {
@@ -151,7 +157,7 @@ async fn stop_sends_exactly_a_stop_transition_and_accepts_201() {
         .expect(1)
         .mount(&server)
         .await;
-    match client(&server, RetryPolicy::none()).stop_workspace(WS_ID).await.unwrap() {
+    match actions(&server, RetryPolicy::none()).stop_workspace(WS_ID).await.unwrap() {
         StopOutcome::Queued(b) => {
             assert_eq!(b.transition, Transition::Stop);
             assert_eq!(b.job.status, JobStatus::Pending);
@@ -170,7 +176,7 @@ async fn a_stop_post_is_never_retried_blindly() {
         .expect(1)
         .mount(&server)
         .await;
-    let err = client(&server, quick_retry()).stop_workspace(WS_ID).await.unwrap_err();
+    let err = actions(&server, quick_retry()).stop_workspace(WS_ID).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Status(503));
 }
 
@@ -182,7 +188,7 @@ async fn a_409_is_an_outcome_not_an_error() {
         .expect(1)
         .mount(&server)
         .await;
-    let out = client(&server, quick_retry()).stop_workspace(WS_ID).await.unwrap();
+    let out = actions(&server, quick_retry()).stop_workspace(WS_ID).await.unwrap();
     assert_eq!(out, StopOutcome::BuildActive("HTTP 409: A workspace build is already active.".into()));
 }
 
@@ -211,7 +217,7 @@ async fn errors_are_classified_carry_coders_words_and_never_retry_4xx() {
     for (status, resp, kind, words) in cases {
         let server = MockServer::start().await;
         Mock::given(method("POST")).respond_with(resp).expect(1).mount(&server).await;
-        let err = client(&server, quick_retry()).stop_workspace(WS_ID).await.unwrap_err();
+        let err = actions(&server, quick_retry()).stop_workspace(WS_ID).await.unwrap_err();
         assert_eq!(err.kind, kind, "{status}");
         let text = err.to_string();
         assert!(text.contains(words) && text.contains(&format!("HTTP {status}")), "{text}");
@@ -316,7 +322,7 @@ async fn follows_a_build_and_sets_a_ttl() {
         .respond_with(ResponseTemplate::new(400).set_body_json(json!({"message": "Error updating workspace time until shutdown.", "validations": [{"field": "ttl_ms", "detail": "time until shutdown must be at least one minute"}]})))
         .mount(&server)
         .await;
-    let c = client(&server, RetryPolicy::none());
+    let c = actions(&server, RetryPolicy::none());
     let b = c.workspace_build(&id).await.unwrap();
     assert_eq!((b.transition, b.job.status), (Transition::Stop, JobStatus::Succeeded));
     c.set_ttl(WS_ID, Some(28_800_000)).await.unwrap();
@@ -364,7 +370,7 @@ async fn extends_a_deadline_and_reads_coders_refusals() {
         .expect(1)
         .mount(&server)
         .await;
-    let c = client(&server, quick_retry());
+    let c = actions(&server, quick_retry());
     c.extend_deadline(WS_ID, at("2026-12-01T22:00:00Z")).await.unwrap();
     let err = c.extend_deadline(WS_ID, at("2026-12-09T22:00:00Z")).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Status(400));
@@ -400,7 +406,7 @@ async fn withdraws_a_pending_build_and_lists_provisioners_by_tags() {
         }])))
         .mount(&server)
         .await;
-    let c = client(&server, RetryPolicy::none());
+    let c = actions(&server, RetryPolicy::none());
     c.cancel_pending_build(build).await.unwrap();
     let err = c.cancel_pending_build(build).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Status(412), "{err}");

@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use chrono::DateTime;
+use coder_gpu_reclaimer::coder::actions::CoderActions;
 use coder_gpu_reclaimer::coder::{CoderClient, SessionToken};
 use coder_gpu_reclaimer::retry::RetryPolicy;
 use serde_json::Value;
@@ -217,13 +218,15 @@ async fn every_request_body_fits_its_schema() {
         .respond_with(ResponseTemplate::new(201).set_body_json(fixture_json("coder/workspace_build_stop_queued.json")))
         .mount(&server)
         .await;
-    let client = CoderClient::new(
-        &crate::common::url(&server.uri()),
-        SessionToken::new("abc-def").unwrap(),
-        Duration::from_secs(2),
-        RetryPolicy::none(),
-    )
-    .unwrap();
+    let client = CoderActions::new(
+        CoderClient::new(
+            &crate::common::url(&server.uri()),
+            SessionToken::new("abc-def").unwrap(),
+            Duration::from_secs(2),
+            RetryPolicy::none(),
+        )
+        .unwrap(),
+    );
     client.stop_workspace(crate::common::WS_ID).await.unwrap();
     client.set_ttl(crate::common::WS_ID, Some(8 * 3_600_000)).await.ok();
     client.set_ttl(crate::common::WS_ID, None).await.ok();

@@ -1,6 +1,7 @@
 //! The one integration-test binary. Each module is one area; `common` holds shared helpers.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+// Tests build their own clients and read whole bodies (the service may not: clippy.toml).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
 
 mod accounting;
 mod alerts;

@@ -370,6 +370,8 @@ async fn a_workspace_restarted_right_after_its_stop_is_not_stopped_again() {
     assert_eq!(h.stops_by_admin(a), 1, "a fresh session is not judged by the old one's samples: {verdicts:?}");
 }
 
+/// The audit log records the stop (`stop_sending`, then `stop_sent`); the webhook gets the
+/// warning and the stop (`warn`, `stop_sent`). Warnings are not audit lines.
 #[tokio::test]
 async fn the_audit_log_and_the_webhook_record_warnings_and_stops() {
     let hook = webhook().await;

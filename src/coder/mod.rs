@@ -4,9 +4,9 @@
 //! route until its `Retry-After` has passed (a later pass asks again; nothing sleeps inside one),
 //! and errors that carry Coder's own `message` and `detail` plus what to do about them.
 
+pub mod actions;
 pub mod identity;
 pub mod token;
-pub mod types;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -23,6 +23,7 @@ use crate::http::{BodyError, Outbound, StreamError, error_chain, read_limited, r
 use crate::json_read::{read_at_start, read_whole};
 use crate::json_split::OnElement;
 use crate::retry::{Attempt, RetryPolicy, retry};
+pub use reclaimer_core::coder::types;
 pub use token::{SessionToken, TokenSource};
 use types::*;
 
@@ -329,36 +330,10 @@ impl CoderClient {
         self.call(Method::GET, "GET /api/v2/workspaces/{workspace}", path, None::<&()>).await
     }
 
-    /// `POST /api/v2/workspaces/{id}/builds {"transition":"stop"}`. 201 queues the build; 409 means
-    /// a build is already active, which is a normal outcome.
-    pub async fn stop_workspace(&self, workspace_id: &str) -> Result<StopOutcome, CoderError> {
-        let path = format!("/api/v2/workspaces/{}/builds", encode_path(workspace_id));
-        let body = CreateWorkspaceBuildRequest { transition: Transition::Stop };
-        // One attempt only: a POST whose reply was lost may have created the build, and Coder
-        // queues a second stop on a stopped workspace. The actuator reads the latest build
-        // instead of retrying blindly.
-        let endpoint = "POST /api/v2/workspaces/{workspace}/builds";
-        match self.call_with::<WorkspaceBuild>(RetryPolicy::none(), Method::POST, endpoint, path, Some(&body)).await {
-            Ok(build) => Ok(StopOutcome::Queued(Box::new(build))),
-            Err(CoderError { kind: ErrorKind::Conflict, message, .. }) => Ok(StopOutcome::BuildActive(message)),
-            Err(e) => Err(e),
-        }
-    }
-
     /// `GET /api/v2/workspacebuilds/{id}`: follow a build until its job is final.
     pub async fn workspace_build(&self, build_id: &str) -> Result<WorkspaceBuild, CoderError> {
         let path = format!("/api/v2/workspacebuilds/{}", encode_path(build_id));
         self.call(Method::GET, "GET /api/v2/workspacebuilds/{workspacebuild}", path, None::<&()>).await
-    }
-
-    /// `PUT /api/v2/workspaces/{id}/extend {"deadline": t}` (200 `Deadline updated to <t>.`):
-    /// moves the running start build's autostop deadline. Idempotent, so transient failures are
-    /// retried; a 400 or 409 (less than 30 minutes ahead, past `max_deadline`, not started, manual
-    /// shutdown, a prebuild; reference NOTES §16) is final.
-    pub async fn extend_deadline(&self, workspace_id: &str, deadline: Time) -> Result<(), CoderError> {
-        let path = format!("/api/v2/workspaces/{}/extend", encode_path(workspace_id));
-        let body = PutExtendWorkspaceRequest { deadline };
-        self.call::<serde::de::IgnoredAny>(Method::PUT, "PUT /api/v2/workspaces/{workspace}/extend", path, Some(&body)).await.map(|_| ())
     }
 
     /// `GET /api/v2/organizations/{org}/provisionerdaemons?tags=<json>`: the organization's
@@ -369,23 +344,6 @@ impl CoderClient {
         let tags = serde_json::to_string(tags).unwrap_or_else(|_| "{}".into());
         let path = format!("/api/v2/organizations/{}/provisionerdaemons?tags={}", encode_path(organization_id), encode_path(&tags));
         self.call(Method::GET, "GET /api/v2/organizations/{organization}/provisionerdaemons", path, None::<&()>).await
-    }
-
-    /// `PATCH /api/v2/workspacebuilds/{id}/cancel?expect_status=pending` (200): withdraws a build
-    /// whose job no provisioner has taken yet. Coder answers 412 once a provisioner took it, 400
-    /// once it completed or was canceled (reference NOTES §16). One attempt: a later pass decides
-    /// again on what the build then is.
-    pub async fn cancel_pending_build(&self, build_id: &str) -> Result<(), CoderError> {
-        let path = format!("/api/v2/workspacebuilds/{}/cancel?expect_status=pending", encode_path(build_id));
-        let endpoint = "PATCH /api/v2/workspacebuilds/{workspacebuild}/cancel";
-        self.call_with::<serde::de::IgnoredAny>(RetryPolicy::none(), Method::PATCH, endpoint, path, None::<&()>).await.map(|_| ())
-    }
-
-    /// `PUT /api/v2/workspaces/{id}/ttl {"ttl_ms": n}` (204). `None` disables autostop.
-    pub async fn set_ttl(&self, workspace_id: &str, ttl_ms: Option<i64>) -> Result<(), CoderError> {
-        let path = format!("/api/v2/workspaces/{}/ttl", encode_path(workspace_id));
-        let body = UpdateWorkspaceTtlRequest { ttl_ms };
-        self.call::<serde::de::IgnoredAny>(Method::PUT, "PUT /api/v2/workspaces/{workspace}/ttl", path, Some(&body)).await.map(|_| ())
     }
 
     async fn call<T: DeserializeOwned>(

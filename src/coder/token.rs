@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
 /// How to get a token that may do what this service needs, after "create one" or "create a new
-/// one": the one place this advice is written (a missing, rejected or too weak token).
+/// one": written for a missing token, a rejected one (401) and one authcheck denies read or stop.
+/// Other messages word their own advice: per organization (give its user the organization-admin
+/// role there), on expiry (create a new one, update the Secret), and short hints ("set it to an
+/// owner token", "use an owner's token").
 pub const TOKEN_ADVICE: &str = "as an owner (or an organization admin, for its organization) with no --scope: \
 `coder tokens create --name gpu-reclaimer --lifetime 168h`, and update CODER_SESSION_TOKEN or the token file";
 

@@ -9,7 +9,6 @@
 //! Meanwhile it serves what `run` serves on `--listen`, and `--hold` keeps serving afterwards.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use mocks::{ExporterConfig, FakeCoder, FakeExporter, Load, WorldConfig};
@@ -40,15 +39,12 @@ fn runtime(e: impl std::fmt::Display) -> Error {
 
 struct Timeline {
     started: Instant,
-    out: String,
 }
 
 impl Timeline {
     fn line(&mut self, text: &str) {
         let t = self.started.elapsed().as_secs_f64();
-        let line = format!("t={t:>5.1}s  {text}");
-        println!("{line}");
-        let _ = writeln!(self.out, "{line}");
+        println!("t={t:>5.1}s  {text}");
     }
 }
 
@@ -113,7 +109,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     let server = tokio::spawn(crate::serve::serve(listener, app.state.clone(), None, stop_rx.clone()));
     println!("Status page: http://{bound}/   (also /metrics, /healthz, /readyz, /api/v1/workspaces)\n");
 
-    let mut tl = Timeline { started: Instant::now(), out: String::new() };
+    let mut tl = Timeline { started: Instant::now() };
     let a = coder.with(|w| w.create_workspace("alice", "a-train", None)).map_err(|e| runtime(e.message))?;
     tl.line("alice starts workspace a-train (GPU template)");
     let overnight = coder.with(|w| w.create_workspace("bob", "overnight", Some(OVERNIGHT_TTL_MS))).map_err(|e| runtime(e.message))?;

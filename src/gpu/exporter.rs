@@ -51,7 +51,8 @@ impl Default for ExporterLimits {
     }
 }
 
-use super::{Collection, GpuSeries, GpuSource, Ownership, SourceFailure, series_from_exposition_capped};
+use super::source::{Collection, GpuSource, SourceFailure};
+use reclaimer_core::gpu::{GpuSeries, Ownership, series_from_exposition_capped};
 
 /// One `--dcgm-exporter` value: a URL scraped as it is, or `dns+http://name:port/path`, scraped
 /// at every address the name resolves to (a headless Service).

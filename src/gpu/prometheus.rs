@@ -33,13 +33,14 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::signals::{NAMES, Signal};
 use crate::error::Error;
 use crate::http::{Outbound, StreamError, host_port, read_split, redact};
-use crate::json_read::{ReadError, Reader, malformed, read_at_start, read_whole};
 use crate::json_split::{OnElement, Splitter};
+use reclaimer_core::gpu::signals::{self, NAMES, Signal};
+use reclaimer_core::json_read::{ReadError, Reader, malformed, read_at_start, read_whole};
 
-use super::{Collection, GpuKey, GpuSeries, GpuSource, Ownership, PerPod, SourceFailure, merge_device_level, note_target, twins_of};
+use super::source::{Collection, GpuSource, SourceFailure};
+use reclaimer_core::gpu::{GpuKey, GpuSeries, Ownership, PerPod, Point, Twin, merge_device_level, note_target, twins_of};
 
 /// One query's body at most (uncompressed); over 10,000 GPUs a steady-state pass reads about
 /// 3 MB per field, the first pass about 14 MB.
@@ -121,7 +122,7 @@ const GPUS_PER_LISTED_WORKSPACE: usize = 2;
 /// What one fetch's points of series of no workspace pod may hold (device-level series).
 const DEVICE_POINTS_BYTES: usize = 16 << 20;
 /// What one point costs (`Point`: its time, nine f32 readings, the energy counter).
-pub const POINT_BYTES: usize = std::mem::size_of::<super::Point>();
+pub const POINT_BYTES: usize = std::mem::size_of::<Point>();
 
 /// Room for points reserved per GPU at most (more steps grow as they come).
 const MAX_STEPS_RESERVED: usize = 1024;
@@ -159,7 +160,7 @@ impl QuerySpec {
             .iter()
             .filter(|m| power || m.signal != Signal::PowerWatts)
             .map(|m| m.name)
-            .chain(super::signals::ENERGY_NAMES.map(|(name, _)| name))
+            .chain(signals::ENERGY_NAMES.map(|(name, _)| name))
             .map(|name| QuerySpec { name })
             .collect()
     }
@@ -191,7 +192,7 @@ impl QuerySpec {
                 let ns = ns.replace('\\', "\\\\").replace('"', "\\\"");
                 let mut selects: Vec<String> =
                     ["exported_namespace", "pod_namespace", "namespace"].iter().map(|l| select(&format!("{l}=\"{ns}\""))).collect();
-                if super::signals::lookup(name).is_some_and(|m| m.signal.per_process()) {
+                if signals::lookup(name).is_some_and(|m| m.signal.per_process()) {
                     selects.push(select("exported_namespace=\"\",pod_namespace=\"\""));
                 }
                 selects.join(" or ")
@@ -457,7 +458,7 @@ struct Fold {
 impl Fold {
     /// One series of an answer (`read_series`'s labels and points).
     fn add_read(&mut self, spec: QuerySpec, metric: &[u8], points: &[(f64, Option<f64>)]) -> Result<(), String> {
-        let per_process = super::signals::lookup(spec.name).is_some_and(|m| m.signal.per_process());
+        let per_process = signals::lookup(spec.name).is_some_and(|m| m.signal.per_process());
         let known = match self.by_labels.get(metric) {
             Some(known) => known.clone(),
             None => {
@@ -737,7 +738,7 @@ fn twins_in(
     instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>,
     step: i64,
     co_reported: &mut HashMap<GpuKey, (Vec<String>, i64)>,
-) -> (Vec<super::Twin>, usize) {
+) -> (Vec<Twin>, usize) {
     let mut now: HashMap<GpuKey, (Vec<String>, i64)> = HashMap::new();
     for (i, targets) in instances {
         let Some(s) = series.get(i) else { continue };

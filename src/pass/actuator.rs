@@ -19,9 +19,10 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use tokio::sync::watch;
 
+use crate::coder::actions::CoderActions;
 use crate::coder::identity::Identity;
 use crate::coder::types::{JobStatus, Transition, Workspace, WorkspaceBuild};
-use crate::coder::{CoderClient, ErrorKind, StopOutcome};
+use crate::coder::{ErrorKind, StopOutcome};
 use crate::duration::human;
 use crate::error::Error;
 use crate::pass::audit::{AuditEvent, AuditKind, AuditLog, Extension, Notifier};
@@ -222,7 +223,7 @@ struct Candidate {
 
 pub struct Actuator {
     mode: Mode,
-    coder: CoderClient,
+    coder: CoderActions,
     metrics: Arc<Metrics>,
     outputs: Outputs,
     backoff: RetryPolicy,
@@ -263,7 +264,7 @@ struct ExtendedBuild {
 impl Actuator {
     pub fn new(
         mode: Mode,
-        coder: CoderClient,
+        coder: CoderActions,
         metrics: Arc<Metrics>,
         outputs: Outputs,
         limits: StopLimits,

@@ -1,7 +1,10 @@
 //! The status page at `/`: the status document as one server-rendered HTML page with no external
 //! assets and no build chain (inline CSS, inline SVG sparklines, a small inline script that
 //! reloads every 30 s). A fleet summary first, then one row per GPU workspace, the reclaims
-//! first, in words phrased by the mode (`Mode::stop_words`: only enforce mode promises a stop).
+//! first, its verdict in words phrased by the mode (`Mode::stop_words`, `Mode::warned_words`:
+//! only enforce mode promises a stop), then the recent stops. The countdown column holds a warned
+//! row's time left to its `stop_at` (other rows show `-`); its heading is the mode's
+//! (`Mode::countdown_heading`): "Would stop in" in observe mode, where nothing is stopped.
 //! Every string from Coder is escaped; nothing secret is on it (the document holds no token, and
 //! URLs are not shown).
 
@@ -190,8 +193,13 @@ h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-
     if gpu_rows.is_empty() {
         out.push_str(r#"<div class="empty">No GPU workspaces are running.</div>"#);
     } else {
-        out.push_str(r#"<table id="workspaces"><thead><tr><th>Owner</th><th>Workspace</th><th>Template</th><th>Verdict</th><th>GPU idle</th><th>No connection</th><th>Stops in</th><th>Compute over the window</th></tr></thead><tbody>"#);
+        let _ = write!(
+            out,
+            r#"<table id="workspaces"><thead><tr><th>Owner</th><th>Workspace</th><th>Template</th><th>Verdict</th><th>GPU idle</th><th>No connection</th><th>{}</th><th>Compute over the window</th></tr></thead><tbody>"#,
+            mode.countdown_heading()
+        );
         for w in gpu_rows {
+            // In observe mode: when enforce mode would stop it.
             let countdown = match (w.verdict, w.stop_at) {
                 (Verdict::Warn, Some(t)) => human(t - now),
                 _ => "-".into(),
@@ -300,9 +308,11 @@ mod tests {
             doc.workspaces.push(row(Verdict::Warn, Reason::Idle, &Mode::of_document(name).countdown(left)));
             doc.workspaces.push(row(Verdict::Reclaim, Reason::Idle, "GPU idle"));
             let page = render(&doc, DateTime::UNIX_EPOCH);
-            let promises = ["to be stopped", "stops unless", "stops in"].iter().any(|p| page.contains(p));
+            // Case matters: the column heading is "Stops in" only where a stop is promised.
+            let promises = ["to be stopped", "stops unless", "stops in", "Stops in"].iter().any(|p| page.contains(p));
             assert_eq!(promises, name == "enforce", "{name}: {page}");
             assert_eq!(page.contains("would be stopped"), name != "enforce", "{name}: {page}");
+            assert_eq!(page.contains("<th>Would stop in</th>"), name != "enforce", "{name}: {page}");
         }
     }
 

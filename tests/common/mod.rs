@@ -64,8 +64,9 @@ pub fn assert_close(got: Option<f64>, want: Option<f64>, context: impl std::fmt:
     }
 }
 
-/// A Debian package's program a test needs: `None` (the test skips, saying so) when it is missing
-/// on a developer's machine; in CI, where `.ci/run` installs it, a missing one fails the test.
+/// A Debian package's program a test needs: `None` (the test skips, saying so) when it is
+/// missing, unless the `CI` environment variable is set: then a missing one fails the test.
+/// (`.ci/run` installs the packages, and exits if it cannot, but does not set `CI` itself.)
 pub fn installed_or_skip<T>(found: Option<T>, package: &str) -> Option<T> {
     if found.is_none() {
         assert!(std::env::var("CI").is_err(), "CI must install Debian's {package} package (.ci/run does)");

@@ -82,6 +82,14 @@ impl Mode {
         }
     }
 
+    /// The status page's countdown column: only enforce mode promises a stop.
+    pub fn countdown_heading(self) -> &'static str {
+        match self {
+            Mode::Enforce => "Stops in",
+            Mode::Observe => "Would stop in",
+        }
+    }
+
     /// What the status page says of a warned workspace.
     pub fn warned_words(self) -> &'static str {
         match self {

@@ -13,7 +13,7 @@ use crate::coder::types::Workspace;
 /// `now + 29m`, reference coder NOTES §16): no extension is sent for less.
 pub const CODER_MIN_AHEAD: Duration = Duration::from_secs(30 * 60);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ReclaimWhen {
     /// Reclaim every idle GPU workspace.

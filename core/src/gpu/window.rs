@@ -13,6 +13,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use super::signals::{Signal, SignalValues};
 use super::{Attribution, GpuKey, GpuSeries};
+pub use super::{DEFAULT_MAX_GPUS_PER_WORKSPACE, MAX_GPUS_PER_WORKSPACE};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuSample {
@@ -207,14 +208,6 @@ impl WorkspaceWindows {
         }
     }
 }
-
-/// GPU windows one workspace may have by default (`max_gpus_per_workspace`): a pod gets at most
-/// 8 GPUs of one node (16 leaves room for MIG instances). More series than this naming one
-/// workspace are forged or misconfigured, and the workspace is judged on none of them.
-pub const DEFAULT_MAX_GPUS_PER_WORKSPACE: usize = 16;
-
-/// The most `max_gpus_per_workspace` may be: 8 GPUs of 7 MIG instances each, and some.
-pub const MAX_GPUS_PER_WORKSPACE: usize = 64;
 
 /// All windows, keyed by workspace id.
 #[derive(Debug, Default)]

@@ -1,0 +1,47 @@
+//! What a GPU source is: the `GpuSource` trait, what one collection returns (`Collection`) and a
+//! source that could not be read (`SourceFailure`). The lowest module of `gpu`: the two sources
+//! implement it and `Sources` picks one.
+
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+use reclaimer_core::gpu::{GpuSeries, Twin};
+
+/// A source that could not be read this pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceFailure {
+    /// The URL without credentials or query (for logs and `check`).
+    pub source: String,
+    /// `host:port` only (the metric label).
+    pub host: String,
+    pub error: String,
+}
+
+impl SourceFailure {
+    pub fn new(source: String, host: String, error: String) -> Self {
+        SourceFailure { source, host, error }
+    }
+}
+
+/// What one collection round returned.
+#[derive(Debug, Default)]
+pub struct Collection {
+    pub series: Vec<GpuSeries>,
+    pub failures: Vec<SourceFailure>,
+    /// GPU keys more than one scrape target reported (the first `MAX_TWINS_LISTED`).
+    pub twins: Vec<Twin>,
+    /// How many there were in all.
+    pub twin_count: usize,
+    /// HTTP requests made (the benchmark checks this does not grow with the fleet).
+    pub requests: usize,
+    /// Set when each point is a finished sample of its own step (Prometheus history: the
+    /// highest raw sample in the step ending at its time), not one more reading to merge into
+    /// the pass's sample (an exporter scrape).
+    pub step: Option<std::time::Duration>,
+}
+
+/// A place GPU readings come from. Both sources yield the same series, so the windows and
+/// decisions never know which one is configured.
+pub trait GpuSource: Send + Sync {
+    fn collect(&self, now: DateTime<Utc>) -> impl Future<Output = Collection> + Send;
+}
