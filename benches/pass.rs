@@ -19,9 +19,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use coder_gpu_reclaimer::app::{Application, Role};
-use coder_gpu_reclaimer::coder::SessionToken;
-use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
-use coder_gpu_reclaimer::gpu::exporter::{ExporterTarget, MAX_CONCURRENT_SCRAPES};
+use coder_gpu_reclaimer::config::{DEFAULT_INTERVAL, Settings};
+use coder_gpu_reclaimer::gpu::SourceConfig;
+use coder_gpu_reclaimer::gpu::exporter::MAX_CONCURRENT_SCRAPES;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 
 /// `--sample-interval 15s` with `--interval 60s`.
@@ -34,10 +34,9 @@ const FLOOR_PASSES: usize = 9;
 async fn measure(n: usize, port: u16) {
     let base = format!("http://127.0.0.1:{port}");
     let nodes = n.div_ceil(synthetic::GPUS_PER_NODE);
-    let targets: Vec<ExporterTarget> =
-        (0..nodes).map(|i| ExporterTarget::parse(&format!("{base}/node/{i}/metrics")).expect("target")).collect();
-    let token = SessionToken::new("benchkey01-benchsecret").expect("token");
-    let mut settings = Settings::new(base.parse().expect("url"), token, GpuSourceSettings::Exporters(targets));
+    let targets: Vec<String> = (0..nodes).map(|i| format!("{base}/node/{i}/metrics")).collect();
+    let gpu = SourceConfig::exporters_at(&targets).expect("targets");
+    let mut settings = Settings::local(&base, "benchkey01-benchsecret", gpu, DEFAULT_INTERVAL).expect("settings");
     settings.request_timeout = Duration::from_secs(30);
     settings.api_retry = RetryPolicy::none();
     // The same build as `run` (observe mode: the actuator only reports).

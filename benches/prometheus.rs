@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use coder_gpu_reclaimer::app::{Application, Role};
-use coder_gpu_reclaimer::coder::SessionToken;
-use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
+use coder_gpu_reclaimer::config::{DEFAULT_INTERVAL, Settings};
+use coder_gpu_reclaimer::gpu::SourceConfig;
 use coder_gpu_reclaimer::gpu::prometheus::MAX_QUERIES_IN_FLIGHT;
 use coder_gpu_reclaimer::retry::RetryPolicy;
 
@@ -222,10 +222,9 @@ async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>
 }
 
 fn settings(coder_port: u16, prometheus_port: u16) -> Settings {
-    let token = SessionToken::new("benchkey01-benchsecret").expect("token");
-    let prometheus = format!("http://127.0.0.1:{prometheus_port}").parse().expect("url");
+    let gpu = SourceConfig::prometheus_at(&format!("http://127.0.0.1:{prometheus_port}")).expect("url");
     let mut settings =
-        Settings::new(format!("http://127.0.0.1:{coder_port}").parse().expect("url"), token, GpuSourceSettings::Prometheus(prometheus));
+        Settings::local(&format!("http://127.0.0.1:{coder_port}"), "benchkey01-benchsecret", gpu, DEFAULT_INTERVAL).expect("settings");
     settings.request_timeout = Duration::from_secs(60);
     settings.api_retry = RetryPolicy::none();
     settings
@@ -246,7 +245,7 @@ async fn measure_plan(n: usize, coder_port: u16, prom_port: u16) {
         }
     }
     let mut out = Counted(0);
-    let (done, wall, cpu) = floor::timed(coder_gpu_reclaimer::commands::plan(
+    let (done, wall, cpu) = floor::timed(coder_gpu_reclaimer::commands::plan::run(
         settings(coder_port, prom_port),
         coder_gpu_reclaimer::cli::OutputFormat::Json,
         None,

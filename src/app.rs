@@ -12,11 +12,9 @@ use tokio::sync::watch;
 use crate::coder::actions::CoderActions;
 use crate::coder::identity::connect;
 use crate::coder::{ClientOptions, CoderClient, CoderError, TokenSource};
-use crate::config::{GpuSourceSettings, Settings};
+use crate::config::Settings;
 use crate::error::Error;
-use crate::gpu::Sources;
-use crate::gpu::exporter::{ExporterLimits, ExporterSource};
-use crate::gpu::prometheus::{PrometheusOptions, PrometheusSource};
+use crate::gpu::{SourceContext, Sources};
 use crate::http::SecretFile;
 use crate::pass::accounting::Accounting;
 use crate::pass::actuator::require_permissions;
@@ -58,7 +56,7 @@ const TOKEN_RECHECK: Duration = Duration::from_secs(24 * 3600);
 pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>) -> Result<CoderClient, Error> {
     let options = ClientOptions {
         outbound: settings.outbound.clone(),
-        max_listing_bytes: settings.limits.listing,
+        max_listing_bytes: settings.max_listing,
         ..ClientOptions::new(settings.request_timeout, settings.api_retry)
     };
     let token = match &settings.token_file {
@@ -70,28 +68,13 @@ pub fn coder_client(settings: &Settings, metrics: &Arc<Metrics>) -> Result<Coder
 
 /// The GPU source the settings describe.
 pub fn gpu_source(settings: &Settings) -> Result<Sources, Error> {
-    Ok(match &settings.gpu {
-        GpuSourceSettings::Exporters(targets) => Sources::Exporters(ExporterSource::with_options(
-            targets.clone(),
-            settings.ownership.clone(),
-            settings.request_timeout,
-            &settings.outbound,
-            ExporterLimits {
-                max_body: settings.limits.exporter,
-                max_gpus: settings.limits.exporter_gpus,
-                in_flight: crate::http::BodyBudget::new(settings.limits.in_flight, crate::gpu::exporter::MAX_CONCURRENT_SCRAPES),
-            },
-        )?),
-        GpuSourceSettings::Prometheus(url) => Sources::Prometheus(PrometheusSource::with_options(
-            url,
-            settings.ownership.clone(),
-            settings.policy.longest_lookback(),
-            settings.interval,
-            settings.request_timeout,
-            &settings.outbound,
-            settings.limits.prometheus,
-            PrometheusOptions { power: !settings.policy.active_power_watts.is_empty(), ..settings.prometheus.clone() },
-        )?),
+    settings.gpu.build(&SourceContext {
+        ownership: &settings.ownership,
+        timeout: settings.request_timeout,
+        outbound: &settings.outbound,
+        lookback: settings.policy.longest_lookback(),
+        step: settings.interval,
+        power: !settings.policy.active_power_watts.is_empty(),
     })
 }
 
@@ -123,11 +106,9 @@ impl Application {
             actuator.recover(chrono::Utc::now());
             actuator
         });
+        let sampling = source.samples_between_passes();
         let evaluator = Evaluator::new(coder.clone(), source, settings.policy.clone(), settings.interval);
-        let sample_interval = match settings.gpu {
-            GpuSourceSettings::Exporters(_) if settings.sample_interval < settings.interval => Some(settings.sample_interval),
-            _ => None,
-        };
+        let sample_interval = (sampling && settings.sample_interval < settings.interval).then_some(settings.sample_interval);
         Ok(Application {
             state,
             evaluator,

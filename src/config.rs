@@ -18,8 +18,10 @@ use crate::coder::SessionToken;
 use crate::coder::token::TOKEN_ADVICE;
 use crate::error::Error;
 use crate::gpu::Ownership;
+use crate::gpu::SourceConfig;
+use crate::gpu::exporter::ExporterConfig;
 use crate::gpu::exporter::ExporterTarget;
-use crate::gpu::prometheus::PrometheusOptions;
+use crate::gpu::prometheus::{PrometheusConfig, PrometheusOptions};
 use crate::http::{Outbound, Secret, http_url};
 use crate::pass::mode::Mode;
 use crate::pass::policy::{CODER_MIN_AHEAD, Policy, ReclaimWhen, Rule};
@@ -154,13 +156,6 @@ impl FileConfig {
     }
 }
 
-/// Where GPU readings come from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum GpuSourceSettings {
-    Exporters(Vec<ExporterTarget>),
-    Prometheus(Url),
-}
-
 /// Validated settings: what `run`, `plan`, the demo, the tests and the benchmarks build the
 /// service from (`app::Application::build`); `check` builds only the clients from them.
 #[derive(Debug, Clone)]
@@ -169,7 +164,8 @@ pub struct Settings {
     pub token: SessionToken,
     /// Where the token was read from, when a file: it is re-read when it changes.
     pub token_file: Option<PathBuf>,
-    pub gpu: GpuSourceSettings,
+    /// The GPU source's own settings (`gpu::SourceConfig`: each source's, from its file).
+    pub gpu: SourceConfig,
     pub ownership: Ownership,
     pub interval: Duration,
     /// Exporters are scraped this often between passes (at most `interval`).
@@ -185,44 +181,13 @@ pub struct Settings {
     pub status_token: Option<std::sync::Arc<crate::http::SecretFile>>,
     /// Extra CAs every outgoing client trusts.
     pub outbound: Outbound,
-    /// Prometheus options: headers (raw), bearer token file, selector, job and series bound;
-    /// `power` is `false` here, set from the policy where the source is built.
-    pub prometheus: PrometheusOptions,
-    pub limits: BodyLimits,
+    /// The largest running-workspace listing (`max_listing_mib`).
+    pub max_listing: usize,
     /// `run --enforce`; observe otherwise (and always for `plan` and `check`).
     pub mode: Mode,
     pub policy: Policy,
     /// Retries of one Coder call inside a pass (not a flag; tests shorten it).
     pub api_retry: RetryPolicy,
-}
-
-/// The largest bodies and series counts read from peers; a larger one fails that source or
-/// pass, never memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BodyLimits {
-    pub listing: usize,
-    pub exporter: usize,
-    pub prometheus: usize,
-    /// What the exporter scrapes in flight may hold together.
-    pub in_flight: usize,
-    pub exporter_gpus: usize,
-    pub prometheus_series: usize,
-}
-
-impl Default for BodyLimits {
-    /// Sized from the measured 10,000-workspace figures with room to spare: the listing is about
-    /// 42 MB, an exporter of 8 GPUs about 80 KB. Behind Prometheus a pass sends 18 queries (20 with
-    /// a power veto) per slice of 60 steps; `prometheus` bounds each answer.
-    fn default() -> Self {
-        BodyLimits {
-            listing: crate::coder::DEFAULT_MAX_LISTING,
-            exporter: crate::gpu::exporter::DEFAULT_MAX_BODY,
-            prometheus: crate::gpu::prometheus::DEFAULT_MAX_BODY,
-            in_flight: crate::gpu::exporter::DEFAULT_IN_FLIGHT_BUDGET,
-            exporter_gpus: crate::gpu::exporter::DEFAULT_MAX_GPUS,
-            prometheus_series: crate::gpu::prometheus::DEFAULT_MAX_SERIES,
-        }
-    }
 }
 
 fn count(setting: &str, v: Option<usize>, default: usize) -> Result<usize, Error> {
@@ -262,7 +227,7 @@ pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std:
 
 impl Settings {
     /// Defaults around the three things nothing can default: Coder, the token, the GPU source.
-    pub fn new(coder_url: Url, token: SessionToken, gpu: GpuSourceSettings) -> Self {
+    pub fn new(coder_url: Url, token: SessionToken, gpu: SourceConfig) -> Self {
         Settings {
             coder_url,
             token,
@@ -279,12 +244,25 @@ impl Settings {
             notify_webhook: None,
             status_token: None,
             outbound: Outbound::default(),
-            prometheus: PrometheusOptions::default(),
-            limits: BodyLimits::default(),
+            max_listing: crate::coder::DEFAULT_MAX_LISTING,
             mode: Mode::Observe,
             policy: Policy::defaults(DEFAULT_INTERVAL),
             api_retry: RetryPolicy::for_api_calls(),
         }
+    }
+
+    /// Settings for a service pointed at local fakes (the demo, the in-process tests, the
+    /// benchmarks): Coder at `coder_url` with `token`, GPU readings from `gpu`, a pass every
+    /// `interval` under the default policy for it. Callers change the rest.
+    pub fn local(coder_url: &str, token: &str, gpu: SourceConfig, interval: Duration) -> Result<Settings, Error> {
+        let mut settings = Settings::new(
+            http_url("coder_url", coder_url, "http://127.0.0.1:3000")?,
+            SessionToken::new(token).map_err(Error::config)?,
+            gpu,
+        );
+        settings.interval = interval;
+        settings.policy = Policy::defaults(interval);
+        Ok(settings)
     }
 
     /// Resolves everything. `run` is `Some` for the `run` command's own flags; `token_env` is
@@ -336,10 +314,14 @@ impl Settings {
                     "no GPU source: pass --dcgm-exporter http://dcgm-exporter.gpu-operator:9400/metrics (repeatable) or --prometheus-url http://prometheus:9090",
                 );
             }
-            (true, Some(p)) => {
-                GpuSourceSettings::Prometheus(http_url("--prometheus-url", p.trim_end_matches('/'), "http://prometheus:9090")?)
+            (true, Some(p)) => SourceConfig::Prometheus(PrometheusConfig::new(http_url(
+                "--prometheus-url",
+                p.trim_end_matches('/'),
+                "http://prometheus:9090",
+            )?)),
+            (false, None) => {
+                SourceConfig::Exporters(ExporterConfig::new(exporters.iter().map(|u| ExporterTarget::parse(u)).collect::<Result<_, _>>()?))
             }
-            (false, None) => GpuSourceSettings::Exporters(exporters.iter().map(|u| ExporterTarget::parse(u)).collect::<Result<_, _>>()?),
         };
 
         let interval = args.interval.or(file.interval).unwrap_or(DEFAULT_INTERVAL);
@@ -415,7 +397,7 @@ impl Settings {
                     "proxy_url is set and coder_url is http://: the owner token would cross the proxy in clear; use Coder's https:// URL, or drop proxy_url",
                 );
             }
-            let bearer_in_clear = file.prometheus_bearer_token_file.is_some() && prometheus_in_clear(&gpu);
+            let bearer_in_clear = file.prometheus_bearer_token_file.is_some() && gpu.prometheus_url().is_some_and(|u| u.scheme() == "http");
             if bearer_in_clear {
                 return err(
                     "proxy_url is set and prometheus_url is http:// with prometheus_bearer_token_file: the bearer token would cross the proxy in clear; use Prometheus's https:// URL, or drop proxy_url",
@@ -433,15 +415,31 @@ impl Settings {
             Some(job) => job.trim().to_string(),
             None => crate::gpu::prometheus::DEFAULT_JOB.to_string(),
         };
-        let defaults = BodyLimits::default();
-        let limits = BodyLimits {
-            listing: mib("max_listing_mib", file.max_listing_mib, defaults.listing)?,
-            exporter: mib("max_exporter_body_mib", file.max_exporter_body_mib, defaults.exporter)?,
-            prometheus: mib("max_prometheus_body_mib", file.max_prometheus_body_mib, defaults.prometheus)?,
-            in_flight: mib("max_in_flight_body_mib", file.max_in_flight_body_mib, defaults.in_flight)?,
-            exporter_gpus: count("max_gpus_per_exporter", file.max_gpus_per_exporter, defaults.exporter_gpus)?,
-            prometheus_series: count("max_gpu_series", file.max_gpu_series, defaults.prometheus_series)?,
-        };
+        // Every limit is checked, whichever source is configured; each source keeps its own.
+        let max_listing = mib("max_listing_mib", file.max_listing_mib, crate::coder::DEFAULT_MAX_LISTING)?;
+        let exporter_body = mib("max_exporter_body_mib", file.max_exporter_body_mib, crate::gpu::exporter::DEFAULT_MAX_BODY)?;
+        let in_flight = mib("max_in_flight_body_mib", file.max_in_flight_body_mib, crate::gpu::exporter::DEFAULT_IN_FLIGHT_BUDGET)?;
+        let exporter_gpus = count("max_gpus_per_exporter", file.max_gpus_per_exporter, crate::gpu::exporter::DEFAULT_MAX_GPUS)?;
+        let prometheus_body = mib("max_prometheus_body_mib", file.max_prometheus_body_mib, crate::gpu::prometheus::DEFAULT_MAX_BODY)?;
+        let max_series = count("max_gpu_series", file.max_gpu_series, crate::gpu::prometheus::DEFAULT_MAX_SERIES)?;
+        let selector = file.prometheus_selector.as_deref().map(prometheus_selector).transpose()?;
+        let mut gpu = gpu;
+        match &mut gpu {
+            SourceConfig::Exporters(c) => {
+                (c.max_body, c.in_flight, c.max_gpus) = (exporter_body, in_flight, exporter_gpus);
+            }
+            SourceConfig::Prometheus(c) => {
+                c.max_body = prometheus_body;
+                c.options = PrometheusOptions {
+                    headers: file.prometheus_headers.clone().unwrap_or_default().into_iter().collect(),
+                    bearer_token_file: file.prometheus_bearer_token_file.clone(),
+                    power: false, // the policy's, where the source is built
+                    selector,
+                    job: Some(prometheus_job),
+                    max_series,
+                };
+            }
+        }
         Ok(Settings {
             coder_url,
             token,
@@ -461,15 +459,7 @@ impl Settings {
             notify_webhook,
             status_token,
             outbound,
-            prometheus: PrometheusOptions {
-                headers: file.prometheus_headers.clone().unwrap_or_default().into_iter().collect(),
-                bearer_token_file: file.prometheus_bearer_token_file.clone(),
-                power: false, // from the policy, where the source is built
-                selector: file.prometheus_selector.as_deref().map(prometheus_selector).transpose()?,
-                job: Some(prometheus_job),
-                max_series: limits.prometheus_series,
-            },
-            limits,
+            max_listing,
             mode: if run.enforce { Mode::Enforce } else { Mode::Observe },
             policy,
             api_retry: RetryPolicy::for_api_calls(),
@@ -478,12 +468,7 @@ impl Settings {
 
     /// A one-line, secret-free summary (for `check` and the start-up log).
     pub fn summary(&self) -> String {
-        let gpu = match &self.gpu {
-            GpuSourceSettings::Exporters(e) => {
-                format!("dcgm_exporters={}", e.iter().map(ToString::to_string).collect::<Vec<_>>().join(","))
-            }
-            GpuSourceSettings::Prometheus(p) => format!("prometheus_url={}", crate::http::redact(p)),
-        };
+        let gpu = self.gpu.describe();
         let t = &self.policy.thresholds;
         let when = match self.policy.reclaim_when {
             ReclaimWhen::Always => "always",
@@ -498,14 +483,6 @@ impl Settings {
             humantime::format_duration(t.grace),
             self.policy.rules.len()
         )
-    }
-}
-
-/// Whether the GPU source is a Prometheus reached over plain `http://`.
-fn prometheus_in_clear(gpu: &GpuSourceSettings) -> bool {
-    match gpu {
-        GpuSourceSettings::Prometheus(p) => p.scheme() == "http",
-        GpuSourceSettings::Exporters(_) => false,
     }
 }
 

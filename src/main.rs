@@ -1,5 +1,5 @@
-//! The binary: parse the flags, run the subcommand on a two-thread runtime, and map the outcome
-//! to an exit code (0 fine, 1 runtime failure or a failed `check`, 2 usage or configuration
+//! The binary: parse the flags, call the subcommand (`commands/`, one file each) on a two-thread
+//! runtime, and map the outcome to an exit code (0 fine, 1 runtime failure or a failed `check`, 2 usage or configuration
 //! error: `Error::exit_code`). `run`, `plan` and `check` resolve their flags into `Settings` once
 //! and log in the settings' format (`run` at info, the others at warn); `report` and `demo`
 //! resolve none (the demo builds its own) and log text at warn.
@@ -7,7 +7,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use coder_gpu_reclaimer::cli::{Cli, Command, LogFormat, ReportFormat};
+use coder_gpu_reclaimer::cli::{Cli, Command, LogFormat};
 use coder_gpu_reclaimer::commands;
 use coder_gpu_reclaimer::config::Settings;
 use coder_gpu_reclaimer::error::Error;
@@ -24,41 +24,32 @@ fn token_env() -> Option<String> {
     std::env::var("CODER_SESSION_TOKEN").ok()
 }
 
+/// Resolves the subcommand's settings, sets up logging from them and calls it.
 async fn run_command(command: Command) -> Result<bool, Error> {
     match command {
         Command::Run(args) => {
             let settings = Settings::resolve(&args.common, Some(&args.options), token_env(), LogFormat::Json)?;
             init_logging(settings.log_format, tracing::Level::INFO);
-            commands::run(settings).await.map(|_| true)
+            commands::run::run(settings).await.map(|_| true)
         }
         Command::Plan(args) => {
             let settings = Settings::resolve(&args.common, None, token_env(), LogFormat::Text)?;
             init_logging(settings.log_format, tracing::Level::WARN);
             let mut out = std::io::BufWriter::new(std::io::stdout());
-            commands::plan(settings, args.output, args.sample_for, &mut out).await?;
-            Ok(true)
+            commands::plan::run(settings, args.output, args.sample_for, &mut out).await.map(|_| true)
         }
         Command::Check(args) => {
             let settings = Settings::resolve(&args.common, None, token_env(), LogFormat::Text);
             init_logging(settings.as_ref().map_or(LogFormat::Text, |s| s.log_format), tracing::Level::WARN);
-            Ok(commands::check(settings).await)
+            Ok(commands::check::run(settings).await)
         }
         Command::Report(args) => {
             init_logging(LogFormat::Text, tracing::Level::WARN);
-            let until = args.until.unwrap_or_else(chrono::Utc::now);
-            let since = until - coder_gpu_reclaimer::duration::chrono(args.since);
-            let report = coder_gpu_reclaimer::commands::audit_report::summarize(&args.audit_log, since, until)?;
-            let out = match args.output {
-                ReportFormat::Table => report.table(),
-                ReportFormat::Csv => report.csv(),
-                ReportFormat::Json => serde_json::to_string_pretty(&report).map_err(|e| Error::runtime(e.to_string()))? + "\n",
-            };
-            print!("{out}");
-            Ok(true)
+            commands::report::run(&args, chrono::Utc::now(), &mut std::io::stdout().lock()).map(|_| true)
         }
         Command::Demo(args) => {
             init_logging(LogFormat::Text, tracing::Level::WARN);
-            coder_gpu_reclaimer::commands::demo::run(args).await.map(|_| true)
+            commands::demo::run(args).await.map(|_| true)
         }
     }
 }

@@ -6,6 +6,7 @@
 mod accounting;
 mod alerts;
 mod architecture;
+mod audit;
 mod busy_work;
 mod cli;
 mod coder_client;
@@ -19,6 +20,7 @@ mod deploy;
 mod e2e;
 mod expo;
 mod fakes;
+mod fences;
 mod gpu_world;
 mod hostile;
 mod page;

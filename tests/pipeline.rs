@@ -8,9 +8,8 @@
 use std::time::Duration;
 
 use coder_gpu_reclaimer::app::{Application, Role};
-use coder_gpu_reclaimer::coder::SessionToken;
-use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
-use coder_gpu_reclaimer::gpu::exporter::ExporterTarget;
+use coder_gpu_reclaimer::config::Settings;
+use coder_gpu_reclaimer::gpu::SourceConfig;
 use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict};
 use coder_gpu_reclaimer::pass::mode::Mode;
 use coder_gpu_reclaimer::pass::policy::Policy;
@@ -50,17 +49,14 @@ impl Harness {
     pub async fn build(world: WorldConfig, tune: impl FnOnce(&mut Settings)) -> Self {
         let coder = FakeCoder::start(world).await.unwrap();
         let exporter = FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.unwrap();
-        let token = SessionToken::new(&coder.owner_token()).unwrap();
-        let gpu = GpuSourceSettings::Exporters(vec![ExporterTarget::Url(url(&exporter.url()))]);
-        let mut settings = Settings::new(url(&coder.url()), token, gpu);
-        settings.interval = INTERVAL;
+        let gpu = SourceConfig::exporters_at(&[exporter.url()]).unwrap();
+        let mut settings = Settings::local(&coder.url(), &coder.owner_token(), gpu, INTERVAL).unwrap();
         settings.request_timeout = Duration::from_secs(2);
         settings.api_retry = RetryPolicy {
             initial: Duration::from_millis(10),
             max_interval: Duration::from_millis(50),
             max_elapsed: Duration::from_millis(300),
         };
-        settings.policy = Policy::defaults(INTERVAL);
         settings.policy.thresholds.idle_after = Duration::from_millis(1200);
         tune(&mut settings);
         let app = Application::build(&settings, Role::Run).await.unwrap();

@@ -17,8 +17,9 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use coder_gpu_reclaimer::coder::types::Workspace;
 use coder_gpu_reclaimer::coder::{CoderClient, SessionToken};
-use coder_gpu_reclaimer::config::{GpuSourceSettings, Settings};
+use coder_gpu_reclaimer::config::Settings;
 use coder_gpu_reclaimer::duration;
+use coder_gpu_reclaimer::gpu::SourceConfig;
 use coder_gpu_reclaimer::gpu::expo::parse;
 use coder_gpu_reclaimer::gpu::window::Windows;
 use coder_gpu_reclaimer::gpu::{Collection, GpuSeries, Ownership, series_from_exposition};
@@ -418,8 +419,13 @@ async fn plan_over_a_real_prometheus_judges_raw_samples_and_the_current_session(
     )
     .unwrap();
     let workspaces = client.running_workspaces().await.unwrap();
-    let settings =
-        Settings::new(crate::common::url("http://coder.invalid"), SessionToken::new("x-y").unwrap(), GpuSourceSettings::Exporters(vec![]));
+    let settings = Settings::local(
+        "http://coder.invalid",
+        "x-y",
+        SourceConfig::exporters_at(&[]).unwrap(),
+        coder_gpu_reclaimer::config::DEFAULT_INTERVAL,
+    )
+    .unwrap();
     let windows = exporter_windows(now, &texts, &workspaces, &settings.policy, settings.interval, &Ownership::default());
     for ws in &workspaces {
         let d = decide_with(now, ws, windows.get(&ws.id), &settings.policy, None, PassFacts { gpu_template: true, ..PassFacts::default() });

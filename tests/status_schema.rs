@@ -114,7 +114,7 @@ pub fn errors(doc: &Value, def: Option<&str>) -> Vec<String> {
 
 #[test]
 fn the_schema_names_every_verdict_and_reason_code() {
-    let source = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/pass/decide.rs")).unwrap();
+    let source = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("core/src/pass/decide.rs")).unwrap();
     let codes = |prefix: &str| -> Vec<String> {
         source
             .split(prefix)

@@ -16,15 +16,12 @@ use tokio::sync::watch;
 
 use crate::app::{Application, Role};
 use crate::cli::DemoArgs;
-use crate::coder::SessionToken;
-use crate::config::{GpuSourceSettings, Settings};
+use crate::config::Settings;
 use crate::duration::human;
 use crate::error::Error;
-use crate::gpu::exporter::ExporterTarget;
-use crate::http::http_url;
+use crate::gpu::SourceConfig;
 use crate::pass::decide::Verdict;
 use crate::pass::mode::Mode;
-use crate::pass::policy::Policy;
 
 const SCALE: f64 = 60.0;
 const INTERVAL: Duration = Duration::from_secs(1);
@@ -94,14 +91,10 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
         human(chrono::Duration::seconds(1))
     );
 
-    let token = SessionToken::new(&coder.owner_token()).map_err(runtime)?;
-    let exporter_url = ExporterTarget::Url(http_url("demo", &exporter.url(), "").map_err(runtime)?);
-    let mut settings =
-        Settings::new(http_url("demo", &coder.url(), "").map_err(runtime)?, token, GpuSourceSettings::Exporters(vec![exporter_url]));
-    settings.interval = INTERVAL;
+    let gpu = SourceConfig::exporters_at(&[exporter.url()]).map_err(runtime)?;
+    let mut settings = Settings::local(&coder.url(), &coder.owner_token(), gpu, INTERVAL).map_err(runtime)?;
     settings.request_timeout = Duration::from_secs(5);
     settings.mode = Mode::Enforce;
-    settings.policy = Policy::defaults(INTERVAL);
     settings.policy.thresholds.idle_after = IDLE_AFTER;
     settings.policy.thresholds.extend_while_busy = true;
     let mut app = Application::build(&settings, Role::Run).await.map_err(runtime)?;

@@ -51,8 +51,37 @@ impl Default for ExporterLimits {
     }
 }
 
-use super::source::{Collection, GpuSource, SourceFailure};
+use super::source::{Collection, GpuSource, SourceContext, SourceFailure};
 use reclaimer_core::gpu::{GpuSeries, Ownership, series_from_exposition_capped};
+
+/// The exporter source's settings, as plain values (`Settings::resolve` fills them in from the
+/// flags and the config file).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExporterConfig {
+    pub targets: Vec<ExporterTarget>,
+    /// The largest scrape body (`max_exporter_body_mib`).
+    pub max_body: usize,
+    /// GPU series one scrape may hold (`max_gpus_per_exporter`).
+    pub max_gpus: usize,
+    /// What the scrapes in flight may hold together (`max_in_flight_body_mib`).
+    pub in_flight: usize,
+}
+
+impl ExporterConfig {
+    /// `targets` with the default limits.
+    pub fn new(targets: Vec<ExporterTarget>) -> Self {
+        ExporterConfig { targets, max_body: DEFAULT_MAX_BODY, max_gpus: DEFAULT_MAX_GPUS, in_flight: DEFAULT_IN_FLIGHT_BUDGET }
+    }
+
+    pub fn build(&self, cx: &SourceContext) -> Result<ExporterSource, Error> {
+        let limits = ExporterLimits {
+            max_body: self.max_body,
+            max_gpus: self.max_gpus,
+            in_flight: BodyBudget::new(self.in_flight, MAX_CONCURRENT_SCRAPES),
+        };
+        ExporterSource::with_options(self.targets.clone(), cx.ownership.clone(), cx.timeout, cx.outbound, limits)
+    }
+}
 
 /// One `--dcgm-exporter` value: a URL scraped as it is, or `dns+http://name:port/path`, scraped
 /// at every address the name resolves to (a headless Service).

@@ -10,9 +10,58 @@ pub mod source;
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
+use reqwest::Url;
+
+use crate::error::Error;
 
 pub use reclaimer_core::gpu::*;
-pub use source::{Collection, GpuSource, SourceFailure};
+pub use source::{Collection, GpuSource, SourceContext, SourceFailure};
+
+/// The configured source's settings: each source's own, from its file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceConfig {
+    Exporters(exporter::ExporterConfig),
+    Prometheus(prometheus::PrometheusConfig),
+}
+
+impl SourceConfig {
+    /// Exporters at these URLs (or `dns+` names), with the default limits.
+    pub fn exporters_at(urls: &[String]) -> Result<Self, Error> {
+        let targets = urls.iter().map(|u| exporter::ExporterTarget::parse(u)).collect::<Result<_, _>>()?;
+        Ok(SourceConfig::Exporters(exporter::ExporterConfig::new(targets)))
+    }
+
+    /// Prometheus at this URL, with the default options and limits.
+    pub fn prometheus_at(url: &str) -> Result<Self, Error> {
+        let url = crate::http::http_url("prometheus_url", url.trim_end_matches('/'), "http://prometheus:9090")?;
+        Ok(SourceConfig::Prometheus(prometheus::PrometheusConfig::new(url)))
+    }
+
+    pub fn build(&self, cx: &SourceContext) -> Result<Sources, Error> {
+        Ok(match self {
+            SourceConfig::Exporters(c) => Sources::Exporters(c.build(cx)?),
+            SourceConfig::Prometheus(c) => Sources::Prometheus(c.build(cx)?),
+        })
+    }
+
+    /// The source for the start-up log and `check`, without secrets.
+    pub fn describe(&self) -> String {
+        match self {
+            SourceConfig::Exporters(c) => {
+                format!("dcgm_exporters={}", c.targets.iter().map(ToString::to_string).collect::<Vec<_>>().join(","))
+            }
+            SourceConfig::Prometheus(c) => format!("prometheus_url={}", crate::http::redact(&c.url)),
+        }
+    }
+
+    /// The Prometheus URL, when that is the source.
+    pub fn prometheus_url(&self) -> Option<&Url> {
+        match self {
+            SourceConfig::Prometheus(c) => Some(&c.url),
+            SourceConfig::Exporters(_) => None,
+        }
+    }
+}
 
 /// The configured source.
 // One per process: the size of the variants does not matter.
@@ -37,6 +86,13 @@ impl Sources {
     /// there. An exporter's body is bounded by its own limits, so it is read beside the listing.
     pub fn lists_first(&self) -> bool {
         matches!(self, Sources::Prometheus(_))
+    }
+
+    /// Whether readings are taken between passes too (`sample_interval`): an exporter says only
+    /// what its GPUs do at the scrape, while Prometheus already holds every scrape of the pass's
+    /// window. The one place this is answered.
+    pub fn samples_between_passes(&self) -> bool {
+        matches!(self, Sources::Exporters(_))
     }
 
     /// The workspaces whose series to hold from now on (only where `lists_first`).

@@ -1,11 +1,15 @@
-//! What a GPU source is: the `GpuSource` trait, what one collection returns (`Collection`) and a
-//! source that could not be read (`SourceFailure`). The lowest module of `gpu`: the two sources
+//! What a GPU source is: the `GpuSource` trait, what it is built with besides its own settings
+//! (`SourceContext`), what one collection returns (`Collection`) and a source that could not be
+//! read (`SourceFailure`). The lowest module of `gpu`: the two sources
 //! implement it and `Sources` picks one.
 
 use std::future::Future;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use reclaimer_core::gpu::{GpuSeries, Twin};
+use reclaimer_core::gpu::{GpuSeries, Ownership, Twin};
+
+use crate::http::Outbound;
 
 /// A source that could not be read this pass.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,4 +48,17 @@ pub struct Collection {
 /// decisions never know which one is configured.
 pub trait GpuSource: Send + Sync {
     fn collect(&self, now: DateTime<Utc>) -> impl Future<Output = Collection> + Send;
+}
+
+/// What any source is built with besides its own settings, as plain values.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceContext<'a> {
+    pub ownership: &'a Ownership,
+    pub timeout: Duration,
+    pub outbound: &'a Outbound,
+    /// How far back a pass reads (the policy's longest look-back) and the pass interval.
+    pub lookback: Duration,
+    pub step: Duration,
+    /// Whether the policy reads the power draw (a power veto).
+    pub power: bool,
 }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use chrono::{DateTime, Duration, NaiveDate, Utc};
 use serde::Serialize;
 
+use crate::pass::audit::gpu_seconds_given_back;
 use crate::pass::decide::Verdict;
 use crate::pass::evaluate::Judged;
 
@@ -145,7 +146,7 @@ impl Accounting {
             if listed.contains_key(id.as_str()) {
                 back_again.push(id.clone());
             } else if secs > 0.0 {
-                let s = secs * g.gpus as f64;
+                let s = gpu_seconds_given_back(g.gpus, now - dt, now);
                 inc.given_back_gpu_seconds.push((g.template.clone(), s));
                 day.given_back_seconds += s;
                 let cost = g.price.map(|p| p * s / 3600.0);

@@ -25,7 +25,7 @@ use crate::coder::types::{JobStatus, Transition, Workspace, WorkspaceBuild};
 use crate::coder::{ErrorKind, StopOutcome};
 use crate::duration::human;
 use crate::error::Error;
-use crate::pass::audit::{AuditEvent, AuditKind, AuditLog, Extension, Notifier};
+use crate::pass::audit::{AuditEvent, AuditKind, AuditLog, Extension, Notifier, gpu_seconds_given_back};
 use crate::pass::deadline::{DeadlineAction, DeadlinePlan};
 use crate::pass::decide::Verdict;
 use crate::pass::evaluate::{Evaluation, Judged};
@@ -337,7 +337,7 @@ impl Actuator {
         }
         let mut by_ws: HashMap<String, Open> = HashMap::new();
         let read = crate::pass::audit::read_records(&path, |r| {
-            let Some(kind) = AuditKind::named(&r.event) else { return };
+            let Some(kind) = r.kind() else { return };
             let event = AuditEvent::recovered(kind, &r);
             let open = match kind {
                 AuditKind::StopSending => Some(Open::Sending(event)),
@@ -625,7 +625,7 @@ impl Actuator {
             let event = AuditEvent {
                 event: AuditKind::Resumed,
                 time,
-                gpu_seconds_given_back: Some((time - at).num_seconds().max(0) * gpus as i64),
+                gpu_seconds_given_back: Some(gpu_seconds_given_back(gpus, at, time).round() as i64),
                 ..done
             };
             tracing::info!(event = "resumed", workspace_id = %ws.id, gpu_seconds_given_back = event.gpu_seconds_given_back, "a workspace this service stopped runs again");

@@ -12,8 +12,8 @@ use crate::duration::human;
 use crate::pass::decide::Decision;
 
 /// What happened. The observe-mode kinds (`would_*`) are what enforce mode would have done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// Written and read by one spelling, `as_str`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuditKind {
     /// A grace period began: the stop follows unless the workspace becomes active.
     Warn,
@@ -150,6 +150,20 @@ impl AuditKind {
     }
 }
 
+impl Serialize for AuditKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// GPU time given back: `gpus` GPUs from `from` until `to` (none unless `to` is later), in
+/// seconds. The one formula behind the `resumed` line, `report`'s sums and the running
+/// accounting.
+pub fn gpu_seconds_given_back(gpus: u64, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    let seconds = (to - from).num_milliseconds().max(0) as f64 / 1000.0;
+    seconds * gpus as f64
+}
+
 /// One event about one workspace.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct AuditEvent {
@@ -261,7 +275,8 @@ impl AuditEvent {
 }
 
 /// One audit line as a reader sees it (`report`, and the service's own recovery after a
-/// restart): the fields that say what happened to whose stop, owned.
+/// restart): the fields that say what happened to whose stop, owned, under the names
+/// `AuditEvent` writes them (a round-trip test writes every kind and reads it back).
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct AuditRecord {
     pub time: DateTime<Utc>,
@@ -288,6 +303,13 @@ pub struct AuditRecord {
     pub gpu_hour_price: Option<f64>,
     #[serde(default)]
     pub currency: Option<String>,
+}
+
+impl AuditRecord {
+    /// The kind its `event` names, or `None` for a line of no kind this version writes.
+    pub fn kind(&self) -> Option<AuditKind> {
+        AuditKind::named(&self.event)
+    }
 }
 
 /// The longest audit line read; real ones are under 2 KB.

@@ -19,7 +19,6 @@
 //! Any failure (HTTP error, `status: "error"`, a timeout, a body over the limit) makes the data
 //! unknown, never zero.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -28,19 +27,23 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::error::Error;
 use crate::http::{Outbound, StreamError, host_port, read_split, redact};
-use crate::json_split::{OnElement, Splitter};
-use reclaimer_core::gpu::signals::{self, NAMES, Signal};
-use reclaimer_core::json_read::{ReadError, Reader, malformed, read_at_start, read_whole};
 
-use super::source::{Collection, GpuSource, SourceFailure};
-use reclaimer_core::gpu::{GpuKey, GpuSeries, Ownership, PerPod, Point, Twin, merge_device_level, note_target, twins_of};
+use super::source::{Collection, GpuSource, SourceContext, SourceFailure};
+use answer::{
+    DEVICE_POINTS_BYTES, Fold, GPUS_PER_LISTED_WORKSPACE, MAX_REMEMBERED_LABEL_BYTES, MAX_STEPS_RESERVED, RESULT, SeriesInto,
+    check_envelope,
+};
+pub use answer::{MAX_POINTS_BYTES, POINT_BYTES, Series, read_answer};
+use query::{AGGREGATE_UP_TO_STEPS, Filters, QuerySpec};
+
+mod answer;
+mod query;
+use reclaimer_core::gpu::{GpuKey, GpuSeries, Ownership, PerPod, Twin, merge_device_level, note_target, twins_of};
 
 /// One query's body at most (uncompressed); over 10,000 GPUs a steady-state pass reads about
 /// 3 MB per field, the first pass about 14 MB.
@@ -56,33 +59,44 @@ pub const DEFAULT_MAX_SERIES: usize = 20_000;
 /// waiting on the other; with 5 or 6, 0.85-1.38 s, median 1.06 s (benches/prometheus.rs).
 pub const MAX_QUERIES_IN_FLIGHT: usize = 6;
 
-/// The labels a point is aggregated by: what identifies a GPU (`UUID`, or `uuid` with `-o`; a MIG
-/// instance), its pod and namespace (as the exporter names them, as Prometheus renames them, and
-/// with `-o`), its model, the virtual-GPU marker, and the scrape target's `instance` (one GPU
-/// reported by two targets is a `Twin`). The target's `job`, `pod` of the exporter and the like
-/// are dropped (`pod` is kept for the workload when there is no `exported_pod`).
-const BY: &[&str] = &[
-    "UUID",
-    "uuid",
-    "GPU_I_ID",
-    "pod",
-    "exported_pod",
-    "pod_name",
-    "namespace",
-    "exported_namespace",
-    "pod_namespace",
-    "modelName",
-    "vgpu",
-    "pod_uid",
-    "instance",
-];
-
 /// The scrape job of dcgm-exporter as the GPU Operator's ServiceMonitor names it (its Service):
 /// a series counts only with this `job` label unless `prometheus_job` says another.
 pub const DEFAULT_JOB: &str = "nvidia-dcgm-exporter";
 
+/// The Prometheus source's settings, as plain values (`Settings::resolve` fills them in from the
+/// flags and the config file).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrometheusConfig {
+    pub url: Url,
+    /// Its options; `power` is the policy's, set where the source is built.
+    pub options: PrometheusOptions,
+    /// The largest answer to one query (`max_prometheus_body_mib`).
+    pub max_body: usize,
+}
+
+impl PrometheusConfig {
+    /// `url` with the default options and limits.
+    pub fn new(url: Url) -> Self {
+        PrometheusConfig { url, options: PrometheusOptions::default(), max_body: DEFAULT_MAX_BODY }
+    }
+
+    pub fn build(&self, cx: &SourceContext) -> Result<PrometheusSource, Error> {
+        let options = PrometheusOptions { power: cx.power, ..self.options.clone() };
+        PrometheusSource::with_options(
+            &self.url,
+            cx.ownership.clone(),
+            cx.lookback,
+            cx.step,
+            cx.timeout,
+            cx.outbound,
+            self.max_body,
+            options,
+        )
+    }
+}
+
 /// Options for stores people run at scale.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PrometheusOptions {
     /// Extra request headers, e.g. `X-Scope-OrgID` for a Mimir tenant.
     pub headers: Vec<(String, String)>,
@@ -109,461 +123,6 @@ impl Default for PrometheusOptions {
             selector: None,
             job: Some(DEFAULT_JOB.to_string()),
             max_series: DEFAULT_MAX_SERIES,
-        }
-    }
-}
-
-/// What one fetch's points of workspace series may hold besides `GPUS_PER_LISTED_WORKSPACE`
-/// per listed workspace (the points of a GPU's series, before the windows take them): 10,000
-/// GPUs over the default 34 steps take 22 MB.
-pub const MAX_POINTS_BYTES: usize = 64 << 20;
-/// Room for this many GPUs' points per listed workspace, over `MAX_POINTS_BYTES`.
-const GPUS_PER_LISTED_WORKSPACE: usize = 2;
-/// What one fetch's points of series of no workspace pod may hold (device-level series).
-const DEVICE_POINTS_BYTES: usize = 16 << 20;
-/// What one point costs (`Point`: its time, nine f32 readings, the energy counter).
-pub const POINT_BYTES: usize = std::mem::size_of::<Point>();
-
-/// Room for points reserved per GPU at most (more steps grow as they come).
-const MAX_STEPS_RESERVED: usize = 1024;
-
-/// The label sets one steady pass remembers, in bytes: the bench's 10,000 GPUs' take about 3 MB.
-const MAX_REMEMBERED_LABEL_BYTES: usize = 16 << 20;
-/// What remembering a label set costs besides its text: the key's `Vec` and allocation, the
-/// value, the hash table's slot and slack (so that many tiny sets cannot exceed the bound).
-const REMEMBERED_ENTRY_BYTES: usize = 64;
-
-/// Fetches of at most this many steps are aggregated by `BY` (see the module's notes).
-const AGGREGATE_UP_TO_STEPS: i64 = 10;
-
-/// What narrows every query: the namespace filter, the workspace label, the selector, the
-/// exporter's job.
-#[derive(Debug, Clone, Copy, Default)]
-struct Filters<'a> {
-    namespace: Option<&'a str>,
-    workspace_label: Option<&'a str>,
-    selector: Option<&'a str>,
-    job: Option<&'a str>,
-}
-
-/// One query: one exporter field, a signal or the energy counter.
-#[derive(Debug, Clone, Copy)]
-struct QuerySpec {
-    name: &'static str,
-}
-
-impl QuerySpec {
-    /// Every field the decisions use, by each name dcgm-exporter has given it; the power draw
-    /// only when asked for.
-    fn all(power: bool) -> Vec<QuerySpec> {
-        NAMES
-            .iter()
-            .filter(|m| power || m.signal != Signal::PowerWatts)
-            .map(|m| m.name)
-            .chain(signals::ENERGY_NAMES.map(|(name, _)| name))
-            .map(|name| QuerySpec { name })
-            .collect()
-    }
-
-    /// `max_over_time(NAME[STEPs])`, aggregated as `max by (GPU and pod labels) (...)` when
-    /// `aggregate`, for the namespace if one is set (as the exporter, Prometheus or `-o` names
-    /// the label). With a namespace, the per-process fields (`GPU_UTIL`, `FB_USED`) also fetch
-    /// the device-level series, which carry no workload namespace (only, behind Prometheus, the
-    /// exporter's own): in virtual-GPU mode a pod's copies of them read 0 and only the device's
-    /// are real (reference dcgm NOTES §10).
-    fn promql(&self, step_secs: u64, filters: Filters<'_>, aggregate: bool) -> String {
-        let name = self.name;
-        let Filters { namespace, workspace_label, selector, job } = filters;
-        let job = job.map(|j| format!("job=\"{}\"", j.replace('\\', "\\\\").replace('"', "\\\"")));
-        let select = |ns_matcher: &str| {
-            let matchers: Vec<&str> =
-                [job.as_deref().unwrap_or(""), selector.unwrap_or(""), ns_matcher].into_iter().filter(|m| !m.is_empty()).collect();
-            let raw = format!("max_over_time({name}{{{}}}[{step_secs}s])", matchers.join(","));
-            if !aggregate {
-                return raw;
-            }
-            let mut by: Vec<&str> = BY.to_vec();
-            by.extend(workspace_label);
-            format!("max by ({}) ({raw})", by.join(", "))
-        };
-        match namespace {
-            None => select(""),
-            Some(ns) => {
-                let ns = ns.replace('\\', "\\\\").replace('"', "\\\"");
-                let mut selects: Vec<String> =
-                    ["exported_namespace", "pod_namespace", "namespace"].iter().map(|l| select(&format!("{l}=\"{ns}\""))).collect();
-                if signals::lookup(name).is_some_and(|m| m.signal.per_process()) {
-                    selects.push(select("exported_namespace=\"\",pod_namespace=\"\""));
-                }
-                selects.join(" or ")
-            }
-        }
-    }
-}
-
-/// One series of a `query_range` answer: its labels and its points (`None`: a value that is not
-/// a number). The labels borrow from the answer's bytes where they have no escapes.
-#[derive(Debug, Default)]
-pub struct Series<'a> {
-    pub metric: Labels<'a>,
-    pub values: Vec<(f64, Option<f64>)>,
-}
-
-/// A series' labels, in the order sent (a dozen at most: a list is cheaper than a map).
-#[derive(Debug, Default)]
-pub struct Labels<'a>(pub Vec<(Text<'a>, Text<'a>)>);
-
-impl Labels<'_> {
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k.0 == name).map(|(_, v)| v.0.as_ref())
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Labels<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Labels<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a map of label names to values")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Labels<'a>, A::Error> {
-                let mut labels = Vec::new();
-                while let Some(pair) = map.next_entry::<Text<'a>, Text<'a>>()? {
-                    labels.push(pair);
-                }
-                Ok(Labels(labels))
-            }
-        }
-        d.deserialize_map(V(std::marker::PhantomData))
-    }
-}
-
-/// A string as the answer holds it: borrowed, or owned when it had escapes to undo.
-#[derive(Debug)]
-pub struct Text<'a>(pub Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Text<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Text<'a>, E> {
-                Ok(Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text<'a>, E> {
-                Ok(Text(Cow::Owned(v.to_string())))
-            }
-        }
-        d.deserialize_str(V(std::marker::PhantomData))
-    }
-}
-
-/// Where a `query_range` answer's series are: split off one by one as they stream in.
-const RESULT: &[&str] = &["data", "result"];
-
-/// An answer without its series.
-#[derive(Deserialize)]
-struct Envelope {
-    status: String,
-    #[serde(default)]
-    data: Option<ResultType>,
-    #[serde(default, rename = "errorType")]
-    error_type: String,
-    #[serde(default)]
-    error: String,
-}
-
-#[derive(Deserialize)]
-struct ResultType {
-    #[serde(rename = "resultType")]
-    result_type: String,
-}
-
-fn not_prometheus(status: u16) -> String {
-    format!("HTTP {status}: not a Prometheus API response")
-}
-
-/// One series of an answer as the fold reads it: its labels' bytes, undecoded (a pass's queries
-/// name the same GPUs with the same labels: they are read once per pass), and its points. The
-/// checks serde_json makes on what it reads (a point is `[time, "value"]`; tested against it).
-fn read_series<'a>(status: u16, bytes: &'a [u8], points: &mut Vec<(f64, Option<f64>)>) -> Result<&'a [u8], String> {
-    read_whole(bytes, |r| read_series_from(r, points)).map_err(|_| not_prometheus(status))
-}
-
-/// `read_series` from a reader, which may run out of bytes (`Incomplete`).
-fn read_series_from<'a>(r: &mut Reader<'a>, points: &mut Vec<(f64, Option<f64>)>) -> Result<&'a [u8], ReadError> {
-    points.clear();
-    let mut metric: Option<&[u8]> = None;
-    let mut seen_values = false;
-    r.object(|r, key| match key {
-        b"metric" if metric.is_none() => r.raw().map(|raw| metric = Some(raw)),
-        b"values" if !seen_values => {
-            seen_values = true;
-            r.array(|r| {
-                let mut point = (None, None);
-                r.array(|r| match point {
-                    (None, _) => r.f64().map(|t| point.0 = Some(t)),
-                    (Some(_), None) if r.null()? => malformed("a null sample value"),
-                    (Some(_), None) => {
-                        let value = match r.string() {
-                            Ok(text) => sample_value(&text),
-                            Err(ReadError::Incomplete) => return Err(ReadError::Incomplete),
-                            Err(_) => Some(r.f64()?),
-                        };
-                        point.1 = Some(value);
-                        Ok(())
-                    }
-                    _ => malformed("a point of more than two values"),
-                })?;
-                match point {
-                    (Some(t), Some(v)) => {
-                        points.push((t, v));
-                        Ok(())
-                    }
-                    _ => malformed("a point of fewer than two values"),
-                }
-            })
-        }
-        b"metric" | b"values" => malformed("a duplicate field"),
-        _ => r.skip(),
-    })?;
-    Ok(metric.unwrap_or(b"{}"))
-}
-
-/// A sample value as Prometheus writes it (`"0"`, `"24.3"`, `"NaN"`): what `f64::from_str`
-/// reads, the common small integers without it.
-fn sample_value(text: &str) -> Option<f64> {
-    match text.as_bytes() {
-        [d] if d.is_ascii_digit() => Some(f64::from(d - b'0')),
-        _ => text.parse().ok(),
-    }
-}
-
-/// An answer's series folded as they are split off: most read where they begin in a chunk.
-struct SeriesInto<'f> {
-    status: u16,
-    spec: QuerySpec,
-    fold: &'f Mutex<Fold>,
-    points: Vec<(f64, Option<f64>)>,
-}
-
-impl SeriesInto<'_> {
-    fn fold(&mut self, metric: &[u8]) -> Result<(), String> {
-        let mut fold = self.fold.lock().unwrap_or_else(|p| p.into_inner());
-        fold.add_read(self.spec, metric, &self.points)?;
-        // Past the cap: stop reading this answer (the pass fails for this source anyway).
-        if fold.over { Err(format!("more than {} distinct GPU series", fold.max_series)) } else { Ok(()) }
-    }
-}
-
-impl OnElement for SeriesInto<'_> {
-    fn element(&mut self, bytes: &[u8]) -> Result<(), String> {
-        let metric = read_series(self.status, bytes, &mut self.points)?;
-        self.fold(metric)
-    }
-
-    fn element_at_start(&mut self, bytes: &[u8]) -> Result<Option<usize>, String> {
-        match read_at_start(bytes, |r| read_series_from(r, &mut self.points)) {
-            Ok(Some((metric, used))) => self.fold(metric).map(|()| Some(used)),
-            Ok(None) => Ok(None),
-            Err(_) => Err(not_prometheus(self.status)),
-        }
-    }
-}
-
-/// Judges an answer by its envelope (the document without its series): a `matrix`, or what
-/// went wrong.
-fn check_envelope(status: u16, rest: &[u8]) -> Result<(), String> {
-    let envelope: Envelope = serde_json::from_slice(rest).map_err(|_| not_prometheus(status))?;
-    if envelope.status != "success" || !(200..300).contains(&status) {
-        let why = format!("{} {}", envelope.error_type, envelope.error);
-        return Err(format!("HTTP {status}: {}", why.trim()).trim_end_matches([':', ' ']).to_string());
-    }
-    match envelope.data.map(|d| d.result_type).as_deref() {
-        Some("matrix") => Ok(()),
-        Some(other) => Err(format!("expected a matrix, got {other}")),
-        None => Err("success without data".into()),
-    }
-}
-
-/// Decodes a whole `query_range` answer, handing each series of its `matrix` to `on_series`; or
-/// says what went wrong (then the series handed on are to be discarded). The service reads
-/// answers as they stream in (`read_split` into the fold), with the same `read_series`; this
-/// reads one slice, and decodes each series' labels too. Never panics, whatever the bytes.
-pub fn read_answer(status: u16, body: &[u8], on_series: &mut dyn FnMut(Series<'_>)) -> Result<(), String> {
-    let mut splitter = Splitter::new(RESULT, crate::http::MAX_PIECE);
-    let mut values = Vec::new();
-    splitter.feed(body, &mut |bytes: &[u8]| {
-        let metric = read_series(status, bytes, &mut values)?;
-        let metric = serde_json::from_slice(metric).map_err(|_| not_prometheus(status))?;
-        on_series(Series { metric, values: std::mem::take(&mut values) });
-        Ok(())
-    })?;
-    let rest = splitter.finish().map_err(|_| not_prometheus(status))?;
-    check_envelope(status, &rest)
-}
-
-/// One pass's answers, folded per GPU and step as they stream in.
-/// What a label set says once parsed: its series (its place in `series`), whether it carries a
-/// real `pod_uid`, and its scrape target (`instance`).
-type Known = (usize, bool, Arc<str>);
-
-struct Fold {
-    source: Arc<str>,
-    ownership: Ownership,
-    /// Steps fetched: each GPU's room for points, reserved once.
-    steps: usize,
-    index: HashMap<GpuKey, usize>,
-    series: Vec<GpuSeries>,
-    /// At most this many series; `over` once an answer named more (nothing more is created).
-    max_series: usize,
-    over: bool,
-    /// Each pod's series (at most `MAX_SERIES_PER_POD`: one pod never fails the source).
-    per_pod: PerPod,
-    /// The step, seconds: points are kept only on the grid `span.0 + k * step_secs`.
-    step_secs: i64,
-    /// The slice being fetched (unix seconds): its answers' points must lie in it.
-    slice: (i64, i64),
-    /// Points this fetch may still create for workspace series: `MAX_POINTS_BYTES`, and room for
-    /// `POINTS_PER_LISTED_WORKSPACE` GPUs of each listed workspace over the fetch's steps (memory
-    /// follows the fleet, whatever the series).
-    points_left: usize,
-    /// Points left for series of no workspace pod (`DEVICE_POINTS_BYTES`), and how many of
-    /// them are held (at most `max_series`).
-    device_points_left: usize,
-    device_series: usize,
-    /// Per workspace series (its place in `series`): each scrape target (`instance`) that
-    /// reported it, with its first and last step (at most four targets).
-    instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>,
-    /// The workspaces whose series are held (the pass's listing); `None`: every one.
-    wanted: Option<Arc<HashSet<String>>>,
-    /// The steps asked for (unix seconds): points outside are dropped, so no answer can grow a
-    /// series past the steps of the pass.
-    span: (i64, i64),
-    /// Each label set read this pass, by its bytes: the GPU it names (in `series`), or `None`.
-    /// Every query of a pass gives a GPU the same labels (`max_over_time` drops the metric name).
-    /// Only aggregated passes (every pass after the first) remember them: a whole-window fetch
-    /// is the peak of `plan`'s memory, and there memory goes before CPU.
-    by_labels: HashMap<Vec<u8>, Option<Known>>,
-    /// Bytes left to remember label sets with this pass (none in a whole-window fetch), each
-    /// charged its text and `REMEMBERED_ENTRY_BYTES`: a real set is a few hundred bytes (245 in
-    /// the bench), and an answer must not grow memory past a bound.
-    remember_budget: usize,
-}
-
-impl Fold {
-    /// One series of an answer (`read_series`'s labels and points).
-    fn add_read(&mut self, spec: QuerySpec, metric: &[u8], points: &[(f64, Option<f64>)]) -> Result<(), String> {
-        let per_process = signals::lookup(spec.name).is_some_and(|m| m.signal.per_process());
-        let known = match self.by_labels.get(metric) {
-            Some(known) => known.clone(),
-            None => {
-                // Not serde's message: it quotes the peer's text (up to a whole piece of it).
-                let labels: Labels<'_> =
-                    serde_json::from_slice(metric).map_err(|_| "a series' labels are not a map of strings".to_string())?;
-                let known = self.gpu_of(&labels, per_process).map(|i| {
-                    let real_pod_uid = labels.get("pod_uid").is_some_and(|u| !u.is_empty());
-                    // A copy without a target label is a target of its own (a remote write).
-                    (i, real_pod_uid, Arc::from(labels.get("instance").unwrap_or("(no instance)")))
-                });
-                let cost = metric.len() + REMEMBERED_ENTRY_BYTES;
-                if cost <= self.remember_budget {
-                    self.remember_budget -= cost;
-                    self.by_labels.insert(metric.to_vec(), known.clone());
-                }
-                known
-            }
-        };
-        let Some((i, real_pod_uid, instance)) = known else { return Ok(()) };
-        let Some(gpu) = self.series.get_mut(i) else { return Ok(()) };
-        if real_pod_uid && per_process {
-            gpu.real_pod_uid = true;
-        }
-        // Only the steps of the slice asked for: a point off the step grid, or outside the
-        // slice, is no answer to this query (Prometheus writes every point at start + k * step),
-        // and is dropped, so no answer can grow a series past the steps asked for.
-        let (start, end) = self.slice;
-        let grid = self.span.0;
-        let step = self.step_secs.max(1);
-        let on_grid = |t: f64| t.fract() == 0.0 && (start as f64..=end as f64).contains(&t) && (t as i64 - grid) % step == 0;
-        let values = points.iter().filter(|(t, _)| on_grid(*t)).filter_map(|(t, v)| Some((DateTime::from_timestamp(*t as i64, 0)?, (*v)?)));
-        // Charged by the room the points take (a series' room was charged when it was made).
-        let before = gpu.points.capacity();
-        if gpu.workspace_id.is_some() {
-            let times = points.iter().map(|(t, _)| *t).filter(|t| on_grid(*t)).map(|t| t as i64);
-            if let (Some(first), Some(last)) = (times.clone().min(), times.max()) {
-                let targets = self.instances.entry(i).or_default();
-                if let Some((_, a, b)) = targets.iter_mut().find(|(t, _, _)| *t == instance) {
-                    (*a, *b) = ((*a).min(first), (*b).max(last));
-                } else if targets.len() < 4 {
-                    targets.push((instance, first, last));
-                }
-            }
-        }
-        gpu.add_values(spec.name, values);
-        let added = gpu.points.capacity().saturating_sub(before);
-        let device = gpu.key.pod.is_none();
-        let left = if device { &mut self.device_points_left } else { &mut self.points_left };
-        match left.checked_sub(added) {
-            Some(l) => *left = l,
-            // A device's series over its budget loses its points (its workspaces read their
-            // own copies, and a sharer without it is unknown); a workspace's fails the fetch.
-            None if device => {
-                *left = 0;
-                gpu.points.clear();
-                gpu.points.shrink_to_fit();
-            }
-            None => {
-                return Err(format!(
-                    "the answers hold more points of listed workspaces than {} MiB at {POINT_BYTES} bytes each: shorten the look-back, or narrow the queries with prometheus_selector",
-                    MAX_POINTS_BYTES >> 20
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// The GPU a label set names (its place in `series`, made when new), if any. A series of no
-    /// workspace pod (a device's own) is held only for the per-process fields, the only ones
-    /// read from it, and never fails the fetch: past its own budget it is not held.
-    fn gpu_of(&mut self, labels: &Labels<'_>, per_process: bool) -> Option<usize> {
-        let key = GpuKey::from_labels(|k| labels.get(k), &self.ownership)?;
-        if key.pod.is_some() {
-            // A workload series of a workspace the listing does not name is nobody's: not held.
-            let (id, _) = self.ownership.owner(|k| labels.get(k));
-            if let Some(wanted) = &self.wanted {
-                if id.as_deref().is_none_or(|id| !wanted.contains(id)) {
-                    return None;
-                }
-            }
-        } else if !per_process {
-            return None;
-        }
-        match self.index.get(&key) {
-            Some(&i) => Some(i),
-            None if key.pod.is_none() && (self.device_series >= self.max_series || self.device_points_left == 0) => None,
-            None if key.pod.is_some() && self.series.len() - self.device_series >= self.max_series => {
-                self.over = true;
-                None
-            }
-            None if !self.per_pod.admit(key.pod.as_deref(), &self.series) => None,
-            None => {
-                let mut new = GpuSeries::from_labels(|k| labels.get(k), &self.source, &self.ownership)?;
-                let left = if key.pod.is_none() { &mut self.device_points_left } else { &mut self.points_left };
-                let room = self.steps.min(*left);
-                *left -= room;
-                new.points.reserve_exact(room);
-                if key.pod.is_none() {
-                    self.device_series += 1;
-                }
-                self.index.insert(key, self.series.len());
-                self.series.push(new);
-                Some(self.series.len() - 1)
-            }
         }
     }
 }
@@ -888,7 +447,12 @@ impl GpuSource for PrometheusSource {
 
 #[cfg(test)]
 mod tests {
+    use super::answer::{Labels, read_series, sample_value};
+    use super::query::BY;
     use super::*;
+    use crate::json_split::Splitter;
+    use reclaimer_core::gpu::signals::NAMES;
+    use serde::Deserialize;
 
     /// A series as the tests keep it: its labels (owned: a `Series` borrows from the answer)
     /// and its values.

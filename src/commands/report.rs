@@ -11,7 +11,23 @@ use std::path::Path;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::cli::{ReportArgs, ReportFormat};
 use crate::error::Error;
+use crate::pass::audit::{AuditKind, gpu_seconds_given_back};
+
+/// `report`: the audit log over `--since` before `--until` (default `now`), written to `out` as
+/// the format asks.
+pub fn run(args: &ReportArgs, now: DateTime<Utc>, out: &mut dyn std::io::Write) -> Result<(), Error> {
+    let until = args.until.unwrap_or(now);
+    let since = until - crate::duration::chrono(args.since);
+    let report = summarize(&args.audit_log, since, until)?;
+    let text = match args.output {
+        ReportFormat::Table => report.table(),
+        ReportFormat::Csv => report.csv(),
+        ReportFormat::Json => serde_json::to_string_pretty(&report).map_err(|e| Error::runtime(e.to_string()))? + "\n",
+    };
+    out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(|e| Error::runtime(format!("writing the report: {e}")))
+}
 
 /// One row: a template and an owner.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -71,34 +87,32 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     let read = crate::pass::audit::read_records(path, |l| {
         let key = (l.template.clone(), l.owner.clone());
         let in_period = l.time >= since && l.time <= until;
-        match l.event.as_str() {
-            "stop_sent" if in_period => {
+        match l.kind() {
+            Some(AuditKind::StopSent) if in_period => {
                 let first = l.build_id.as_ref().is_none_or(|b| counted.insert((l.workspace_id.clone(), b.clone())));
                 if first {
                     rows.entry(key).or_default().stops += 1;
                 }
             }
-            "would_stop" if in_period => rows.entry(key).or_default().would_stops += 1,
-            "deadline_extended" if in_period => rows.entry(key).or_default().deadline_extensions += 1,
-            "would_extend" if in_period => rows.entry(key).or_default().would_extend += 1,
-            "autostop_averted" if in_period => rows.entry(key).or_default().autostops_averted += 1,
-            "stop_done" => {
+            Some(AuditKind::WouldStop) if in_period => rows.entry(key).or_default().would_stops += 1,
+            Some(AuditKind::DeadlineExtended) if in_period => rows.entry(key).or_default().deadline_extensions += 1,
+            Some(AuditKind::WouldExtend) if in_period => rows.entry(key).or_default().would_extend += 1,
+            Some(AuditKind::AutostopAverted) if in_period => rows.entry(key).or_default().autostops_averted += 1,
+            Some(AuditKind::StopDone) => {
                 if l.gpu_hour_price.is_some() && l.currency.is_some() {
                     currency.clone_from(&l.currency);
                 }
                 let stopped = Stopped { at: l.time, gpus: l.gpus.unwrap_or(0), price: l.gpu_hour_price };
                 open.insert(l.workspace_id.clone(), (key, stopped));
             }
-            "resumed" => {
+            Some(AuditKind::Resumed) => {
                 if let Some((_, stopped)) = open.remove(&l.workspace_id) {
-                    // Only the part inside the period counts.
-                    let (from, to) = (stopped.at.max(since), l.time.min(until));
-                    let whole = (l.time - stopped.at).num_seconds().max(1) as f64;
-                    // No more than its GPUs for the time it was stopped: a line that claims more
-                    // (a forged or corrupted one) counts for what was possible.
-                    let given = (l.gpu_seconds_given_back.unwrap_or(0).max(0) as f64).min(whole * stopped.gpus as f64);
-                    if to > from {
-                        give_back(&mut rows, key, given * (to - from).num_seconds() as f64 / whole / 3600.0, stopped.price);
+                    // Only the part inside the period counts, and no more than its GPUs for the
+                    // time it was stopped: the line's own figure is not trusted (a forged or
+                    // corrupted one could claim more).
+                    let given = gpu_seconds_given_back(stopped.gpus, stopped.at.max(since), l.time.min(until));
+                    if given > 0.0 {
+                        give_back(&mut rows, key, given / 3600.0, stopped.price);
                     }
                 }
             }
@@ -108,9 +122,9 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     .map_err(|e| Error::runtime(format!("--audit-log {}: reading failed ({e})", path.display())))?;
     unreadable += read;
     for (_, (key, stopped)) in open {
-        let from = stopped.at.max(since);
-        if until > from {
-            give_back(&mut rows, key, (until - from).num_seconds() as f64 * stopped.gpus as f64 / 3600.0, stopped.price);
+        let given = gpu_seconds_given_back(stopped.gpus, stopped.at.max(since), until);
+        if given > 0.0 {
+            give_back(&mut rows, key, given / 3600.0, stopped.price);
         }
     }
     let mut total = Row { template: "(all)".into(), owner: "(all)".into(), ..Row::default() };
