@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::coder::actions::CoderActions;
 use crate::coder::identity::connect;
@@ -47,6 +48,8 @@ pub struct Application {
     /// or the sample interval is not shorter than a pass's).
     sample_interval: Option<Duration>,
     accounting: Accounting,
+    /// Passes begun (the `pass` field of every log line inside one).
+    passes: u64,
 }
 
 /// How often the token's expiry and permissions are asked about when it does not change.
@@ -122,6 +125,7 @@ impl Application {
             } else {
                 Accounting::default()
             },
+            passes: 0,
         })
     }
 
@@ -159,6 +163,12 @@ impl Application {
     /// One pass: evaluate, act (when there is an actuator), publish. Fails only when the listing
     /// fails; then nothing was decided and nothing is stopped.
     pub async fn pass(&mut self, shutdown: &watch::Receiver<bool>) -> Result<PassOutcome, CoderError> {
+        self.passes += 1;
+        let span = tracing::info_span!("pass", pass = self.passes);
+        self.pass_in_span(shutdown).instrument(span).await
+    }
+
+    async fn pass_in_span(&mut self, shutdown: &watch::Receiver<bool>) -> Result<PassOutcome, CoderError> {
         self.refresh_token().await;
         let eval = match self.evaluator.evaluate().await {
             Ok(e) => e,

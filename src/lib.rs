@@ -12,6 +12,7 @@ pub mod error;
 pub mod gpu;
 pub mod http;
 pub mod json_split;
+pub mod logging;
 pub mod pass;
 pub mod retry;
 pub mod serve;

@@ -13,11 +13,7 @@ use coder_gpu_reclaimer::config::Settings;
 use coder_gpu_reclaimer::error::Error;
 
 fn init_logging(format: LogFormat, level: tracing::Level) {
-    let builder = tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).with_target(false);
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
-        LogFormat::Text => builder.with_ansi(false).try_init(),
-    };
+    coder_gpu_reclaimer::logging::init(format == LogFormat::Json, level);
 }
 
 fn token_env() -> Option<String> {

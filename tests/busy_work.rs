@@ -11,7 +11,7 @@ use mocks::{ExporterConfig, FakeCoder, FakeExporter, Fault, Load, Stuck, WorldCo
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::e2e::{Service, exporter, holds_gpu, running, until, until_with, world};
+use crate::common::service::{Service, exporter, holds_gpu, running, until, until_with, world};
 
 /// A 20-second autostop TTL: Coder's deadline passes within the test.
 const TTL_MS: i64 = 20_000;

@@ -8,7 +8,7 @@ use mocks::{FakeCoder, Load, WorldConfig};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::e2e::{Service, exporter, holds_gpu, running, until, until_with, world};
+use crate::common::service::{Service, exporter, holds_gpu, running, until, until_with, world};
 
 fn agent_connected(w: &mocks::World, id: Uuid) -> bool {
     w.ws_index(id).and_then(|i| w.workspaces[i].latest()?.agent.clone()).is_some_and(|a| w.agent_status(&a) == "connected")
@@ -82,7 +82,7 @@ async fn a_token_that_may_not_stop_exits_2_in_enforce_mode_and_an_org_admin_may(
     // An owner's token with a narrow scope passes `users/me` (the owner role) but may not stop.
     let scoped = coder.with(|w| w.create_token("admin", &["workspace:read"], chrono::Duration::days(7))).unwrap();
     let args = ["run", "--enforce", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url(), "--listen", "127.0.0.1:0"];
-    let (code, out) = crate::e2e::exit_of(&args, &scoped).await;
+    let (code, out) = crate::common::service::exit_of(&args, &scoped).await;
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("may not stop workspaces") && out.contains("--scope"), "{out}");
     // An organization admin may stop workspaces of its organization.
@@ -349,7 +349,7 @@ async fn permission_is_asked_per_organization() {
     let b = coder.with(|w| w.create_workspace_in(research, "bob", "b")).unwrap();
     until(&coder, "A and B run", Duration::from_secs(5), |w| agent_connected(w, a) && agent_connected(w, b)).await;
     let token = coder.with(|w| w.token_of("orgadmin")).unwrap();
-    let (code, out) = crate::e2e::exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()], &token).await;
+    let (code, out) = crate::common::service::exit_of(&["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()], &token).await;
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("FAIL organizations: the token may not stop workspaces in \"research\" (1 running)"), "{out}");
     let svc = Service::start(&coder, &[ex.url()], &token, &[]);
@@ -556,10 +556,10 @@ async fn check_names_a_proxys_date_header() {
     until(&coder, "A runs", Duration::from_secs(5), |w| agent_connected(w, a)).await;
     let token = coder.owner_token();
     let args = ["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url()];
-    let (_, out) = crate::e2e::exit_of(&args, &token).await;
+    let (_, out) = crate::common::service::exit_of(&args, &token).await;
     assert!(!out.contains("warn clock"), "coderd's own Date: {out}");
     coder.with(|w| w.config.proxy_clock_offset = Some(chrono::Duration::minutes(-10)));
-    let (_, out) = crate::e2e::exit_of(&args, &token).await;
+    let (_, out) = crate::common::service::exit_of(&args, &token).await;
     let behind: i64 =
         out.split("warn clock: the Date header is ").nth(1).and_then(|r| r.split('s').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
     assert!((590..=610).contains(&behind), "ten minutes behind: {out}");

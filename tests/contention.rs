@@ -10,7 +10,7 @@ use mocks::FakeCoder;
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::e2e::{Service, exporter, holds_gpu, running, until, until_with, world};
+use crate::common::service::{Service, exporter, holds_gpu, running, until, until_with, world};
 
 fn stops(coder: &FakeCoder, id: Uuid) -> usize {
     coder.with(|w| w.stop_builds_by(id, "admin"))

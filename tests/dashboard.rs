@@ -11,7 +11,7 @@ use mocks::{FakeCoder, FakeExporter, Load};
 use serde_json::Value;
 
 use crate::common::installed_or_skip;
-use crate::e2e::{Service, holds_gpu, until, until_with, world};
+use crate::common::service::{Service, holds_gpu, until, until_with, world};
 use crate::prometheus_world::Prometheus;
 
 fn dashboard_queries() -> Vec<(String, String)> {

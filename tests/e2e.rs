@@ -2,9 +2,7 @@
 //! playing the seed's scenarios with Coder's clocks 60x faster (1 s = 1 Coder minute) and the
 //! policy scaled to match (`--idle-after 6s`, `--interval 1s`).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mocks::{Behaviour, ExporterConfig, FakeCoder, FakeExporter, Fault, Load, WorldConfig};
@@ -12,168 +10,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::common::binary;
-
-pub fn world(gpus: usize) -> WorldConfig {
-    WorldConfig { gpus, scale: 60.0, ..WorldConfig::default() }
-}
-
-pub struct Service {
-    child: Child,
-    logs: Arc<Mutex<Vec<Value>>>,
-    raw: Arc<Mutex<String>>,
-}
-
-impl Service {
-    pub fn start(coder: &FakeCoder, exporters: &[String], token: &str, extra: &[&str]) -> Service {
-        Self::start_url(&coder.url(), exporters, token, extra)
-    }
-
-    /// `run --enforce` against any Coder URL (a hostile peer's, say).
-    pub fn start_url(coder_url: &str, exporters: &[String], token: &str, extra: &[&str]) -> Service {
-        Self::spawn(coder_url, exporters, token, extra, &["--enforce"])
-    }
-
-    /// `run` in observe mode (no `--enforce`).
-    pub fn start_observing(coder: &FakeCoder, exporters: &[String], token: &str, extra: &[&str]) -> Service {
-        Self::spawn(&coder.url(), exporters, token, extra, &[])
-    }
-
-    fn spawn(coder_url: &str, exporters: &[String], token: &str, extra: &[&str], mode: &[&str]) -> Service {
-        let mut cmd = Command::new(binary());
-        cmd.arg("run").args(mode).args(["--coder-url", coder_url, "--listen", "127.0.0.1:0", "--log-format", "json"]);
-        // The story's clock (1 s = 1 Coder minute), unless the test sets its own.
-        for (flag, value) in [("--interval", "1s"), ("--idle-after", "6s")] {
-            if !extra.contains(&flag) {
-                cmd.args([flag, value]);
-            }
-        }
-        for e in exporters {
-            cmd.args(["--dcgm-exporter", e]);
-        }
-        cmd.args(extra)
-            .env("CODER_SESSION_TOKEN", token)
-            .env_remove("CODER_URL")
-            .env_remove("DCGM_EXPORTER_URLS")
-            .env_remove("CODER_GPU_RECLAIMER_CONFIG");
-        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let raw = Arc::new(Mutex::new(String::new()));
-        let (l, r) = (logs.clone(), raw.clone());
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                r.lock().unwrap().push_str(&(line.clone() + "\n"));
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    l.lock().unwrap().push(v);
-                }
-            }
-        });
-        Service { child, logs, raw }
-    }
-
-    pub fn events(&self, name: &str) -> Vec<Value> {
-        self.logs.lock().unwrap().iter().filter(|v| v["event"] == name).cloned().collect()
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn raw(&self) -> String {
-        self.raw.lock().unwrap().clone()
-    }
-
-    /// The address the HTTP server bound (`--listen 127.0.0.1:0`).
-    pub async fn addr(&self) -> String {
-        for _ in 0..100 {
-            if let Some(e) = self.events("starting").first() {
-                return e["listen"].as_str().unwrap().to_string();
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the service never started:\n{}", self.raw());
-    }
-
-    pub async fn wait_event(&self, name: &str, timeout: Duration) -> Value {
-        let start = Instant::now();
-        while start.elapsed() < timeout {
-            if let Some(e) = self.events(name).into_iter().next() {
-                return e;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("no {name} event within {timeout:?}:\n{}", self.raw());
-    }
-
-    /// Sends SIGTERM and waits (asynchronously: the fakes share this test's runtime).
-    pub async fn terminate(&mut self) -> ExitStatus {
-        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(start.elapsed() < Duration::from_secs(12), "no exit within 12 s of SIGTERM");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Waits until `cond` holds on the world, or panics with the event log.
-pub async fn until(coder: &FakeCoder, what: &str, timeout: Duration, cond: impl Fn(&mocks::World) -> bool) {
-    until_with(coder, None, what, timeout, cond).await
-}
-
-/// Like `until`, and on timeout also shows the service's last log lines.
-pub async fn until_with(coder: &FakeCoder, svc: Option<&Service>, what: &str, timeout: Duration, cond: impl Fn(&mocks::World) -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if coder.with(|w| cond(w)) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let events = coder.with(|w| {
-        w.events
-            .iter()
-            .map(|e| format!("{} {} {} {}", e.at.format("%H:%M:%S%.3f"), e.workspace, e.kind, e.detail))
-            .collect::<Vec<_>>()
-            .join("\n")
-    });
-    let logs = svc
-        .map(|s| s.raw().lines().rev().take(400).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n"))
-        .unwrap_or_default();
-    panic!("timed out waiting for: {what}\n{events}\n--- service log tail ---\n{logs}");
-}
-
-pub fn holds_gpu(w: &mocks::World, id: Uuid) -> bool {
-    w.gpu_holders.contains(&Some(id))
-}
-
-fn connected(w: &mocks::World, id: Uuid) -> bool {
-    w.ws_index(id).and_then(|i| w.workspaces[i].latest()?.agent.clone()).is_some_and(|a| a.first_connected_at.is_some())
-}
-
-/// A fake exporter over the world, in its default set-up.
-pub async fn exporter(coder: &FakeCoder) -> FakeExporter {
-    FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.unwrap()
-}
-
-/// The workspace's latest build is a running start.
-pub fn running(w: &mocks::World, id: Uuid) -> bool {
-    w.ws_index(id).is_some_and(|i| w.is_running(&w.workspaces[i]))
-}
+use crate::common::service::{Service, connected, exit_of, exporter, holds_gpu, until, until_with, world};
 
 /// Stage 1, scenarios 1-3 (and stage 3, scenario 1): A holds the only GPU and walks away; B waits;
 /// A is reclaimed and B runs; A, started again, waits; B shows phantom utilization and is
@@ -210,6 +47,20 @@ async fn seed_story_idle_then_phantom() {
     assert!(!svc.raw().contains(&secret), "the token never appears in the logs");
     assert_eq!(stops[0]["reason"], "idle");
     assert_eq!(stops[1]["reason"], "phantom-utilization");
+    // The workspace and the pass come from their spans, flat on the line as operators grep them.
+    assert_eq!(
+        (stops[0]["workspace_id"].as_str(), stops[0]["owner"].as_str()),
+        (Some(a.to_string().as_str()), Some("alice")),
+        "{}",
+        stops[0]
+    );
+    assert_eq!(
+        (stops[1]["workspace_id"].as_str(), stops[1]["owner"].as_str()),
+        (Some(b.to_string().as_str()), Some("bob")),
+        "{}",
+        stops[1]
+    );
+    assert!(stops.iter().all(|s| s["template"].is_string() && s["pass"].as_u64().is_some_and(|n| n > 0)), "{stops:?}");
 }
 
 /// Stage 1 scenario 5 and stage 3 scenarios 5 and 6: an open connection refreshes last_used_at
@@ -360,16 +211,6 @@ async fn killed_and_restarted_mid_story() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(coder.with(|w| (w.stop_builds_by(idle, "admin"), w.stop_builds_by(busy, "admin"))), (1, 0));
     assert!(second.events("stop_sent").is_empty(), "{}", second.raw());
-}
-
-pub async fn exit_of(args: &[&str], token: &str) -> (i32, String) {
-    let (args, token): (Vec<String>, String) = (args.iter().map(|s| s.to_string()).collect(), token.to_string());
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(binary()).args(&args).env("CODER_SESSION_TOKEN", token).env_remove("CODER_URL").output().unwrap()
-    })
-    .await
-    .unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout))
 }
 
 #[tokio::test]

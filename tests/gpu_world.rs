@@ -8,7 +8,7 @@ use mocks::{ExporterConfig, FakeCoder, FakeExporter, Load, Stuck};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::e2e::{Service, holds_gpu, until, until_with, world};
+use crate::common::service::{Service, holds_gpu, until, until_with, world};
 
 fn stops(coder: &FakeCoder, id: Uuid) -> usize {
     coder.with(|w| w.stop_builds_by(id, "admin"))

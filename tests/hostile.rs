@@ -20,8 +20,8 @@ use proptest::prelude::*;
 use wiremock::matchers::any as any_request;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use crate::common::service::{Service, until, world};
 use crate::common::{binary, fixture, fixture_json};
-use crate::e2e::{Service, until, world};
 
 const TOKEN: &str = "k3y1d00001-v3ryS3cr3tTok3nValue";
 

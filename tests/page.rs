@@ -11,7 +11,7 @@ use mocks::{FakeCoder, FakeExporter, Load};
 use uuid::Uuid;
 
 use crate::common::installed_or_skip;
-use crate::e2e::{Service, holds_gpu, until, world};
+use crate::common::service::{Service, holds_gpu, until, world};
 
 fn chromium() -> Option<PathBuf> {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"].iter().map(PathBuf::from).find(|p| p.exists())

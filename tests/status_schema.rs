@@ -12,7 +12,7 @@ use chrono::DateTime;
 use mocks::{FakeCoder, FakeExporter, Load};
 use serde_json::Value;
 
-use crate::e2e::{Service, exit_of, holds_gpu, until, world};
+use crate::common::service::{Service, exit_of, holds_gpu, until, world};
 
 pub fn schema() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/status.schema.json");

@@ -13,7 +13,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::common::binary;
-use crate::e2e::{Service, exporter, holds_gpu, running, until, world};
+use crate::common::service::{Service, exporter, holds_gpu, running, until, world};
 use crate::hostile::peak_rss_kib;
 
 fn pod_of(coder: &FakeCoder, id: Uuid) -> String {

@@ -25,11 +25,14 @@ use crate::coder::types::{JobStatus, Transition, Workspace, WorkspaceBuild};
 use crate::coder::{ErrorKind, StopOutcome};
 use crate::duration::human;
 use crate::error::Error;
+use tracing::Instrument;
+
+use crate::logging::workspace_span;
 use crate::pass::audit::{AuditEvent, AuditKind, AuditLog, Extension, Notifier, gpu_seconds_given_back};
 use crate::pass::deadline::{DeadlineAction, DeadlinePlan};
 use crate::pass::decide::Verdict;
 use crate::pass::evaluate::{Evaluation, Judged};
-use crate::pass::metrics::{ExtensionFailureLabels, Metrics, StopFailureLabels, StopLabels, TemplateLabels};
+use crate::pass::metrics::{ExtensionFailure, ExtensionFailureLabels, Metrics, StopFailure, StopFailureLabels, StopLabels, TemplateLabels};
 use crate::pass::mode::Mode;
 use crate::pass::stop_lifecycle::{JobChange, StopState, provisioners_answer};
 use crate::retry::RetryPolicy;
@@ -167,6 +170,11 @@ impl Outputs {
             notifier: notify_webhook.map(|url| Notifier::new(url, outbound)).transpose()?,
         })
     }
+}
+
+/// The span of an action on a listed workspace.
+fn span_of(ws: &Workspace) -> tracing::Span {
+    workspace_span(&ws.id, &ws.owner_name, &ws.template_name)
 }
 
 /// How often and how long the actuator tries.
@@ -397,39 +405,44 @@ impl Actuator {
     /// stop: written as sent (found) and followed; anything else means it was not sent.
     async fn confirm_unconfirmed(&mut self, coder_offset: Duration, acted: &mut Acted) {
         for (id, sending) in std::mem::take(&mut self.unconfirmed) {
-            let ws = match self.coder.workspace(&id).await {
-                Ok(ws) => ws,
-                Err(e) if matches!(e.kind, ErrorKind::Status(404 | 410)) => continue,
-                Err(e) => {
-                    // Asked again next pass: a stop that landed must not be forgotten.
-                    tracing::warn!(event = "stop_check_deferred", workspace_id = %id, error = %e, "cannot read the workspace to settle a stop of the previous run; asking again next pass");
-                    self.unconfirmed.insert(id, sending);
-                    continue;
-                }
-            };
-            let b = ws.latest_build;
-            let by_us = matches!((&self.self_id, &b.initiator_id), (Some(me), Some(initiator)) if me == initiator);
-            // Created around the POST (its time on this machine's clock, within the request's
-            // timeout and some skew), by this service's user, and a stop.
-            let around = b.created_at.is_some_and(|c| {
-                let c = c - coder_offset;
-                c >= sending.time - Duration::minutes(2) && c <= sending.time + Duration::minutes(2)
-            });
-            if b.transition == Transition::Stop && by_us && around {
-                let event = AuditEvent {
-                    event: AuditKind::StopSent,
-                    build_id: Some(b.id.clone()),
-                    message: format!("{} (found after a restart: sent before the previous run ended)", sending.message),
-                    ..sending
-                };
-                tracing::info!(event = "stop_found", workspace_id = %id, build_id = %b.id, "a stop sent before the previous run ended was found in Coder's builds");
-                self.audit(&event);
-                self.tracked.insert(id.clone(), TrackedStop::recovered(event, StopState::Sent { build_id: b.id }));
-                acted.stops_sent.push(id);
-            } else {
-                tracing::info!(event = "stop_not_found", workspace_id = %id, "a stop about to be sent when the previous run ended was not sent");
-                self.audit(&AuditEvent { event: AuditKind::StopNotSent, ..sending });
+            let span = workspace_span(&id, &sending.owner, &sending.template);
+            self.confirm_one(coder_offset, id, sending, acted).instrument(span).await;
+        }
+    }
+
+    async fn confirm_one(&mut self, coder_offset: Duration, id: String, sending: AuditEvent, acted: &mut Acted) {
+        let ws = match self.coder.workspace(&id).await {
+            Ok(ws) => ws,
+            Err(e) if matches!(e.kind, ErrorKind::Status(404 | 410)) => return,
+            Err(e) => {
+                // Asked again next pass: a stop that landed must not be forgotten.
+                tracing::warn!(event = "stop_check_deferred", error = %e, "cannot read the workspace to settle a stop of the previous run; asking again next pass");
+                self.unconfirmed.insert(id, sending);
+                return;
             }
+        };
+        let b = ws.latest_build;
+        let by_us = matches!((&self.self_id, &b.initiator_id), (Some(me), Some(initiator)) if me == initiator);
+        // Created around the POST (its time on this machine's clock, within the request's
+        // timeout and some skew), by this service's user, and a stop.
+        let around = b.created_at.is_some_and(|c| {
+            let c = c - coder_offset;
+            c >= sending.time - Duration::minutes(2) && c <= sending.time + Duration::minutes(2)
+        });
+        if b.transition == Transition::Stop && by_us && around {
+            let event = AuditEvent {
+                event: AuditKind::StopSent,
+                build_id: Some(b.id.clone()),
+                message: format!("{} (found after a restart: sent before the previous run ended)", sending.message),
+                ..sending
+            };
+            tracing::info!(event = "stop_found", build_id = %b.id, "a stop sent before the previous run ended was found in Coder's builds");
+            self.audit(&event);
+            self.tracked.insert(id.clone(), TrackedStop::recovered(event, StopState::Sent { build_id: b.id }));
+            acted.stops_sent.push(id);
+        } else {
+            tracing::info!(event = "stop_not_found", "a stop about to be sent when the previous run ended was not sent");
+            self.audit(&AuditEvent { event: AuditKind::StopNotSent, ..sending });
         }
     }
 
@@ -466,17 +479,18 @@ impl Actuator {
         self.reconcile(eval);
         self.provisioners_for_reaped(eval).await;
         for c in self.candidates(eval) {
+            let span = workspace_span(&c.event.workspace_id, &c.event.owner, &c.event.template);
             if *shutdown.borrow() {
-                tracing::info!(event = "stop_skipped_shutdown", workspace_id = %c.event.workspace_id, "shutting down: no new stop");
+                span.in_scope(|| tracing::info!(event = "stop_skipped_shutdown", "shutting down: no new stop"));
                 break;
             }
             // Another stop that needs the same tags found no provisioner (this pass included).
             let own = self.tracked.get(&c.event.workspace_id).and_then(|t| t.no_provisioner_since);
             if let Some(since) = self.waiting_for_provisioner(&c.organization, &c.tags).filter(|_| own.is_none()) {
-                tracing::info!(event = "stop_held", workspace_id = %c.event.workspace_id, tags = %c.tags, since = %since, "no provisioner for these tags: the stop waits until one answers");
+                span.in_scope(|| tracing::info!(event = "stop_held", tags = %c.tags, since = %since, "no provisioner for these tags: the stop waits until one answers"));
                 continue;
             }
-            self.stop(now, c, &mut acted).await;
+            self.stop(now, c, &mut acted).instrument(span).await;
         }
         self.restore_ttls(eval, shutdown).await;
         self.count_averted(eval, &mut acted);
@@ -506,7 +520,8 @@ impl Actuator {
         for j in &eval.judged {
             let Some(plan) = j.decision.deadline.as_ref().filter(|p| p.action == DeadlineAction::LimitReached) else { continue };
             if self.first_time("extend_limit_reached", &j.workspace) {
-                tracing::info!(event = "extend_limit_reached", workspace_id = %j.workspace.id, owner = %j.workspace.owner_name, deadline = %plan.deadline, limit = %plan.limit, limited_by = plan.limited_by.as_str(), "its GPU computes, but {} leaves no extension of 30 minutes or more: Coder's autostop stops it at its deadline", plan.limited_by.as_str());
+                let _in = span_of(&j.workspace).entered();
+                tracing::info!(event = "extend_limit_reached", deadline = %plan.deadline, limit = %plan.limit, limited_by = plan.limited_by.as_str(), "its GPU computes, but {} leaves no extension of 30 minutes or more: Coder's autostop stops it at its deadline", plan.limited_by.as_str());
             }
         }
     }
@@ -526,10 +541,13 @@ impl Actuator {
             }
             slots -= 1;
             let template = TemplateLabels { template: ws.template_name.as_str().into() };
-            match self.coder.extend_deadline(&ws.id, to).await {
+            let span = span_of(ws);
+            let answer = self.coder.extend_deadline(&ws.id, to).instrument(span.clone()).await;
+            let _in = span.enter();
+            match answer {
                 Ok(()) => {
                     let event = extension_event(AuditKind::DeadlineExtended, eval.now, self.mode, j, plan, to);
-                    tracing::info!(event = "deadline_extended", workspace_id = %ws.id, owner = %ws.owner_name, from = %plan.deadline, to = %to, limit = %plan.limit, limited_by = plan.limited_by.as_str(), "its GPU computes with nobody connected: Coder's autostop deadline moved");
+                    tracing::info!(event = "deadline_extended", from = %plan.deadline, to = %to, limit = %plan.limit, limited_by = plan.limited_by.as_str(), "its GPU computes with nobody connected: Coder's autostop deadline moved");
                     self.metrics.deadline_extensions.get_or_create(&template).inc();
                     self.audit(&event);
                     if self.extended.get(&ws.id).is_none_or(|e| e.build_id != ws.latest_build.id) {
@@ -543,13 +561,19 @@ impl Actuator {
                     acted.extended.push(ws.id.clone());
                 }
                 Err(err) if matches!(err.kind, ErrorKind::Conflict | ErrorKind::NoPermission | ErrorKind::Status(400..=499)) => {
-                    tracing::warn!(event = "extend_refused", workspace_id = %ws.id, template = %ws.template_name, error = %err, "Coder refuses to move this workspace's deadline: not asked again for this build");
-                    self.metrics.deadline_extension_failures.get_or_create(&ExtensionFailureLabels { reason: "refused" }).inc();
+                    tracing::warn!(event = "extend_refused", error = %err, "Coder refuses to move this workspace's deadline: not asked again for this build");
+                    self.metrics
+                        .deadline_extension_failures
+                        .get_or_create(&ExtensionFailureLabels { reason: ExtensionFailure::Refused })
+                        .inc();
                     self.extend_refused.insert(ws.id.clone(), ws.latest_build.id.clone());
                 }
                 Err(err) => {
-                    tracing::warn!(event = "extend_failed", workspace_id = %ws.id, error = %err, "could not move the deadline; trying again next pass");
-                    self.metrics.deadline_extension_failures.get_or_create(&ExtensionFailureLabels { reason: "error" }).inc();
+                    tracing::warn!(event = "extend_failed", error = %err, "could not move the deadline; trying again next pass");
+                    self.metrics
+                        .deadline_extension_failures
+                        .get_or_create(&ExtensionFailureLabels { reason: ExtensionFailure::Error })
+                        .inc();
                 }
             }
         }
@@ -565,8 +589,9 @@ impl Actuator {
                 continue;
             }
             e.averted = true;
+            let _in = span_of(ws).entered();
             let event = AuditEvent { event: AuditKind::AutostopAverted, time: eval.now, ..e.event.clone() };
-            tracing::info!(event = "autostop_averted", workspace_id = %ws.id, owner = %ws.owner_name, original_deadline = %e.original_deadline, "the workspace runs past the autostop deadline Coder had set, because its GPU computes");
+            tracing::info!(event = "autostop_averted", original_deadline = %e.original_deadline, "the workspace runs past the autostop deadline Coder had set, because its GPU computes");
             self.metrics.autostops_averted.get_or_create(&TemplateLabels { template: ws.template_name.as_str().into() }).inc();
             self.audit(&event);
             acted.autostops_averted.push(ws.id.clone());
@@ -575,8 +600,9 @@ impl Actuator {
 
     fn announce_warnings(&self, eval: &Evaluation, kind: AuditKind) {
         for j in eval.new_warnings() {
+            let _in = span_of(&j.workspace).entered();
             let event = AuditEvent::new(kind, eval.now, self.mode.as_str(), &j.workspace, &j.decision);
-            tracing::info!(event = kind.as_str(), workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, stop_at = ?event.stop_at, "{}", event.text());
+            tracing::info!(event = kind.as_str(), reason = event.reason, stop_at = ?event.stop_at, "{}", event.text());
             self.notify(&event);
         }
     }
@@ -590,22 +616,25 @@ impl Actuator {
             if !self.reported.insert(j.workspace.id.clone()) {
                 continue;
             }
+            let _in = span_of(&j.workspace).entered();
             let event = stop_event(AuditKind::WouldStop, eval, j, self.mode);
-            tracing::info!(event = "would_stop", workspace_id = %event.workspace_id, owner = %event.owner, reason = event.reason, "{}", event.message);
+            tracing::info!(event = "would_stop", reason = event.reason, "{}", event.message);
             self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "observe" }).inc();
             self.announce(&event);
             acted.would_stop.push(event.workspace_id);
         }
         for Judged { workspace: ws, decision: d, .. } in &eval.judged {
             if let Some(ttl) = d.restore_ttl_ms {
-                tracing::info!(event = "would_restore_ttl", workspace_id = %ws.id, owner = %ws.owner_name, ttl_ms = ttl, "would set the autostop TTL back");
+                let _in = span_of(ws).entered();
+                tracing::info!(event = "would_restore_ttl", ttl_ms = ttl, "would set the autostop TTL back");
             }
         }
         for (j, plan, to) in eval.extend_order() {
             let ws = &j.workspace;
             if self.first_time("would_extend", ws) {
+                let _in = span_of(ws).entered();
                 let event = extension_event(AuditKind::WouldExtend, eval.now, self.mode, j, plan, to);
-                tracing::info!(event = "would_extend", workspace_id = %ws.id, owner = %ws.owner_name, from = %plan.deadline, to = %to, "its GPU computes with nobody connected: would move Coder's autostop deadline (observe mode: Coder stops it at its deadline)");
+                tracing::info!(event = "would_extend", from = %plan.deadline, to = %to, "its GPU computes with nobody connected: would move Coder's autostop deadline (observe mode: Coder stops it at its deadline)");
                 self.audit(&event);
                 acted.would_extend.push(ws.id.clone());
             }
@@ -617,6 +646,7 @@ impl Actuator {
     fn resumed(&mut self, eval: &Evaluation) {
         for ws in eval.workspaces() {
             let Some((done, at)) = self.stopped.remove(&ws.id) else { continue };
+            let _in = span_of(ws).entered();
             let gpus = done.gpus.unwrap_or(0);
             // It runs again since its start build (on Coder's clock), not since this pass saw
             // it: after a restart that may be long ago.
@@ -628,7 +658,11 @@ impl Actuator {
                 gpu_seconds_given_back: Some(gpu_seconds_given_back(gpus, at, time).round() as i64),
                 ..done
             };
-            tracing::info!(event = "resumed", workspace_id = %ws.id, gpu_seconds_given_back = event.gpu_seconds_given_back, "a workspace this service stopped runs again");
+            tracing::info!(
+                event = "resumed",
+                gpu_seconds_given_back = event.gpu_seconds_given_back,
+                "a workspace this service stopped runs again"
+            );
             self.audit(&event);
         }
         self.stopped.retain(|_, (_, at)| eval.now - *at < Duration::days(8));
@@ -719,7 +753,7 @@ impl Actuator {
             (JobStatus::Pending, Some(m)) if m.available == 0 => {
                 if t.no_provisioner_since.is_none() {
                     t.no_provisioner_since = Some(now);
-                    tracing::error!(event = "no_provisioner", workspace_id = %id, build_id = %build.id, tags = ?t.tags, matched = m.count, "no provisioner for tags {:?} is available: the stop waits, and so does every new stop that needs the same tags; check the provisioner daemons in Coder", t.tags);
+                    tracing::error!(event = "no_provisioner", build_id = %build.id, tags = ?t.tags, matched = m.count, "no provisioner for tags {:?} is available: the stop waits, and so does every new stop that needs the same tags; check the provisioner daemons in Coder", t.tags);
                 }
             }
             (JobStatus::Failed, _) => {}
@@ -753,14 +787,16 @@ impl Actuator {
         // One listing per organization and tag set, however many stops wait on it.
         let mut listed: HashMap<(String, Tags), Option<bool>> = HashMap::new();
         for (id, organization, tags, reaped_at) in reaped {
+            let span = self.tracked.get(&id).map_or_else(tracing::Span::none, |t| workspace_span(&id, &t.event.owner, &t.event.template));
             let key = (organization.clone(), tags.clone());
             let answer = match listed.get(&key) {
                 Some(known) => *known,
                 None => {
-                    let answer = match self.coder.provisioner_daemons(&organization, &tags).await {
+                    let answer = match self.coder.provisioner_daemons(&organization, &tags).instrument(span.clone()).await {
                         Ok(daemons) => Some(!daemons.is_empty()),
                         Err(e) => {
-                            tracing::warn!(event = "provisioners_unknown", workspace_id = %id, error = %e, "cannot list the provisioner daemons for a reaped stop; a build with its tags completed in its organization since stands in");
+                            let _in = span.enter();
+                            tracing::warn!(event = "provisioners_unknown", error = %e, "cannot list the provisioner daemons for a reaped stop; a build with its tags completed in its organization since stands in");
                             None
                         }
                     };
@@ -768,6 +804,7 @@ impl Actuator {
                     answer
                 }
             };
+            let _in = span.enter();
             let available = answer.unwrap_or_else(|| {
                 let completed = eval
                     .workspaces()
@@ -780,7 +817,7 @@ impl Actuator {
                     t.no_provisioner_since = None;
                 } else if t.no_provisioner_since.is_none() {
                     t.no_provisioner_since = Some(eval.now);
-                    tracing::error!(event = "no_provisioner", workspace_id = %id, tags = ?tags, "no provisioner for tags {tags:?}: the reaped stop is sent again once one answers; stops that need the same tags wait");
+                    tracing::error!(event = "no_provisioner", tags = ?tags, "no provisioner for tags {tags:?}: the reaped stop is sent again once one answers; stops that need the same tags wait");
                 }
             }
         }
@@ -816,20 +853,23 @@ impl Actuator {
             match self.coder.workspace(&id).await {
                 Ok(ws) if ws.latest_build.id == failed && ws.last_used_at <= c.last_used_at => {}
                 Ok(_) => {
-                    tracing::info!(event = "stop_retry_dropped", workspace_id = %id, "the workspace was built or used since the stop failed; deciding afresh");
+                    tracing::info!(event = "stop_retry_dropped", "the workspace was built or used since the stop failed; deciding afresh");
                     self.tracked.remove(&id);
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!(event = "stop_retry_deferred", workspace_id = %id, error = %e, "cannot read the workspace; retrying later");
+                    tracing::warn!(event = "stop_retry_deferred", error = %e, "cannot read the workspace; retrying later");
                     return;
                 }
             }
         }
         // The line first, on disk, then the POST: a stop is never sent without its audit line.
         if !self.audit(&AuditEvent { event: AuditKind::StopSending, time: now, ..c.event.clone() }) {
-            tracing::error!(event = "stop_not_sent", workspace_id = %id, "the audit log cannot be written: the stop is not sent (no stop without its audit line); fix the audit log's volume");
-            self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "audit" }).inc();
+            tracing::error!(
+                event = "stop_not_sent",
+                "the audit log cannot be written: the stop is not sent (no stop without its audit line); fix the audit log's volume"
+            );
+            self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: StopFailure::Audit }).inc();
             return;
         }
         let outcome = self.coder.stop_workspace(&id).await;
@@ -848,14 +888,14 @@ impl Actuator {
             }
             (_, Some(build)) => self.sent(now, c, &build.id, true, acted),
             (Ok(StopOutcome::BuildActive(msg)), None) => {
-                tracing::info!(event = "stop_deferred", workspace_id = %id, detail = %msg, "another build is active; deciding again next pass");
+                tracing::info!(event = "stop_deferred", detail = %msg, "another build is active; deciding again next pass");
                 self.audit(&AuditEvent { event: AuditKind::StopNotSent, time: now, ..c.event.clone() });
                 self.tracked.remove(&id);
                 acted.build_active.push(id);
             }
             (Err(e), None) => {
-                tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %c.event.owner, error = %e, "the stop build was refused");
-                self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "rejected" }).inc();
+                tracing::warn!(event = "stop_failed", error = %e, "the stop build was refused");
+                self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: StopFailure::Rejected }).inc();
                 let t = self.track(now, c);
                 t.attempts += 1;
                 self.fail(now, &id, None, &e.to_string(), acted);
@@ -910,7 +950,7 @@ impl Actuator {
         t.state = StopState::Sent { build_id: build_id.to_string() };
         t.event = AuditEvent { event: AuditKind::StopSent, time: now, build_id: Some(build_id.to_string()), ..t.event.clone() };
         let (event, attempts) = (t.event.clone(), t.attempts);
-        tracing::info!(event = "stop_sent", workspace_id = %id, owner = %event.owner, reason = event.reason, build_id = %build_id, attempt = attempts, reply_lost = lost_reply, "{}", event.message);
+        tracing::info!(event = "stop_sent", reason = event.reason, build_id = %build_id, attempt = attempts, reply_lost = lost_reply, "{}", event.message);
         self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "enforce" }).inc();
         self.announce(&event);
         acted.stops_sent.push(id);
@@ -941,7 +981,7 @@ impl Actuator {
         t.state = StopState::Failed { retry_at: now + delay, build_id: failed_build.or(previous) };
         t.since = now;
         let t = t.clone();
-        tracing::info!(event = "stop_retry_scheduled", workspace_id = %id, attempt = t.attempts, retry_in = %human(delay), error = %error, "the stop did not happen; trying again later");
+        tracing::info!(event = "stop_retry_scheduled", attempt = t.attempts, retry_in = %human(delay), error = %error, "the stop did not happen; trying again later");
         self.audit_change(&t, AuditKind::StopFailed, now);
         acted.failed.push(id.to_string());
     }
@@ -953,8 +993,12 @@ impl Actuator {
         t.since = now;
         let t = t.clone();
         let event = AuditEvent { event: AuditKind::StopAbandoned, time: now, attempts: Some(t.attempts), ..t.event };
-        tracing::error!(event = "stop_abandoned", workspace_id = %id, owner = %event.owner, attempts = t.attempts, "giving up on stopping this workspace until its next build; look at its build log, the provisioners and the token's permissions in Coder");
-        self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "abandoned" }).inc();
+        tracing::error!(
+            event = "stop_abandoned",
+            attempts = t.attempts,
+            "giving up on stopping this workspace until its next build; look at its build log, the provisioners and the token's permissions in Coder"
+        );
+        self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: StopFailure::Abandoned }).inc();
         self.announce(&event);
         acted.abandoned.push(id.to_string());
     }
@@ -966,79 +1010,85 @@ impl Actuator {
         let in_flight: Vec<(String, String)> =
             self.tracked.iter().filter_map(|(id, t)| t.state.in_flight().map(|b| (id.clone(), b.to_string()))).collect();
         for (id, build_id) in in_flight {
-            let build = match self.coder.workspace_build(&build_id).await {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::warn!(event = "stop_follow_failed", workspace_id = %id, build_id = %build_id, error = %e, "cannot read the stop build; trying again next pass");
-                    continue;
-                }
-            };
-            self.note_provisioners(now, &id, &build);
-            if build.job.status == JobStatus::Pending && self.withdraw_if_used(now, coder_offset, &id, &build_id, acted).await {
-                continue;
-            }
-            let Some(t) = self.tracked.get_mut(&id) else { continue };
-            let Some(change) =
-                crate::pass::stop_lifecycle::job_change(&t.state, &build.job, now - t.since, self.stop_timeout, t.stuck_reported)
-            else {
-                continue;
-            };
-            let error = build.job.error.clone().unwrap_or_default();
-            if change == JobChange::Reaped {
-                self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "reaped" }).inc();
-            }
-            match change {
-                JobChange::Running => t.state = StopState::Running { build_id: build_id.clone() },
-                JobChange::Stuck => {
-                    t.stuck_reported = true;
-                    t.state = StopState::Stuck { build_id: build_id.clone() };
-                    tracing::error!(event = "stop_stuck", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, pending_for = %human(now - t.since), "the stop build is still pending: no provisioner has taken it; check the provisioner daemons in Coder (it is not sent again while pending; Coder's job reaper fails it after 30 minutes)");
-                    self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "stuck" }).inc();
-                    acted.stuck.push(id.clone());
-                }
-                JobChange::Succeeded => {
-                    let Some(t) = self.tracked.remove(&id) else { continue };
-                    tracing::info!(event = "stop_done", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, "the workspace is stopped; its GPU is free");
-                    acted.stops_done.push(id.clone());
-                    // When Coder finished it (on this machine's clock), not when a pass saw it:
-                    // after a restart that may be long before.
-                    let at = build.job.completed_at.map(|c| c - coder_offset).filter(|c| *c <= now && *c >= t.since).unwrap_or(now);
-                    let done = AuditEvent { event: AuditKind::StopDone, time: at, ..t.event };
-                    self.audit(&done);
-                    self.stopped.insert(id.clone(), (done, at));
-                    continue;
-                }
-                JobChange::Canceled => {
-                    t.state = StopState::Canceled;
-                    t.since = now;
-                    tracing::warn!(event = "stop_canceled", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, "a person canceled the stop build; it is not sent again while the workspace stays idle");
-                }
-                JobChange::Reaped if t.resent_after_reap => {
-                    tracing::error!(event = "stop_reaped", workspace_id = %id, build_id = %build_id, error = %error, "Coder's job reaper failed the stop build again");
-                    let t = t.clone();
-                    self.audit_change(&t, AuditKind::StopReaped, now);
-                    self.abandon(now, &id, acted);
-                    continue;
-                }
-                JobChange::Reaped => {
-                    let at = build.job.completed_at.unwrap_or(now);
-                    t.state = StopState::Reaped { build_id: build_id.clone(), at };
-                    t.since = now;
-                    tracing::error!(event = "stop_reaped", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, error = %error, "Coder's job reaper failed the stop build: no provisioner took it; the workspace keeps its GPU and is stopped once more when a build in its organization completes again");
-                }
-                JobChange::Failed => {
-                    tracing::warn!(event = "stop_failed", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, job_status = build.job.status.as_str(), error = %error, "the stop build did not succeed; retrying later");
-                    self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: "build_failed" }).inc();
-                    let mut ignored = Acted::default();
-                    self.fail(now, &id, Some(build_id), &error, &mut ignored);
-                    continue;
-                }
-            }
-            if let Some(t) = self.tracked.get(&id) {
-                self.audit_change(t, change.audit_kind(), now);
-            }
+            let span = self.tracked.get(&id).map_or_else(tracing::Span::none, |t| workspace_span(&id, &t.event.owner, &t.event.template));
+            self.follow_one(now, coder_offset, id, build_id, acted).instrument(span).await;
         }
         self.metrics.stuck_stops.set(self.stuck_stops().len() as i64);
+    }
+
+    /// One stop build in flight, followed (in its workspace's span).
+    async fn follow_one(&mut self, now: DateTime<Utc>, coder_offset: Duration, id: String, build_id: String, acted: &mut Acted) {
+        let build = match self.coder.workspace_build(&build_id).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(event = "stop_follow_failed", build_id = %build_id, error = %e, "cannot read the stop build; trying again next pass");
+                return;
+            }
+        };
+        self.note_provisioners(now, &id, &build);
+        if build.job.status == JobStatus::Pending && self.withdraw_if_used(now, coder_offset, &id, &build_id, acted).await {
+            return;
+        }
+        let Some(t) = self.tracked.get_mut(&id) else { return };
+        let Some(change) =
+            crate::pass::stop_lifecycle::job_change(&t.state, &build.job, now - t.since, self.stop_timeout, t.stuck_reported)
+        else {
+            return;
+        };
+        let error = build.job.error.clone().unwrap_or_default();
+        if change == JobChange::Reaped {
+            self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: StopFailure::Reaped }).inc();
+        }
+        match change {
+            JobChange::Running => t.state = StopState::Running { build_id: build_id.clone() },
+            JobChange::Stuck => {
+                t.stuck_reported = true;
+                t.state = StopState::Stuck { build_id: build_id.clone() };
+                tracing::error!(event = "stop_stuck", build_id = %build_id, pending_for = %human(now - t.since), "the stop build is still pending: no provisioner has taken it; check the provisioner daemons in Coder (it is not sent again while pending; Coder's job reaper fails it after 30 minutes)");
+                self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: StopFailure::Stuck }).inc();
+                acted.stuck.push(id.clone());
+            }
+            JobChange::Succeeded => {
+                let Some(t) = self.tracked.remove(&id) else { return };
+                tracing::info!(event = "stop_done", build_id = %build_id, "the workspace is stopped; its GPU is free");
+                acted.stops_done.push(id.clone());
+                // When Coder finished it (on this machine's clock), not when a pass saw it:
+                // after a restart that may be long before.
+                let at = build.job.completed_at.map(|c| c - coder_offset).filter(|c| *c <= now && *c >= t.since).unwrap_or(now);
+                let done = AuditEvent { event: AuditKind::StopDone, time: at, ..t.event };
+                self.audit(&done);
+                self.stopped.insert(id.clone(), (done, at));
+                return;
+            }
+            JobChange::Canceled => {
+                t.state = StopState::Canceled;
+                t.since = now;
+                tracing::warn!(event = "stop_canceled", build_id = %build_id, "a person canceled the stop build; it is not sent again while the workspace stays idle");
+            }
+            JobChange::Reaped if t.resent_after_reap => {
+                tracing::error!(event = "stop_reaped", build_id = %build_id, error = %error, "Coder's job reaper failed the stop build again");
+                let t = t.clone();
+                self.audit_change(&t, AuditKind::StopReaped, now);
+                self.abandon(now, &id, acted);
+                return;
+            }
+            JobChange::Reaped => {
+                let at = build.job.completed_at.unwrap_or(now);
+                t.state = StopState::Reaped { build_id: build_id.clone(), at };
+                t.since = now;
+                tracing::error!(event = "stop_reaped", build_id = %build_id, error = %error, "Coder's job reaper failed the stop build: no provisioner took it; the workspace keeps its GPU and is stopped once more when a build in its organization completes again");
+            }
+            JobChange::Failed => {
+                tracing::warn!(event = "stop_failed", build_id = %build_id, job_status = build.job.status.as_str(), error = %error, "the stop build did not succeed; retrying later");
+                self.metrics.stop_failures.get_or_create(&StopFailureLabels { kind: StopFailure::BuildFailed }).inc();
+                let mut ignored = Acted::default();
+                self.fail(now, &id, Some(build_id), &error, &mut ignored);
+                return;
+            }
+        }
+        if let Some(t) = self.tracked.get(&id) {
+            self.audit_change(t, change.audit_kind(), now);
+        }
     }
 
     /// Withdraws a stop no provisioner has taken yet when its workspace was used after it was sent
@@ -1059,7 +1109,7 @@ impl Actuator {
         let used = match self.coder.workspace(id).await {
             Ok(ws) => ws.last_used_at,
             Err(e) => {
-                tracing::warn!(event = "stop_follow_failed", workspace_id = %id, error = %e, "cannot read the workspace of a pending stop; trying again next pass");
+                tracing::warn!(event = "stop_follow_failed", error = %e, "cannot read the workspace of a pending stop; trying again next pass");
                 return false;
             }
         };
@@ -1079,7 +1129,7 @@ impl Actuator {
                 t.last_used_at = used;
                 t.no_provisioner_since = None;
                 let t = t.clone();
-                tracing::info!(event = "stop_withdrawn", workspace_id = %id, owner = %t.event.owner, build_id = %build_id, last_used_at = %used, "the workspace was used after its stop was sent, and no provisioner had taken the stop yet: withdrawn; start it again to reconnect (without a new build it is stopped after 30 minutes)");
+                tracing::info!(event = "stop_withdrawn", build_id = %build_id, last_used_at = %used, "the workspace was used after its stop was sent, and no provisioner had taken the stop yet: withdrawn; start it again to reconnect (without a new build it is stopped after 30 minutes)");
                 let event = AuditEvent { event: AuditKind::StopWithdrawn, time: now, attempts: Some(t.attempts), ..t.event.clone() };
                 self.announce(&event);
                 acted.withdrawn.push(id.to_string());
@@ -1087,14 +1137,14 @@ impl Actuator {
             }
             // dbauthz's refusal of a token without `update` is a 500 (NOTES §16): final as well.
             Err(e) if matches!(e.kind, ErrorKind::Status(400..=500) | ErrorKind::Conflict | ErrorKind::NoPermission) => {
-                tracing::warn!(event = "stop_withdraw_refused", workspace_id = %id, build_id = %build_id, error = %e, "the workspace was used after its stop was sent, but Coder refuses to withdraw the stop (a provisioner may have taken it): not asked again");
+                tracing::warn!(event = "stop_withdraw_refused", build_id = %build_id, error = %e, "the workspace was used after its stop was sent, but Coder refuses to withdraw the stop (a provisioner may have taken it): not asked again");
                 if let Some(t) = self.tracked.get_mut(id) {
                     t.withdraw_refused = true;
                 }
                 false
             }
             Err(e) => {
-                tracing::warn!(event = "stop_withdraw_failed", workspace_id = %id, build_id = %build_id, error = %e, "could not withdraw the pending stop; trying again next pass");
+                tracing::warn!(event = "stop_withdraw_failed", build_id = %build_id, error = %e, "could not withdraw the pending stop; trying again next pass");
                 false
             }
         }
@@ -1133,19 +1183,22 @@ impl Actuator {
             if self.ttl_refused.get(&ws.id) == Some(&version) {
                 continue;
             }
-            match self.coder.set_ttl(&ws.id, Some(ttl)).await {
+            let span = span_of(ws);
+            let answer = self.coder.set_ttl(&ws.id, Some(ttl)).instrument(span.clone()).await;
+            let _in = span.enter();
+            match answer {
                 Ok(()) => {
                     let e = AuditEvent::new(AuditKind::RestoreTtl, eval.now, self.mode.as_str(), ws, d);
-                    tracing::info!(event = "restore_ttl", workspace_id = %e.workspace_id, owner = %e.owner, ttl_ms = ttl, "set the autostop TTL back");
+                    tracing::info!(event = "restore_ttl", ttl_ms = ttl, "set the autostop TTL back");
                     self.metrics.ttl_restores.inc();
                     self.audit(&e);
                 }
                 Err(err) if matches!(err.kind, ErrorKind::Status(400) | ErrorKind::NoPermission) => {
-                    tracing::warn!(event = "restore_ttl_refused", workspace_id = %ws.id, template = %ws.template_name, error = %err, "Coder refuses this workspace's autostop TTL (the template forbids a user TTL, or the token may not update it): not asked again until its template version changes; set the TTL in the template instead");
+                    tracing::warn!(event = "restore_ttl_refused", error = %err, "Coder refuses this workspace's autostop TTL (the template forbids a user TTL, or the token may not update it): not asked again until its template version changes; set the TTL in the template instead");
                     self.ttl_refused.insert(ws.id.clone(), version);
                 }
                 Err(err) => {
-                    tracing::warn!(event = "restore_ttl_failed", workspace_id = %ws.id, error = %err, "could not set the autostop TTL back; trying again next pass")
+                    tracing::warn!(event = "restore_ttl_failed", error = %err, "could not set the autostop TTL back; trying again next pass")
                 }
             }
         }

@@ -15,9 +15,76 @@ use prometheus_client::registry::Registry;
 
 use crate::pass::decide::{Reason, Verdict};
 
+/// Failure labels are closed sets: an enum per label, spelled once by `as_label` (the alert
+/// rules and dashboards read these values).
+macro_rules! label_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $label:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in order.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            pub fn as_label(self) -> &'static str {
+                match self {
+                    $($name::$variant => $label,)+
+                }
+            }
+        }
+
+        impl EncodeLabelValue for $name {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+                use std::fmt::Write as _;
+                encoder.write_str(self.as_label())
+            }
+        }
+    };
+}
+
+label_enum! {
+    /// How a pass ended: the `result` label of `passes_total`.
+    PassResult {
+        Ok => "ok",
+        /// The listing could not be read: nothing was decided.
+        Failed => "failed",
+    }
+}
+
+label_enum! {
+    /// Why a stop did not go as planned: the `kind` label of `stop_failures_total`.
+    StopFailure {
+        /// The stop's POST failed.
+        Rejected => "rejected",
+        /// The stop build's job failed on its own.
+        BuildFailed => "build_failed",
+        /// Coder's job reaper failed it.
+        Reaped => "reaped",
+        /// Pending past `stop_timeout`.
+        Stuck => "stuck",
+        /// Every attempt failed; nothing more until the next build.
+        Abandoned => "abandoned",
+        /// The audit line could not be written, so the stop was not sent.
+        Audit => "audit",
+    }
+}
+
+label_enum! {
+    /// Why a deadline extension failed: the `reason` label of `deadline_extension_failures_total`.
+    ExtensionFailure {
+        /// Coder answered 4xx: not asked again for this build.
+        Refused => "refused",
+        /// 5xx or no answer: asked again next pass.
+        Error => "error",
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PassLabels {
-    pub result: &'static str,
+    pub result: PassResult,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -34,16 +101,12 @@ pub struct StopLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StopFailureLabels {
-    /// `rejected` (the POST failed), `build_failed` (the stop build's job failed), `reaped`
-    /// (Coder's job reaper failed it), `stuck` (pending past stop_timeout), `abandoned`.
-    pub kind: &'static str,
+    pub kind: StopFailure,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ExtensionFailureLabels {
-    /// `refused` (Coder answered 4xx: not asked again for this build) or `error` (5xx or no
-    /// answer: asked again next pass).
-    pub reason: &'static str,
+    pub reason: ExtensionFailure,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -293,6 +356,31 @@ impl Metrics {
 mod tests {
     use super::*;
     use crate::pass::accounting::Increments;
+
+    #[test]
+    fn failure_labels_are_written_as_spelled_once() {
+        let m = Metrics::new();
+        for kind in StopFailure::ALL {
+            m.stop_failures.get_or_create(&StopFailureLabels { kind: *kind }).inc();
+        }
+        for reason in ExtensionFailure::ALL {
+            m.deadline_extension_failures.get_or_create(&ExtensionFailureLabels { reason: *reason }).inc();
+        }
+        for result in PassResult::ALL {
+            m.passes.get_or_create(&PassLabels { result: *result }).inc();
+        }
+        let text = m.encode();
+        let labels = StopFailure::ALL
+            .iter()
+            .map(|k| ("stop_failures_total", "kind", k.as_label()))
+            .chain(ExtensionFailure::ALL.iter().map(|r| ("deadline_extension_failures_total", "reason", r.as_label())))
+            .chain(PassResult::ALL.iter().map(|r| ("passes_total", "result", r.as_label())));
+        for (metric, label, value) in labels {
+            assert!(value.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{value}");
+            let line = format!("coder_gpu_reclaimer_{metric}{{{label}=\"{value}\"}} 1");
+            assert!(text.contains(&line), "{line}\n{text}");
+        }
+    }
 
     #[test]
     fn label_values_from_outside_are_escaped() {

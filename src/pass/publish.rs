@@ -15,7 +15,7 @@ use crate::pass::accounting::Accounting;
 use crate::pass::actuator::{Acted, NoProvisioner, StuckStop};
 use crate::pass::decide::Verdict;
 use crate::pass::evaluate::{Evaluation, Evaluator, Judged};
-use crate::pass::metrics::{Metrics, PassLabels, PoolLabels, SourceLabels};
+use crate::pass::metrics::{Metrics, PassLabels, PassResult, PoolLabels, SourceLabels};
 use crate::pass::mode::Mode;
 use crate::pass::status::{KeptRunning, PoolStatus, StatusDocument, WorkspaceStatus};
 
@@ -200,7 +200,7 @@ pub fn failed_pass(state: &State, error: &CoderError, failures: &[SourceFailure]
         state.set_token_problem(Some(TokenProblem::Rejected(why)));
     }
     tracing::error!(event = "pass_failed", error = %error, "cannot list workspaces; nothing is stopped this pass");
-    state.metrics.passes.get_or_create(&PassLabels { result: "failed" }).inc();
+    state.metrics.passes.get_or_create(&PassLabels { result: PassResult::Failed }).inc();
     state.mark_pass_end();
 }
 
@@ -254,7 +254,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
     for (name, counts) in policy.pools.iter().zip(&eval.fleet.pools) {
         metrics.waiting.get_or_create(&PoolLabels { pool: name.as_str().into() }).set(counts.waiting as i64);
     }
-    metrics.passes.get_or_create(&PassLabels { result: "ok" }).inc();
+    metrics.passes.get_or_create(&PassLabels { result: PassResult::Ok }).inc();
     metrics.pass_duration.observe(eval.started.elapsed().as_secs_f64());
     metrics.last_pass.set(Utc::now().timestamp_millis() as f64 / 1000.0);
     let doc = StatusDocument {

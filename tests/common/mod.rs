@@ -1,7 +1,9 @@
 //! Helpers shared by the integration tests: fixtures, workspaces built from the real-shaped
-//! fixture, and the path of the built binary.
+//! fixture, the path of the built binary, and the real binary as tests run it (`service`).
 
 #![allow(dead_code)]
+
+pub mod service;
 
 use std::path::PathBuf;
 
