@@ -11,7 +11,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::common::Scratch;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -741,110 +742,82 @@ fn every_outgoing_client_refuses_redirects_and_every_body_is_bounded() {
     assert_eq!(outgoing_http(&root()), Vec::<String>::new());
 }
 
-/// A copy of both crates' sources, the core's manifest and ARCHITECTURE.md, removed when dropped.
-struct Copy(PathBuf);
+/// A copy of both crates' sources, the core's manifest and ARCHITECTURE.md.
+type Copy = Scratch;
 
-impl Copy {
-    fn new() -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!("architecture-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
-        for file in sources(&root()).into_iter().chain(["ARCHITECTURE.md".to_string(), "core/Cargo.toml".to_string()]) {
-            let to = dir.join(&file);
-            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            std::fs::copy(root().join(&file), to).unwrap();
-        }
-        Copy(dir)
-    }
-
-    /// Inserts `code` after the file's first line that contains `after`.
-    fn plant(self, file: &str, after: &str, code: &str) -> Self {
-        let path = self.0.join(file);
-        let text = std::fs::read_to_string(&path).unwrap();
-        let at = text.find(after).unwrap_or_else(|| panic!("{after:?} not in {file}"));
-        let at = text[at..].find('\n').map_or(text.len(), |n| at + n + 1);
-        std::fs::write(&path, format!("{}{code}\n{}", &text[..at], &text[at..])).unwrap();
-        self
-    }
-
-    fn replace(self, file: &str, from: &str, to: &str) -> Self {
-        let path = self.0.join(file);
-        let text = std::fs::read_to_string(&path).unwrap();
-        assert!(text.contains(from), "{from:?} not in {file}");
-        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
-        self
-    }
-}
-
-impl Drop for Copy {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+impl Scratch {
+    fn sources() -> Self {
+        Scratch::of("architecture", sources(&root()).into_iter().chain(["ARCHITECTURE.md".to_string(), "core/Cargo.toml".to_string()]))
     }
 }
 
 /// The check passes on the copy as it is, and fails once the breach is planted.
 fn fails_on(check: fn(&Path) -> Vec<String>, planted: Copy, expect: &str) {
-    assert_eq!(check(&Copy::new().0), Vec::<String>::new(), "the unchanged copy passes");
+    assert_eq!(check(&Copy::sources().0), Vec::<String>::new(), "the unchanged copy passes");
     let breaches = check(&planted.0);
     assert!(breaches.iter().any(|b| b.contains(expect)), "the planted breach is caught ({expect}): {breaches:?}");
 }
 
 #[test]
 fn planted_imports_against_the_order_are_caught() {
-    fails_on(import_order, Copy::new().plant("src/gpu/exporter.rs", "use ", "use super::super::config::Settings;"), "imports config");
-    fails_on(import_order, Copy::new().plant("src/gpu/exporter.rs", "use ", "use self::super::super::app::Application;"), "imports app");
+    fails_on(import_order, Copy::sources().plant("src/gpu/exporter.rs", "use ", "use super::super::config::Settings;"), "imports config");
     fails_on(
         import_order,
-        Copy::new().plant("src/pass/evaluate.rs", "use ", "use crate::{\n    duration::human,\n    pass::publish::State,\n};"),
+        Copy::sources().plant("src/gpu/exporter.rs", "use ", "use self::super::super::app::Application;"),
+        "imports app",
+    );
+    fails_on(
+        import_order,
+        Copy::sources().plant("src/pass/evaluate.rs", "use ", "use crate::{\n    duration::human,\n    pass::publish::State,\n};"),
         "imports pass::publish",
     );
     fails_on(
         import_order,
-        Copy::new().plant("src/pass/audit.rs", "use ", "fn f() -> crate::pass::actuator::Outputs { todo!() }"),
+        Copy::sources().plant("src/pass/audit.rs", "use ", "fn f() -> crate::pass::actuator::Outputs { todo!() }"),
         "imports pass::actuator",
     );
     // Within a crate's folder, `super::` names a sibling: decide may not reach up to the audit
     // vocabulary, nor the Coder models to the decisions.
     fails_on(
         import_order,
-        Copy::new().plant("core/src/pass/decide.rs", "use ", "use super::audit::AuditKind;"),
+        Copy::sources().plant("core/src/pass/decide.rs", "use ", "use super::audit::AuditKind;"),
         "imports core::pass::audit",
     );
     fails_on(
         import_order,
-        Copy::new().plant("core/src/coder/types.rs", "use ", "use crate::pass::decide::Decision;"),
+        Copy::sources().plant("core/src/coder/types.rs", "use ", "use crate::pass::decide::Decision;"),
         "imports core::pass::decide",
     );
-    fails_on(import_order, Copy::new().plant("src/gpu/exporter.rs", "use ", "use super::Sources;"), "imports gpu,");
-    fails_on(import_order, Copy::new().plant("src/pass/actuator.rs", "use ", "use crate::config::Settings;"), "imports config");
+    fails_on(import_order, Copy::sources().plant("src/gpu/exporter.rs", "use ", "use super::Sources;"), "imports gpu,");
+    fails_on(import_order, Copy::sources().plant("src/pass/actuator.rs", "use ", "use crate::config::Settings;"), "imports config");
     // A string holding `//` on the line does not hide the import after it.
     fails_on(
         import_order,
-        Copy::new().plant("src/gpu/exporter.rs", "use ", r#"const U: &str = "http://x"; use crate::pass::evaluate::Evaluation;"#),
+        Copy::sources().plant("src/gpu/exporter.rs", "use ", r#"const U: &str = "http://x"; use crate::pass::evaluate::Evaluation;"#),
         "imports pass::evaluate",
     );
     // Nor does a test module in the middle of a file hide the code after it.
     fails_on(
         import_order,
-        Copy::new().plant(
+        Copy::sources().plant(
             "src/gpu/source.rs",
             "use ",
             "#[cfg(test)]\nmod early {\n    fn f() -> &'static str { \"}\" }\n}\nuse crate::pass::evaluate::Evaluation;",
         ),
         "imports pass::evaluate",
     );
-    fails_on(import_order, Copy::new().replace("ARCHITECTURE.md", "http:     http\n", ""), "http (src/http.rs) is not in");
+    fails_on(import_order, Copy::sources().replace("ARCHITECTURE.md", "http:     http\n", ""), "http (src/http.rs) is not in");
 }
 
 #[test]
 fn planted_cycles_are_caught_even_inside_a_folder() {
     // Between folders the order catches it too; inside one (`core::coder` and its `types`, one
     // place in the order) only the cycle check does.
-    fails_on(import_cycles, Copy::new().plant("src/gpu/exporter.rs", "use ", "use super::Sources;"), "import cycle: gpu");
-    let inside = Copy::new().plant("core/src/coder/mod.rs", "pub mod types;", "pub const ANSWER: u8 = 42;\nuse types::Workspace;").plant(
-        "core/src/coder/types.rs",
-        "use ",
-        "use super::ANSWER;",
-    );
+    fails_on(import_cycles, Copy::sources().plant("src/gpu/exporter.rs", "use ", "use super::Sources;"), "import cycle: gpu");
+    fails_on(import_cycles, Copy::sources().plant("src/coder/mod.rs", "\nuse ", "use identity::Identity;"), "import cycle: coder");
+    let inside = Copy::sources()
+        .plant("core/src/coder/mod.rs", "pub mod types;", "pub const ANSWER: u8 = 42;\nuse types::Workspace;")
+        .plant("core/src/coder/types.rs", "use ", "use super::ANSWER;");
     assert_eq!(import_order(&inside.0), Vec::<String>::new(), "one place in the order: the order cannot see it");
     fails_on(import_cycles, inside, "import cycle: core::coder > core::coder::types");
 }
@@ -853,35 +826,39 @@ fn planted_cycles_are_caught_even_inside_a_folder() {
 fn planted_clocks_and_io_in_the_pure_code_are_caught() {
     fails_on(
         pure_code,
-        Copy::new().plant("core/src/gpu/window.rs", "use ", "fn n() -> chrono::DateTime<chrono::Utc> { chrono::Utc::now() }"),
+        Copy::sources().plant("core/src/gpu/window.rs", "use ", "fn n() -> chrono::DateTime<chrono::Utc> { chrono::Utc::now() }"),
         "Utc::now",
     );
     fails_on(
         pure_code,
-        Copy::new().plant("core/src/pass/decide.rs", "use ", "fn n() -> std::time::Instant { std::time::Instant::now() }"),
+        Copy::sources().plant("core/src/pass/decide.rs", "use ", "fn n() -> std::time::Instant { std::time::Instant::now() }"),
         "Instant::now",
     );
     fails_on(
         pure_code,
-        Copy::new().plant("core/src/pass/stop_lifecycle.rs", "use ", "fn n() -> std::time::SystemTime { std::time::SystemTime::now() }"),
+        Copy::sources().plant(
+            "core/src/pass/stop_lifecycle.rs",
+            "use ",
+            "fn n() -> std::time::SystemTime { std::time::SystemTime::now() }",
+        ),
         "SystemTime",
     );
-    fails_on(pure_code, Copy::new().plant("core/src/pass/policy.rs", "use ", "fn n() { let _ = chrono::Local::now(); }"), "Local::now");
-    fails_on(pure_code, Copy::new().plant("core/src/pass/policy.rs", "use ", "fn n() { tracing::warn!(\"x\"); }"), "tracing");
+    fails_on(pure_code, Copy::sources().plant("core/src/pass/policy.rs", "use ", "fn n() { let _ = chrono::Local::now(); }"), "Local::now");
+    fails_on(pure_code, Copy::sources().plant("core/src/pass/policy.rs", "use ", "fn n() { tracing::warn!(\"x\"); }"), "tracing");
     fails_on(
         pure_code,
-        Copy::new().plant("core/src/pass/decide.rs", "use ", "fn n() -> bool { std::env::var(\"X\").is_ok() }"),
+        Copy::sources().plant("core/src/pass/decide.rs", "use ", "fn n() -> bool { std::env::var(\"X\").is_ok() }"),
         "std::env",
     );
     fails_on(
         pure_code,
-        Copy::new().plant("core/src/gpu/window.rs", "use ", "#[allow(clippy::disallowed_methods)]\nfn n() {}"),
+        Copy::sources().plant("core/src/gpu/window.rs", "use ", "#[allow(clippy::disallowed_methods)]\nfn n() {}"),
         "disallowed_methods",
     );
-    fails_on(pure_code, Copy::new().plant("core/Cargo.toml", "[dependencies]", "tracing = \"0.1\""), "depends on tracing");
+    fails_on(pure_code, Copy::sources().plant("core/Cargo.toml", "[dependencies]", "tracing = \"0.1\""), "depends on tracing");
     fails_on(
         pure_code,
-        Copy::new().replace("core/Cargo.toml", "features = [\"std\", \"serde\"]", "features = [\"std\", \"serde\", \"clock\"]"),
+        Copy::sources().replace("core/Cargo.toml", "features = [\"std\", \"serde\"]", "features = [\"std\", \"serde\", \"clock\"]"),
         "chrono with its clock",
     );
 }
@@ -890,12 +867,12 @@ fn planted_clocks_and_io_in_the_pure_code_are_caught() {
 fn planted_lifts_of_the_http_fence_are_caught() {
     fails_on(
         outgoing_http,
-        Copy::new().plant("src/gpu/exporter.rs", "use ", "#[allow(clippy::disallowed_methods)]\nfn f() {}"),
+        Copy::sources().plant("src/gpu/exporter.rs", "use ", "#[allow(clippy::disallowed_methods)]\nfn f() {}"),
         "src/gpu/exporter.rs allows clippy::disallowed_methods",
     );
     fails_on(
         outgoing_http,
-        Copy::new().replace("src/http.rs", "redirect::Policy::none()", "redirect::Policy::limited(3)"),
+        Copy::sources().replace("src/http.rs", "redirect::Policy::none()", "redirect::Policy::limited(3)"),
         "must refuse redirects",
     );
 }
@@ -904,7 +881,7 @@ fn planted_lifts_of_the_http_fence_are_caught() {
 fn planted_actions_outside_the_actuator_are_caught() {
     fails_on(
         only_the_actuator_acts,
-        Copy::new().plant(
+        Copy::sources().plant(
             "src/pass/publish.rs",
             "use ",
             "fn w(n: &crate::pass::audit::Notifier, e: &crate::pass::audit::AuditEvent) { n.send(e); }",
@@ -913,12 +890,12 @@ fn planted_actions_outside_the_actuator_are_caught() {
     );
     fails_on(
         only_the_actuator_acts,
-        Copy::new().replace("src/pass/actuator.rs", "    audit: Option<Arc<AuditLog>>,", "    pub audit: Option<Arc<AuditLog>>,"),
+        Copy::sources().replace("src/pass/actuator.rs", "    audit: Option<Arc<AuditLog>>,", "    pub audit: Option<Arc<AuditLog>>,"),
         "Outputs' fields are public",
     );
     fails_on(
         only_the_actuator_acts,
-        Copy::new().plant(
+        Copy::sources().plant(
             "src/pass/evaluate.rs",
             "use ",
             "async fn s(a: &crate::coder::actions::CoderActions) { let _ = a.stop_workspace(\"id\").await; }",
@@ -927,7 +904,7 @@ fn planted_actions_outside_the_actuator_are_caught() {
     );
     fails_on(
         only_the_actuator_acts,
-        Copy::new().plant(
+        Copy::sources().plant(
             "src/commands/mod.rs",
             "use ",
             "fn s(c: crate::coder::CoderClient) { let _ = crate::coder::actions::CoderActions::new(c); }",
@@ -937,7 +914,7 @@ fn planted_actions_outside_the_actuator_are_caught() {
     // A new write added to the read-only client (and so callable by the evaluator).
     fails_on(
         only_the_actuator_acts,
-        Copy::new().plant(
+        Copy::sources().plant(
             "src/coder/mod.rs",
             "use ",
             "async fn put(c: &CoderClient) -> Result<(), CoderError> {\n    c.call::<serde::de::IgnoredAny>(Method::PUT, \"PUT /x\", \"/x\".into(), None::<&()>).await.map(|_| ())\n}",
@@ -946,7 +923,7 @@ fn planted_actions_outside_the_actuator_are_caught() {
     );
     fails_on(
         only_the_actuator_acts,
-        Copy::new().plant(
+        Copy::sources().plant(
             "src/coder/mod.rs",
             "use ",
             "async fn post(c: &CoderClient) -> Result<(), CoderError> {\n    c.call::<serde::de::IgnoredAny>(Method::POST, \"POST /api/v2/workspaces/{workspace}/builds\", \"/x\".into(), None::<&()>).await.map(|_| ())\n}",
@@ -955,12 +932,12 @@ fn planted_actions_outside_the_actuator_are_caught() {
     );
     fails_on(
         only_the_actuator_acts,
-        Copy::new().plant("src/pass/publish.rs", "use ", "fn p(h: &reqwest::Client) { let _ = h.post(\"http://hook\"); }"),
+        Copy::sources().plant("src/pass/publish.rs", "use ", "fn p(h: &reqwest::Client) { let _ = h.post(\"http://hook\"); }"),
         "src/pass/publish.rs sends .post(",
     );
     fails_on(
         only_the_actuator_acts,
-        Copy::new().replace("src/coder/actions.rs", "pub struct CoderActions {", "#[derive(Clone)]\npub struct CoderActions {"),
+        Copy::sources().replace("src/coder/actions.rs", "pub struct CoderActions {", "#[derive(Clone)]\npub struct CoderActions {"),
         "CoderActions is Clone",
     );
 }
@@ -970,17 +947,17 @@ fn planted_mode_checks_are_caught() {
     let check = mode_rule;
     fails_on(
         check,
-        Copy::new().plant("src/pass/publish.rs", "use ", "fn m(mode: Mode) -> bool { matches!(mode, Mode::Enforce) }"),
+        Copy::sources().plant("src/pass/publish.rs", "use ", "fn m(mode: Mode) -> bool { matches!(mode, Mode::Enforce) }"),
         "src/pass/publish.rs",
     );
     fails_on(
         check,
-        Copy::new().plant("src/pass/publish.rs", "use ", "fn m(mode: Mode) -> bool { mode != Mode::Observe }"),
+        Copy::sources().plant("src/pass/publish.rs", "use ", "fn m(mode: Mode) -> bool { mode != Mode::Observe }"),
         "src/pass/publish.rs",
     );
     fails_on(
         check,
-        Copy::new().plant(
+        Copy::sources().plant(
             "src/app.rs",
             "use ",
             "fn m(mode: Mode) -> u8 { match mode {\n    Mode::Observe => 0,\n    Mode::Enforce => 1,\n} }",
@@ -989,7 +966,7 @@ fn planted_mode_checks_are_caught() {
     );
     fails_on(
         check,
-        Copy::new().plant(
+        Copy::sources().plant(
             "src/app.rs",
             "use ",
             "fn m(mode: Mode, x: Option<u8>) -> u8 { match (mode, x) { (Mode::Enforce, Some(_)) => 1, _ => 0 } }",
@@ -998,27 +975,27 @@ fn planted_mode_checks_are_caught() {
     );
     fails_on(
         check,
-        Copy::new().plant("src/app.rs", "use ", "fn m(mode: Mode) -> u8 { if let Mode::Enforce = mode { 1 } else { 0 } }"),
+        Copy::sources().plant("src/app.rs", "use ", "fn m(mode: Mode) -> u8 { if let Mode::Enforce = mode { 1 } else { 0 } }"),
         "src/app.rs",
     );
     fails_on(
         check,
-        Copy::new().plant("src/pass/page.rs", "use ", "fn m(mode: &str) -> bool { mode == \"enforce\" }"),
+        Copy::sources().plant("src/pass/page.rs", "use ", "fn m(mode: &str) -> bool { mode == \"enforce\" }"),
         "the mode's name compared",
     );
     fails_on(
         check,
-        Copy::new().plant("core/src/pass/mode.rs", "impl Mode {", "    pub fn acts(self) -> bool { self == Mode::Enforce }"),
+        Copy::sources().plant("core/src/pass/mode.rs", "impl Mode {", "    pub fn acts(self) -> bool { self == Mode::Enforce }"),
         "core/src/pass/mode.rs holds",
     );
     fails_on(
         check,
-        Copy::new().plant("src/pass/publish.rs", "use ", "fn m(mode: Mode) -> bool { mode.as_str() != \"observe\" }"),
+        Copy::sources().plant("src/pass/publish.rs", "use ", "fn m(mode: Mode) -> bool { mode.as_str() != \"observe\" }"),
         "the mode's name compared",
     );
     fails_on(
         check,
-        Copy::new().plant(
+        Copy::sources().plant(
             "core/src/pass/decide.rs",
             "use ",
             "fn m(mode: crate::pass::mode::Mode) -> bool { mode == crate::pass::mode::Mode::Enforce }",
@@ -1029,17 +1006,17 @@ fn planted_mode_checks_are_caught() {
 
 #[test]
 fn planted_code_map_drift_is_caught() {
-    let copy = Copy::new();
+    let copy = Copy::sources();
     std::fs::write(copy.0.join("src/unlisted.rs"), "//! Nobody lists me.\n").unwrap();
     fails_on(code_map, copy, "does not list src/unlisted.rs");
     fails_on(
         code_map,
-        Copy::new().replace("core/src/pass/decide.rs", "pub fn apply_fleet_rules", "pub fn fleet_rules"),
+        Copy::sources().replace("core/src/pass/decide.rs", "pub fn apply_fleet_rules", "pub fn fleet_rules"),
         "holds `apply_fleet_rules()`",
     );
     fails_on(
         code_map,
-        Copy::new().replace(
+        Copy::sources().replace(
             "ARCHITECTURE.md",
             "`src/pass/actuator.rs` | the act step:",
             "`src/pass/actuator.rs` | the act step: `Evaluator`,",
@@ -1053,7 +1030,7 @@ fn planted_code_map_drift_is_caught() {
 #[test]
 fn making_a_mode_after_tricky_code_is_not_a_check() {
     let tricky = "fn t(c: char, n: u8) -> bool { matches!(c, '\"' | '(' if n > 1) || matches!(n, 2 if c == ')') }\nfn make() -> Mode { Mode::Enforce }\nfn made() -> Option<Mode> { Some(Mode::Observe) }";
-    let copy = Copy::new().plant("src/pass/publish.rs", "use ", tricky);
+    let copy = Copy::sources().plant("src/pass/publish.rs", "use ", tricky);
     assert_eq!(mode_rule(&copy.0), Vec::<String>::new());
 }
 

@@ -28,16 +28,15 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
-/// `--help` lists `run`, `plan`, `check` and `demo` (four of the five subcommands: `report` is
-/// not checked here), and no help shows the token or an env value.
+/// `--help` lists the five subcommands, and no help shows the token or an env value.
 #[test]
-fn help_lists_the_four_commands_and_never_shows_the_token() {
+fn help_lists_the_five_commands_and_never_shows_the_token() {
     let (code, out, _) = run(&["--help"], &[("CODER_SESSION_TOKEN", SECRET)]);
     assert_eq!(code, 0);
-    for cmd in ["run", "plan", "check", "demo"] {
+    for cmd in ["run", "plan", "check", "report", "demo"] {
         assert!(out.lines().any(|l| l.trim_start().starts_with(cmd)), "{cmd} missing from\n{out}");
     }
-    for sub in ["run", "plan", "check", "demo"] {
+    for sub in ["run", "plan", "check", "report", "demo"] {
         let (code, out, _) = run(&[sub, "--help"], &[("CODER_SESSION_TOKEN", SECRET), ("CODER_URL", "https://coder.internal.example.com")]);
         assert_eq!(code, 0);
         assert!(!out.contains(SECRET) && !out.contains("coder.internal.example.com"), "env values are never echoed in help:\n{out}");

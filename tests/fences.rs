@@ -13,7 +13,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::common::Scratch;
 
 /// Held while a copy is made and built.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -28,34 +29,17 @@ fn target_dir() -> PathBuf {
 }
 
 /// A buildable copy of the workspace: manifests, the lock, both clippy configurations and every
-/// `.rs` file of the crates and their declared targets. Removed when dropped.
-struct Workspace(PathBuf);
+/// `.rs` file of the crates and their declared targets.
+type Workspace = Scratch;
 
-impl Workspace {
-    fn new() -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!("fences-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+impl Scratch {
+    fn whole() -> Self {
         let mut files: Vec<String> =
             ["Cargo.toml", "Cargo.lock", "clippy.toml", "core/Cargo.toml", "core/clippy.toml", "mocks/Cargo.toml"].map(String::from).into();
         for folder in ["src", "core/src", "mocks/src", "benches", "tests"] {
             collect(&root(), &root().join(folder), &mut files);
         }
-        for file in files {
-            let to = dir.join(&file);
-            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            std::fs::copy(root().join(&file), to).unwrap();
-        }
-        Workspace(dir)
-    }
-
-    /// Inserts `code` after the file's first line that contains `after`.
-    fn plant(self, file: &str, after: &str, code: &str) -> Self {
-        let path = self.0.join(file);
-        let text = std::fs::read_to_string(&path).unwrap();
-        let at = text.find(after).unwrap_or_else(|| panic!("{after:?} not in {file}"));
-        let at = text[at..].find('\n').map_or(text.len(), |n| at + n + 1);
-        std::fs::write(&path, format!("{}{code}\n{}", &text[..at], &text[at..])).unwrap();
-        self
+        Scratch::of("fences", files)
     }
 
     /// Runs `cargo <command> <args>` in the copy; its exit status and what it printed.
@@ -70,12 +54,6 @@ impl Workspace {
             .output()
             .unwrap();
         (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-    }
-}
-
-impl Drop for Workspace {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -109,8 +87,8 @@ fn refused(build: (bool, String), breaches: &[(&str, &str)]) {
 #[test]
 fn the_compiler_refuses_writes_without_the_capability() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    assert!(Workspace::new().cargo("check", &["-p", "coder-gpu-reclaimer", "--lib"]).0, "the unchanged copy builds");
-    let copy = Workspace::new()
+    assert!(Workspace::whole().cargo("check", &["-p", "coder-gpu-reclaimer", "--lib"]).0, "the unchanged copy builds");
+    let copy = Workspace::whole()
         .plant(
             "src/pass/evaluate.rs",
             "\nuse ",
@@ -141,7 +119,7 @@ fn the_compiler_refuses_writes_without_the_capability() {
 #[test]
 fn clippy_refuses_unbounded_reads_and_hand_built_clients() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let copy = Workspace::new()
+    let copy = Workspace::whole()
         .plant(
             "src/gpu/exporter.rs",
             "\nuse ",
@@ -167,8 +145,8 @@ fn clippy_refuses_unbounded_reads_and_hand_built_clients() {
 #[test]
 fn the_core_crate_has_no_logger_and_no_clock() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    assert!(Workspace::new().cargo("check", &["-p", "coder-gpu-reclaimer-core", "--lib"]).0, "the unchanged core builds");
-    let copy = Workspace::new()
+    assert!(Workspace::whole().cargo("check", &["-p", "coder-gpu-reclaimer-core", "--lib"]).0, "the unchanged core builds");
+    let copy = Workspace::whole()
         .plant("core/src/pass/decide.rs", "\nuse ", "fn breach() { tracing::warn!(\"from the decision code\"); }")
         .plant(
             "core/src/gpu/window.rs",
@@ -185,7 +163,7 @@ fn the_core_crate_has_no_logger_and_no_clock() {
 #[test]
 fn clippy_keeps_the_core_crate_away_from_the_environment_files_and_clocks() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let copy = Workspace::new()
+    let copy = Workspace::whole()
         .plant("core/src/pass/policy.rs", "\nuse ", "fn breach() -> Option<String> { std::env::var(\"IDLE_AFTER\").ok() }")
         .plant("core/src/pass/deadline.rs", "\nuse ", "fn breach() -> std::time::Duration { std::time::Instant::now().elapsed() }")
         .plant("core/src/coder/types.rs", "\nuse ", "fn breach() -> Option<String> { std::fs::read_to_string(\"/etc/hostname\").ok() }");

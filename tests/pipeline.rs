@@ -369,7 +369,7 @@ async fn a_workspace_restarted_right_after_its_stop_is_not_stopped_again() {
 /// The audit log records the stop (`stop_sending`, then `stop_sent`); the webhook gets the
 /// warning and the stop (`warn`, `stop_sent`). Warnings are not audit lines.
 #[tokio::test]
-async fn the_audit_log_and_the_webhook_record_warnings_and_stops() {
+async fn the_audit_log_records_the_stop_and_the_webhook_the_warning_too() {
     let hook = webhook().await;
     let (mut h, path) = audited(Mode::Enforce, |s| {
         s.notify_webhook = Some(url(&hook.uri()));

@@ -13,7 +13,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::common::binary;
-use crate::common::service::{Service, exporter, holds_gpu, running, until, world};
+use crate::common::service::{Service, connected, exporter, holds_gpu, running, until, world};
 use crate::hostile::peak_rss_kib;
 
 fn pod_of(coder: &FakeCoder, id: Uuid) -> String {
@@ -177,7 +177,10 @@ async fn forged_series_behind_prometheus_decide_nothing_and_cost_no_memory() {
     let names = ["busy", "idle", "twin"];
     let ids: Vec<Uuid> = names.iter().map(|n| coder.with(|w| w.create_workspace("alice", n, None)).unwrap()).collect();
     let cpu = coder.with(|w| w.create_workspace_of("bob", "notes", "cpu-workspace", false)).unwrap();
-    until(&coder, "all run", Duration::from_secs(10), |w| ids.iter().all(|id| holds_gpu(w, *id)) && running(w, cpu)).await;
+    // Connected too: a never-connected agent of a GPU template reads `starting` while young (on a
+    // busy machine the fake's agents connect a moment after the pods get their GPUs).
+    until(&coder, "all run", Duration::from_secs(10), |w| ids.iter().all(|id| holds_gpu(w, *id) && connected(w, *id)) && running(w, cpu))
+        .await;
     let now = chrono::Utc::now();
     coder.with(|w| {
         for id in ids.iter().chain([&cpu]) {

@@ -87,3 +87,48 @@ pub fn audit_lines(path: &std::path::Path) -> Vec<Value> {
         .filter(|v| v["event"] != "stop_running")
         .collect()
 }
+
+/// A scratch copy of some of the repository's files, for planting a breach in; removed when
+/// dropped. `architecture.rs` copies the sources to scan them, `fences.rs` the workspace to build.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// Copies `files` (relative to the repository) into a fresh folder named after `prefix`.
+    pub fn of(prefix: &str, files: impl IntoIterator<Item = String>) -> Self {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        for file in files {
+            let to = dir.join(&file);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(root.join(&file), to).unwrap();
+        }
+        Scratch(dir)
+    }
+
+    /// Inserts `code` after the file's first line that contains `after`.
+    pub fn plant(self, file: &str, after: &str, code: &str) -> Self {
+        let path = self.0.join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let at = text.find(after).unwrap_or_else(|| panic!("{after:?} not in {file}"));
+        let at = text[at..].find('\n').map_or(text.len(), |n| at + n + 1);
+        std::fs::write(&path, format!("{}{code}\n{}", &text[..at], &text[at..])).unwrap();
+        self
+    }
+
+    /// Replaces the first `from` in the file with `to`.
+    pub fn replace(self, file: &str, from: &str, to: &str) -> Self {
+        let path = self.0.join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{from:?} not in {file}");
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+        self
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
