@@ -164,7 +164,8 @@ impl Application {
     /// fails; then nothing was decided and nothing is stopped.
     pub async fn pass(&mut self, shutdown: &watch::Receiver<bool>) -> Result<PassOutcome, CoderError> {
         self.passes += 1;
-        let span = tracing::info_span!("pass", pass = self.passes);
+        // At the highest level, like the workspace span: on whatever level the log is written at.
+        let span = tracing::error_span!("pass", pass = self.passes);
         self.pass_in_span(shutdown).instrument(span).await
     }
 

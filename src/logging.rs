@@ -20,9 +20,11 @@ pub fn init(json: bool, level: tracing::Level) {
         if json { builder.fmt_fields(JsonFields::new()).event_format(FlatJson).try_init() } else { builder.with_ansi(false).try_init() };
 }
 
-/// The span of one action on one workspace: every line inside it names the workspace.
+/// The span of one action on one workspace: every line inside it names the workspace. At the
+/// highest level, so it is on whatever level the log is written at (`plan` and `check` write
+/// warnings only): its fields belong on every line inside it.
 pub fn workspace_span(workspace_id: &str, owner: &str, template: &str) -> tracing::Span {
-    tracing::info_span!("workspace", workspace_id = %workspace_id, owner = %owner, template = %template)
+    tracing::error_span!("workspace", workspace_id = %workspace_id, owner = %owner, template = %template)
 }
 
 /// One JSON object per event: `timestamp`, `level`, the fields of every span it is in (outermost

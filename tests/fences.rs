@@ -141,13 +141,15 @@ fn clippy_refuses_unbounded_reads_and_hand_built_clients() {
     );
 }
 
-// The core crate built alone: no logger to call, and chrono without its clock.
+// The core crate built alone (as CI builds it too): no logger or runtime to call, and chrono
+// without its clock.
 #[test]
-fn the_core_crate_has_no_logger_and_no_clock() {
+fn the_core_crate_has_no_logger_no_runtime_and_no_clock() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     assert!(Workspace::whole().cargo("check", &["-p", "coder-gpu-reclaimer-core", "--lib"]).0, "the unchanged core builds");
     let copy = Workspace::whole()
         .plant("core/src/pass/decide.rs", "\nuse ", "fn breach() { tracing::warn!(\"from the decision code\"); }")
+        .plant("core/src/pass/policy.rs", "\nuse ", "fn breach() { let _ = tokio::spawn(async {}); }")
         .plant(
             "core/src/gpu/window.rs",
             "\nuse ",
@@ -155,7 +157,7 @@ fn the_core_crate_has_no_logger_and_no_clock() {
         );
     refused(
         copy.cargo("check", &["-p", "coder-gpu-reclaimer-core", "--lib"]),
-        &[("core/src/pass/decide.rs", "`tracing`"), ("core/src/gpu/window.rs", "`now`")],
+        &[("core/src/pass/decide.rs", "`tracing`"), ("core/src/pass/policy.rs", "`tokio`"), ("core/src/gpu/window.rs", "`now`")],
     );
 }
 
@@ -166,13 +168,20 @@ fn clippy_keeps_the_core_crate_away_from_the_environment_files_and_clocks() {
     let copy = Workspace::whole()
         .plant("core/src/pass/policy.rs", "\nuse ", "fn breach() -> Option<String> { std::env::var(\"IDLE_AFTER\").ok() }")
         .plant("core/src/pass/deadline.rs", "\nuse ", "fn breach() -> std::time::Duration { std::time::Instant::now().elapsed() }")
-        .plant("core/src/coder/types.rs", "\nuse ", "fn breach() -> Option<String> { std::fs::read_to_string(\"/etc/hostname\").ok() }");
+        .plant("core/src/coder/types.rs", "\nuse ", "fn breach() -> Option<String> { std::fs::read_to_string(\"/etc/hostname\").ok() }")
+        .plant(
+            "core/src/gpu/window.rs",
+            "\nuse ",
+            "fn breach() -> bool { println!(\"from the windows\"); std::time::UNIX_EPOCH.elapsed().is_ok() }",
+        );
     refused(
         copy.cargo("clippy", &["-p", "coder-gpu-reclaimer-core", "--lib", "--", "-D", "warnings"]),
         &[
             ("core/src/pass/policy.rs", "disallowed method `std::env::var`"),
             ("core/src/pass/deadline.rs", "disallowed method `std::time::Instant::now`"),
             ("core/src/coder/types.rs", "disallowed method `std::fs::read_to_string`"),
+            ("core/src/gpu/window.rs", "disallowed macro `std::println`"),
+            ("core/src/gpu/window.rs", "disallowed method `std::time::SystemTime::elapsed`"),
         ],
     );
 }

@@ -1,6 +1,7 @@
 //! `report`: reads the audit log and sums it up for the weekly message to management: stops per
-//! template and owner, GPU-hours given back (from each `resumed` line, and stops not yet resumed
-//! counted until the end of the period), would-stops in observe mode, and the deadlines moved
+//! template and owner, GPU-hours given back (a completed stop's GPUs from its `stop_done` line
+//! to its `resumed` line, or to the end of the period; `gpu_seconds_given_back`, the formula the
+//! service's own accounting uses), would-stops in observe mode, and the deadlines moved
 //! and autostops averted for busy GPU work (`extend_while_busy`); with prices in the
 //! log (`gpu_hour_price`), the money given back too. Reads a file only.
 

@@ -63,7 +63,7 @@ pub fn require_permissions(mode: Mode, identity: &Identity) -> Result<(), Error>
 
 /// Whether the mode sends stop builds: the one place in the crate where the mode is checked.
 fn acts(mode: Mode) -> bool {
-    mode == Mode::Enforce
+    matches!(mode, Mode::Enforce)
 }
 
 #[derive(Debug, Clone)]
@@ -619,7 +619,7 @@ impl Actuator {
             let _in = span_of(&j.workspace).entered();
             let event = stop_event(AuditKind::WouldStop, eval, j, self.mode);
             tracing::info!(event = "would_stop", reason = event.reason, "{}", event.message);
-            self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "observe" }).inc();
+            self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: Mode::Observe.as_str() }).inc();
             self.announce(&event);
             acted.would_stop.push(event.workspace_id);
         }
@@ -951,7 +951,7 @@ impl Actuator {
         t.event = AuditEvent { event: AuditKind::StopSent, time: now, build_id: Some(build_id.to_string()), ..t.event.clone() };
         let (event, attempts) = (t.event.clone(), t.attempts);
         tracing::info!(event = "stop_sent", reason = event.reason, build_id = %build_id, attempt = attempts, reply_lost = lost_reply, "{}", event.message);
-        self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: "enforce" }).inc();
+        self.metrics.stops.get_or_create(&StopLabels { reason: event.reason, mode: Mode::Enforce.as_str() }).inc();
         self.announce(&event);
         acted.stops_sent.push(id);
     }

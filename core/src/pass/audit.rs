@@ -248,7 +248,7 @@ impl AuditEvent {
         AuditEvent {
             time: r.time,
             event,
-            mode: "enforce",
+            mode: crate::pass::mode::Mode::Enforce.as_str(),
             workspace_id: r.workspace_id.clone(),
             workspace: r.workspace.clone(),
             owner: r.owner.clone(),
