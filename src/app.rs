@@ -21,6 +21,7 @@ use crate::pass::accounting::Accounting;
 use crate::pass::actuator::require_permissions;
 use crate::pass::actuator::{Acted, Actuator, Outputs, StopLimits};
 use crate::pass::evaluate::Evaluator;
+use crate::pass::journal::Journal;
 use crate::pass::metrics::Metrics;
 use crate::pass::mode::Mode;
 use crate::pass::publish::{self, PassOutcome, State, TokenProblem};
@@ -50,6 +51,8 @@ pub struct Application {
     accounting: Accounting,
     /// Passes begun (the `pass` field of every log line inside one).
     passes: u64,
+    /// The history journal (`run --history-journal`), written after each evaluation.
+    journal: Option<Journal>,
 }
 
 /// How often the token's expiry and permissions are asked about when it does not change.
@@ -88,6 +91,10 @@ impl Application {
         let metrics = Arc::new(Metrics::new());
         let coder = coder_client(settings, &metrics)?;
         let source = gpu_source(settings)?;
+        let journal = match (role, &settings.history_journal) {
+            (Role::Run, Some(path)) => Some(Journal::open(path, settings.history_journal_max)?),
+            _ => None,
+        };
         let outputs = match role {
             Role::Run => Some(Outputs::open(settings.audit_log.as_deref(), settings.notify_webhook.clone(), &settings.outbound)?),
             Role::Plan => None,
@@ -126,6 +133,7 @@ impl Application {
                 Accounting::default()
             },
             passes: 0,
+            journal,
         })
     }
 
@@ -178,6 +186,9 @@ impl Application {
                 return Err(error);
             }
         };
+        if let Some(journal) = &mut self.journal {
+            journal.record(eval.now, eval.workspaces());
+        }
         let pass = match &mut self.actuator {
             Some(actuator) => PassOutcome {
                 acted: actuator.act(&eval, shutdown).await,

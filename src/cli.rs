@@ -188,6 +188,11 @@ pub struct RunOptions {
     #[arg(long, value_name = "PATH")]
     pub audit_log: Option<PathBuf>,
 
+    /// Journal each change of a running workspace (first seen, used, agent, stopped) to this file,
+    /// one JSON line per change, for a later backtest; rotated at 64 MiB to PATH.1 [default: off]
+    #[arg(long, value_name = "PATH")]
+    pub history_journal: Option<PathBuf>,
+
     /// POST a JSON event (Slack-compatible `text`) on each warning and stop
     #[arg(long, value_name = "URL", conflicts_with = "notify_webhook_file")]
     pub notify_webhook: Option<String>,

@@ -57,6 +57,8 @@ pub struct FileConfig {
     pub listen: Option<String>,
     pub health_listen: Option<String>,
     pub audit_log: Option<PathBuf>,
+    pub history_journal: Option<PathBuf>,
+    pub history_journal_max_mib: Option<usize>,
     pub notify_webhook: Option<String>,
     pub notify_webhook_file: Option<PathBuf>,
     pub status_token_file: Option<PathBuf>,
@@ -176,6 +178,10 @@ pub struct Settings {
     /// A second listener for /healthz, /readyz and /metrics only.
     pub health_listen: Option<SocketAddr>,
     pub audit_log: Option<PathBuf>,
+    /// `run` journals each change of a running workspace here (off when `None`).
+    pub history_journal: Option<PathBuf>,
+    /// One journal file's bound in bytes (the older half kept beside it).
+    pub history_journal_max: usize,
     pub notify_webhook: Option<Url>,
     /// Required as a bearer token on the fleet-wide HTTP routes, when set.
     pub status_token: Option<std::sync::Arc<crate::http::SecretFile>>,
@@ -241,6 +247,8 @@ impl Settings {
             listen: DEFAULT_LISTEN,
             health_listen: None,
             audit_log: None,
+            history_journal: None,
+            history_journal_max: crate::pass::journal::DEFAULT_MAX_BYTES,
             notify_webhook: None,
             status_token: None,
             outbound: Outbound::default(),
@@ -417,6 +425,7 @@ impl Settings {
         };
         // Every limit is checked, whichever source is configured; each source keeps its own.
         let max_listing = mib("max_listing_mib", file.max_listing_mib, crate::coder::DEFAULT_MAX_LISTING)?;
+        let history_journal_max = mib("history_journal_max_mib", file.history_journal_max_mib, crate::pass::journal::DEFAULT_MAX_BYTES)?;
         let exporter_body = mib("max_exporter_body_mib", file.max_exporter_body_mib, crate::gpu::exporter::DEFAULT_MAX_BODY)?;
         let in_flight = mib("max_in_flight_body_mib", file.max_in_flight_body_mib, crate::gpu::exporter::DEFAULT_IN_FLIGHT_BUDGET)?;
         let exporter_gpus = count("max_gpus_per_exporter", file.max_gpus_per_exporter, crate::gpu::exporter::DEFAULT_MAX_GPUS)?;
@@ -456,6 +465,8 @@ impl Settings {
             listen,
             health_listen,
             audit_log: run.audit_log.or_else(|| file.audit_log.clone()),
+            history_journal: run.history_journal.or_else(|| file.history_journal.clone()),
+            history_journal_max,
             notify_webhook,
             status_token,
             outbound,

@@ -414,3 +414,55 @@ async fn withdraws_a_pending_build_and_lists_provisioners_by_tags() {
     let daemons = c.provisioner_daemons(org, &tags).await.unwrap();
     assert_eq!((daemons.len(), daemons[0].tags.get("gpu").map(String::as_str)), (1, Some("true")));
 }
+
+/// Build history: `since` in RFC 3339 (whole seconds, `Z`), pages of `BUILDS_PAGE` by `offset`
+/// until a short page, and a build seen on two pages (one was created meanwhile) kept once.
+#[tokio::test]
+async fn build_history_is_read_page_by_page_and_each_build_once() {
+    use coder_gpu_reclaimer::coder::BUILDS_PAGE;
+    let server = MockServer::start().await;
+    let build = |n: usize| {
+        let mut b = fixture_json("coder/workspace_build_stop_queued.json");
+        b["id"] = json!(format!("11111111-0000-4000-8000-{n:012}"));
+        b
+    };
+    let history = format!("/api/v2/workspaces/{WS_ID}/builds");
+    let first: Vec<_> = (0..BUILDS_PAGE).map(build).collect();
+    // The second page starts with the first page's last build: a new one pushed it along.
+    let second: Vec<_> = (BUILDS_PAGE - 1..BUILDS_PAGE + 3).map(build).collect();
+    for (offset, page) in [("0", first), ("100", second)] {
+        Mock::given(method("GET"))
+            .and(path(history.as_str()))
+            .and(query_param("since", "2026-11-25T10:00:00Z"))
+            .and(query_param("limit", "100"))
+            .and(query_param("offset", offset))
+            .respond_with(ResponseTemplate::new(200).set_body_json(page))
+            .expect(1)
+            .mount(&server)
+            .await;
+    }
+    let since = chrono::DateTime::parse_from_rfc3339("2026-11-25T10:00:00.250+00:00").unwrap().with_timezone(&chrono::Utc);
+    let builds = client(&server, RetryPolicy::none()).workspace_builds(WS_ID, since).await.unwrap();
+    assert_eq!(builds.len(), BUILDS_PAGE + 3);
+    assert_eq!(builds.last().unwrap().id, format!("11111111-0000-4000-8000-{:012}", BUILDS_PAGE + 2));
+    let mut ids: Vec<&str> = builds.iter().map(|b| b.id.as_str()).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), builds.len(), "each build once");
+}
+
+/// A workspace deleted since its history: asked with `include_deleted=true` (else coderd says 410).
+#[tokio::test]
+async fn a_deleted_workspace_is_read_with_include_deleted() {
+    let server = MockServer::start().await;
+    let mut ws = fixture_json("coder/workspaces_running.json")["workspaces"][0].clone();
+    ws["id"] = json!(WS_ID);
+    Mock::given(method("GET"))
+        .and(path(format!("/api/v2/workspaces/{WS_ID}")))
+        .and(query_param("include_deleted", "true"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(ws))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let got = client(&server, RetryPolicy::none()).workspace_including_deleted(WS_ID).await.unwrap();
+    assert_eq!(got.id, WS_ID);
+}

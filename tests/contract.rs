@@ -197,6 +197,7 @@ fn every_path_the_client_calls_is_in_the_spec() {
         ("patch", "/api/v2/workspacebuilds/{workspacebuild}/cancel"),
         ("get", "/api/v2/organizations/{organization}/provisionerdaemons"),
         ("get", "/api/v2/workspaces/{workspace}"),
+        ("get", "/api/v2/workspaces/{workspace}/builds"),
         ("post", "/api/v2/authcheck"),
     ] {
         let op = &spec["paths"][path][method];
@@ -205,6 +206,19 @@ fn every_path_the_client_calls_is_in_the_spec() {
     }
     let params = spec["paths"]["/api/v2/workspaces"]["get"]["parameters"].as_array().unwrap();
     assert!(params.iter().any(|p| p["name"] == "q" && p["in"] == "query"));
+    // The query parameters the history reads send.
+    let query = |path: &str| -> Vec<String> {
+        spec["paths"][path]["get"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["in"] == "query")
+            .map(|p| p["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let builds = query("/api/v2/workspaces/{workspace}/builds");
+    assert!(["since", "limit", "offset"].iter().all(|p| builds.iter().any(|b| b == p)), "{builds:?}");
+    assert!(query("/api/v2/workspaces/{workspace}").iter().any(|p| p == "include_deleted"));
     // The documented gap: the spec says 200, the server writes 201 (and the client accepts both).
     assert!(spec["paths"]["/api/v2/workspaces/{workspace}/builds"]["post"]["responses"]["200"].is_object());
 }
@@ -329,6 +343,12 @@ async fn the_fake_coder_answers_in_the_spec_shapes() {
     assert_eq!(resp.status().as_u16(), 201);
     let build: Value = resp.json().await.unwrap();
     assert!(check(&spec, "codersdk.WorkspaceBuild", &build).is_empty());
+    let history: Value = get(format!("/api/v2/workspaces/{a}/builds")).await.json().await.unwrap();
+    assert!(history.as_array().is_some_and(|h| h.len() >= 2), "{history}");
+    for b in history.as_array().unwrap() {
+        let errors = check(&spec, "codersdk.WorkspaceBuild", b);
+        assert!(errors.is_empty(), "{errors:#?}");
+    }
     let again = stop().await.unwrap();
     assert_eq!(again.status().as_u16(), 409);
     let body: Value = again.json().await.unwrap();

@@ -6,6 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mocks::{Behaviour, ExporterConfig, FakeCoder, FakeExporter, Fault, Load, WorldConfig};
+use reclaimer_core::history::Change;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -400,4 +401,39 @@ async fn priced_gpu_time_shows_as_money() {
     let done = crate::common::audit_lines(&audit).into_iter().find(|l| l["event"] == "stop_done").unwrap();
     assert_eq!((done["gpu_hour_price"].as_f64(), done["currency"].as_str()), (Some(0.75), Some("EUR")), "{done}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `run --history-journal` writes one line per change of a running workspace, not one per pass:
+/// first seen running, then (walked away, reclaimed) gone.
+#[tokio::test]
+async fn the_history_journal_records_each_change_once() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    until(&coder, "A gets the GPU", Duration::from_secs(5), |w| connected(w, a)).await;
+    let dir = std::env::temp_dir().join(format!("cgr-journal-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("history.jsonl");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--history-journal", path.to_str().unwrap()]);
+    until_with(&coder, Some(&svc), "A is stopped", Duration::from_secs(30), |w| w.stop_builds_by(a, "admin") == 1).await;
+    until_with(&coder, Some(&svc), "the journal says A is gone", Duration::from_secs(10), |_| {
+        let mut gone = false;
+        let _ = coder_gpu_reclaimer::pass::journal::read_lines(&path, |l| gone |= l.change == Change::Gone);
+        gone
+    })
+    .await;
+    let passes = svc.events("pass").len();
+    let mut lines = Vec::new();
+    let unreadable = coder_gpu_reclaimer::pass::journal::read_lines(&path, |l| lines.push(l)).unwrap();
+    assert_eq!(unreadable, 0);
+    let mine: Vec<_> = lines.iter().filter(|l| l.workspace_id == a.to_string()).collect();
+    assert_eq!(mine.first().map(|l| l.change), Some(Change::Running), "{mine:?}");
+    assert_eq!(mine.last().map(|l| l.change), Some(Change::Gone), "{mine:?}");
+    assert_eq!((mine[0].owner.as_str(), mine[0].workspace.as_str()), ("alice", "a"));
+    assert!(mine.len() < passes, "one line per change ({} lines), not per pass ({passes} passes)", mine.len());
+    for pair in mine.windows(2) {
+        assert!(pair[0].change == Change::Gone || pair[1] != pair[0], "each line is a change: {pair:?}");
+    }
+    drop(svc);
+    let _ = std::fs::remove_dir_all(&dir);
 }

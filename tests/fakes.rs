@@ -304,3 +304,58 @@ async fn organizations_the_reaper_cancel_and_suspension_behave_as_coderd_does() 
         "User is not active (status = \"suspended\"). Contact an admin to reactivate your account."
     );
 }
+
+/// Build history as coderd serves it (NOTES §17): newest first, `since` keeps later builds,
+/// `after_id` those numbered after the cursor's, `limit`/`offset` page; a deleted workspace still
+/// answers `/builds`, and `GET /workspaces/{id}` answers 410 unless `include_deleted=true`.
+#[tokio::test]
+async fn build_history_and_deleted_workspaces_answer_as_coderd_does() {
+    let c = fake(fast(1)).await;
+    let token = c.owner_token();
+    let a = c.with(|w| w.create_workspace("alice", "a", None)).unwrap();
+    settle().await;
+    for transition in ["stop", "start", "delete"] {
+        c.with(|w| w.create_build(a, transition, w.user_index("alice").unwrap(), "initiator")).unwrap();
+        settle().await;
+    }
+    let builds = get_json(&c, &format!("/api/v2/workspaces/{a}/builds"), &token).await;
+    let numbers = |v: &Value| v.as_array().unwrap().iter().map(|b| b["build_number"].as_i64().unwrap()).collect::<Vec<_>>();
+    assert_eq!(numbers(&builds), [4, 3, 2, 1], "newest first: {builds}");
+    assert_eq!(builds[0]["transition"], "delete");
+    let page = |q: &str| {
+        let (c, token) = (&c, &token);
+        let path = format!("/api/v2/workspaces/{a}/builds?{q}");
+        async move { get_json(c, &path, token).await }
+    };
+    assert_eq!(numbers(&page("limit=2").await), [4, 3]);
+    assert_eq!(numbers(&page("limit=2&offset=2").await), [2, 1]);
+    assert_eq!(numbers(&page("limit=0&offset=3").await), [1], "limit 0 is all");
+    let second = builds[2]["created_at"].as_str().unwrap().to_string();
+    assert_eq!(numbers(&page(&format!("since={second}")).await), [4, 3], "created after `since`");
+    let cursor = builds[2]["id"].as_str().unwrap().to_string();
+    assert_eq!(numbers(&page(&format!("after_id={cursor}")).await), [4, 3], "numbered after the cursor's");
+
+    let http = reqwest::Client::new();
+    let status_of = |path: String| {
+        let (http, token, url) = (http.clone(), token.clone(), c.url());
+        async move {
+            let resp = http.get(format!("{url}{path}")).header("Coder-Session-Token", token).send().await.unwrap();
+            (resp.status(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, body) = status_of(format!("/api/v2/workspaces/{a}/builds?since=yesterday")).await;
+    assert_eq!((status, body["message"].as_str()), (StatusCode::BAD_REQUEST, Some("bad `since` format, must be RFC3339")));
+    let nobody = uuid::Uuid::new_v4();
+    let (status, body) = status_of(format!("/api/v2/workspaces/{a}/builds?after_id={nobody}")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["message"], format!("Record at \"after_id\" (\"{nobody}\") does not exist."));
+
+    let (status, body) = status_of(format!("/api/v2/workspaces/{a}")).await;
+    assert_eq!(status, StatusCode::GONE, "{body}");
+    assert!(body["message"].as_str().unwrap().starts_with(&format!("Workspace \"{a}\" was deleted")), "{body}");
+    let (status, body) = status_of(format!("/api/v2/workspaces/{a}?include_deleted=true")).await;
+    assert_eq!((status, body["id"].as_str()), (StatusCode::OK, Some(a.to_string().as_str())), "{body}");
+    assert_eq!((body["owner_name"].as_str(), body["latest_build"]["transition"].as_str()), (Some("alice"), Some("delete")));
+    let (status, body) = status_of(format!("/api/v2/workspaces/{a}?include_deleted=maybe")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}

@@ -509,13 +509,108 @@ async fn list_workspaces(State(s): State<CoderState>, Query(lq): Query<ListQuery
     axum::Json(json!({"workspaces": page, "count": count})).into_response()
 }
 
-async fn get_workspace(State(s): State<CoderState>, Path(id): Path<String>, req: Request) -> Response {
+async fn get_workspace(
+    State(s): State<CoderState>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    req: Request,
+) -> Response {
     let w = lock(&s.world);
     let me = caller(req.extensions());
-    match Uuid::parse_str(&id).ok().and_then(|id| w.ws_index(id)).map(|i| &w.workspaces[i]) {
-        Some(ws) if w.may_read(me, ws) => axum::Json(workspace_json(&w, ws)).into_response(),
-        _ => coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() }),
+    // `coderd/workspaces.go` `workspace`: `include_deleted` is a strict boolean; a deleted
+    // workspace is 410 without it, in v2.34.3's words (which name the wrong parameter).
+    let include_deleted = match q.get("include_deleted").map(String::as_str) {
+        None => false,
+        Some(v) => match parse_go_bool(v) {
+            Some(b) => b,
+            None => {
+                let body = json!({"message": format!("Invalid boolean value {v:?} for \"include_deleted\" query param."), "validations": [{"field": "deleted", "detail": "Must be a valid boolean"}]});
+                return (StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+            }
+        },
+    };
+    match readable(&w, me, &id) {
+        Some(ws) if w.is_deleted(ws) && !include_deleted => coder_error(ApiError {
+            status: 410,
+            message: format!(
+                "Workspace {:?} was deleted, you can view this workspace by specifying '?deleted=true' and trying again.",
+                ws.id.to_string()
+            ),
+            detail: String::new(),
+        }),
+        Some(ws) => axum::Json(workspace_json(&w, ws)).into_response(),
+        None => coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() }),
     }
+}
+
+/// The workspace `id` names, when `me` may read it (else Coder answers 404, whatever the cause).
+fn readable<'w>(w: &'w World, me: usize, id: &str) -> Option<&'w Workspace> {
+    Uuid::parse_str(id).ok().and_then(|id| w.ws_index(id)).map(|i| &w.workspaces[i]).filter(|ws| w.may_read(me, ws))
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_go_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// `GET /api/v2/workspaces/{workspace}/builds` as coderd answers it (`coderd/workspacebuilds.go`
+/// `workspaceBuilds`, reference/coder/NOTES.md section 17): every build, newest first (by build
+/// number), `since` keeping those created after it (an RFC 3339 time, else 400), `after_id`
+/// (400 when no such build) keeping those numbered after the cursor's, then `offset` and `limit`
+/// (0: all). A deleted workspace's builds still answer.
+async fn list_builds(
+    State(s): State<CoderState>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    req: Request,
+) -> Response {
+    let w = lock(&s.world);
+    let me = caller(req.extensions());
+    let Some(ws) = readable(&w, me, &id) else {
+        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+    };
+    // The name of the first parameter that is not a non-negative integer, if any.
+    let number =
+        |name: &'static str| -> Result<usize, &'static str> { q.get(name).map_or(Ok(0), |v| v.parse::<usize>().map_err(|_| name)) };
+    let (limit, offset) = match (number("limit"), number("offset")) {
+        (Ok(l), Ok(o)) => (l, o),
+        (Err(name), _) | (_, Err(name)) => {
+            let body = json!({"message": "Query parameters have invalid values.", "validations": [{"field": name, "detail": format!("Query param {name:?} must be a valid positive integer.")}]});
+            return (StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+        }
+    };
+    let since = match q.get("since").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(raw) => match DateTime::parse_from_rfc3339(raw) {
+            Ok(t) => Some(t.with_timezone(&Utc)),
+            Err(e) => {
+                return coder_error(ApiError { status: 400, message: "bad `since` format, must be RFC3339".into(), detail: e.to_string() });
+            }
+        },
+    };
+    let after = match q.get("after_id").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(raw) => match Uuid::parse_str(raw).ok().and_then(|a| ws.builds.iter().find(|b| b.id == a)) {
+            Some(b) => Some(b.number),
+            None => {
+                return coder_error(ApiError {
+                    status: 400,
+                    message: format!("Record at \"after_id\" ({raw:?}) does not exist."),
+                    detail: String::new(),
+                });
+            }
+        },
+    };
+    let mut builds: Vec<&Build> =
+        ws.builds.iter().filter(|b| since.is_none_or(|s| b.created_at > s)).filter(|b| after.is_none_or(|n| b.number > n)).collect();
+    builds.sort_by_key(|b| std::cmp::Reverse(b.number));
+    let page: Vec<Value> =
+        builds.into_iter().skip(offset).take(if limit == 0 { usize::MAX } else { limit }).map(|b| build_json(&w, ws, b)).collect();
+    axum::Json(page).into_response()
 }
 
 async fn post_build(State(s): State<CoderState>, Path(id): Path<String>, req: Request) -> Response {
@@ -743,7 +838,7 @@ pub fn router(state: CoderState) -> Router {
         .route("/api/v2/authcheck", post(authcheck))
         .route("/api/v2/workspaces", get(list_workspaces))
         .route("/api/v2/workspaces/{workspace}", get(get_workspace))
-        .route("/api/v2/workspaces/{workspace}/builds", post(post_build))
+        .route("/api/v2/workspaces/{workspace}/builds", get(list_builds).post(post_build))
         .route("/api/v2/workspacebuilds/{workspacebuild}", get(get_build))
         .route("/api/v2/workspacebuilds/{workspacebuild}/cancel", patch(cancel_build))
         .route("/api/v2/workspaces/{workspace}/extend", put(put_extend))

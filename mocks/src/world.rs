@@ -550,8 +550,11 @@ impl World {
     }
 
     /// Coder's clock (the real one plus `clock_offset`).
+    /// In microseconds, as PostgreSQL's `timestamptz` keeps every time coderd stores: a
+    /// `created_at` read back and sent as `since` is the stored time itself.
     pub fn now(&self) -> DateTime<Utc> {
-        Utc::now() + self.config.clock_offset
+        use chrono::SubsecRound;
+        (Utc::now() + self.config.clock_offset).trunc_subsecs(6)
     }
 
     /// The token, if it exists and is not revoked (expiry is the caller's check).
@@ -1392,6 +1395,13 @@ impl World {
     }
 
     /// True when the latest build is a succeeded start (Coder's `status:running`).
+    /// coderd marks a workspace deleted when its delete build succeeds (`workspaces.deleted`);
+    /// its id still answers `/builds`, and `GET /workspaces/{id}` answers 410 unless asked
+    /// with `include_deleted=true` (reference/coder/NOTES.md section 17).
+    pub fn is_deleted(&self, ws: &Workspace) -> bool {
+        ws.latest().is_some_and(|b| b.transition == "delete" && b.job.status == "succeeded")
+    }
+
     pub fn is_running(&self, ws: &Workspace) -> bool {
         ws.latest().is_some_and(|b| b.transition == "start" && b.job.status == "succeeded")
     }

@@ -137,6 +137,11 @@ impl OnElement for ListedWorkspaces {
     }
 }
 
+/// Builds one history request asks for (`workspace_builds`), and the most read for one
+/// workspace: started and stopped three times a day, a year is about 2,200 builds.
+pub const BUILDS_PAGE: usize = 100;
+pub const MAX_BUILDS_READ: usize = 10_000;
+
 /// The default largest running-workspace listing (`max_listing_mib`): about 60,000 workspaces.
 pub const DEFAULT_MAX_LISTING: usize = 256 << 20;
 
@@ -328,6 +333,47 @@ impl CoderClient {
     pub async fn workspace(&self, workspace_id: &str) -> Result<Workspace, CoderError> {
         let path = format!("/api/v2/workspaces/{}", encode_path(workspace_id));
         self.call(Method::GET, "GET /api/v2/workspaces/{workspace}", path, None::<&()>).await
+    }
+
+    /// `GET /api/v2/workspaces/{id}?include_deleted=true`: one workspace, also when it was
+    /// deleted since (its owner, name and template for a history that outlived it; without the
+    /// parameter coderd answers 410, reference NOTES §17).
+    pub async fn workspace_including_deleted(&self, workspace_id: &str) -> Result<Workspace, CoderError> {
+        let path = format!("/api/v2/workspaces/{}?include_deleted=true", encode_path(workspace_id));
+        self.call(Method::GET, "GET /api/v2/workspaces/{workspace}", path, None::<&()>).await
+    }
+
+    /// `GET /api/v2/workspaces/{id}/builds?since=..&limit=..&offset=..`: every build created after
+    /// `since`, newest first, page by page (`BUILDS_PAGE`), at most `MAX_BUILDS_READ` (a build
+    /// met twice across pages, when one was created meanwhile, is kept once). Answers for a
+    /// deleted workspace too.
+    pub async fn workspace_builds(
+        &self,
+        workspace_id: &str,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<WorkspaceBuild>, CoderError> {
+        let since = since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let mut builds: Vec<WorkspaceBuild> = Vec::new();
+        loop {
+            let path = format!(
+                "/api/v2/workspaces/{}/builds?since={}&limit={BUILDS_PAGE}&offset={}",
+                encode_path(workspace_id),
+                encode_path(&since),
+                builds.len()
+            );
+            let page: Vec<WorkspaceBuild> = self.call(Method::GET, "GET /api/v2/workspaces/{workspace}/builds", path, None::<&()>).await?;
+            let full = page.len() == BUILDS_PAGE;
+            let before = builds.len();
+            for b in page {
+                if !builds.iter().any(|known| known.id == b.id) {
+                    builds.push(b);
+                }
+            }
+            if !full || builds.len() == before || builds.len() >= MAX_BUILDS_READ {
+                builds.truncate(MAX_BUILDS_READ);
+                return Ok(builds);
+            }
+        }
     }
 
     /// `GET /api/v2/workspacebuilds/{id}`: follow a build until its job is final.

@@ -10,6 +10,7 @@ pub mod accounting;
 pub mod actuator;
 pub mod audit;
 pub mod evaluate;
+pub mod journal;
 pub mod metrics;
 pub mod page;
 pub mod publish;

@@ -1,0 +1,186 @@
+//! The history journal (`--history-journal`, off by default): after each pass, one JSON line
+//! per change of a running workspace (`reclaimer_core::history`: first seen or rebuilt, its
+//! `last_used_at` moved, its agent changed, no longer running), so that a later backtest knows
+//! when workspaces were in use; Coder keeps only the latest `last_used_at`. Bounded: past
+//! `max_bytes` the file is renamed to `<path>.1` (the previous `.1` dropped) and a new one begun,
+//! so the two hold at most twice the bound. A failed write is logged once and costs nothing else:
+//! the journal is evidence for later, never a reason to hold a pass.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use reclaimer_core::coder::types::Workspace;
+use reclaimer_core::history::{JournalLine, Tracker};
+
+use crate::error::Error;
+
+/// The default bound of one journal file (`history_journal_max_mib`): at about 300 bytes a line,
+/// 10,000 workspaces each changing every other minute fill it in about a day.
+pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
+
+pub struct Journal {
+    path: PathBuf,
+    file: File,
+    written: u64,
+    max_bytes: u64,
+    tracker: Tracker,
+    failing: bool,
+}
+
+impl Journal {
+    /// Opens (creating, mode 0600) `path` for appending. Fails at start-up, not at the first pass.
+    pub fn open(path: &Path, max_bytes: usize) -> Result<Self, Error> {
+        let file = open_append(path).map_err(|e| {
+            Error::config(format!(
+                "--history-journal {}: cannot open it for appending ({e}); choose a writable path, e.g. on the audit log's volume",
+                path.display()
+            ))
+        })?;
+        let written = file.metadata().map(|m| m.len()).unwrap_or(0);
+        Ok(Journal { path: path.to_path_buf(), file, written, max_bytes: max_bytes as u64, tracker: Tracker::default(), failing: false })
+    }
+
+    /// Writes the changes one pass saw.
+    pub fn record<'a>(&mut self, now: DateTime<Utc>, workspaces: impl Iterator<Item = &'a Workspace>) {
+        let listed: Vec<&Workspace> = workspaces.collect();
+        let lines = self.tracker.changes(now, &listed);
+        let mut text = Vec::new();
+        for line in &lines {
+            if serde_json::to_writer(&mut text, line).is_ok() {
+                text.push(b'\n');
+            }
+        }
+        if text.is_empty() {
+            return;
+        }
+        if self.written > 0 && self.written + text.len() as u64 > self.max_bytes {
+            self.rotate();
+        }
+        match self.file.write_all(&text).and_then(|()| self.file.flush()) {
+            Ok(()) => {
+                self.written += text.len() as u64;
+                self.failing = false;
+            }
+            Err(e) if !self.failing => {
+                self.failing = true;
+                tracing::warn!(event = "journal_write_failed", path = %self.path.display(), error = %e, "cannot write the history journal; its lines are lost until a write works again (stops are not affected)");
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// `<path>` becomes `<path>.1` and a new `<path>` begins.
+    fn rotate(&mut self) {
+        let old = rotated(&self.path);
+        let renamed = std::fs::rename(&self.path, &old).and_then(|()| open_append(&self.path));
+        match renamed {
+            Ok(file) => {
+                self.file = file;
+                self.written = 0;
+                tracing::info!(event = "journal_rotated", path = %self.path.display(), "the history journal reached its bound: the older half is now {}", old.display());
+            }
+            Err(e) => {
+                tracing::warn!(event = "journal_write_failed", path = %self.path.display(), error = %e, "cannot rotate the history journal; writing on");
+            }
+        }
+    }
+}
+
+/// Where a full journal goes: `<path>.1`.
+pub fn rotated(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+fn open_append(path: &Path) -> std::io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.create(true).append(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)
+}
+
+/// The longest journal line read back; real ones are under 1 KB.
+const MAX_LINE: usize = 64 << 10;
+
+/// Every line of the journal at `path` and its older half (`<path>.1` first), in order. Lines
+/// that are not journal lines (too long, not JSON) are counted and skipped; a line is read with
+/// a bound, the files as they stream.
+pub fn read_lines(path: &Path, mut on: impl FnMut(JournalLine)) -> std::io::Result<usize> {
+    use std::io::{BufRead, Read};
+    let mut unreadable = 0;
+    for file in [rotated(path), path.to_path_buf()] {
+        let opened = match File::open(&file) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && file != path => continue,
+            Err(e) => return Err(e),
+        };
+        let mut reader = std::io::BufReader::new(opened);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            let n = (&mut reader).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            if buf.len() > MAX_LINE && !buf.ends_with(b"\n") {
+                // Too long: skip to the end of the line.
+                unreadable += 1;
+                let mut rest = Vec::new();
+                while !rest.ends_with(b"\n") {
+                    rest.clear();
+                    if (&mut reader).take(MAX_LINE as u64).read_until(b'\n', &mut rest)? == 0 {
+                        break;
+                    }
+                }
+                continue;
+            }
+            let line = String::from_utf8_lossy(&buf);
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<JournalLine>(line.trim_end()) {
+                Ok(l) => on(l),
+                Err(_) => unreadable += 1,
+            }
+        }
+    }
+    Ok(unreadable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_journal_rotates_and_both_halves_read_back_in_order() {
+        let dir = std::env::temp_dir().join(format!("journal-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("history.jsonl");
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(rotated(&path));
+        let text = include_str!("../../tests/fixtures/coder/workspaces_running.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let mut fleet: Vec<Workspace> = serde_json::from_value(v["workspaces"].clone()).unwrap();
+        let mut journal = Journal::open(&path, 2048).unwrap();
+        let t0: DateTime<Utc> = "2026-11-25T10:00:00Z".parse().unwrap();
+        for minute in 0..40 {
+            fleet[0].last_used_at = t0 + chrono::Duration::minutes(minute);
+            journal.record(t0 + chrono::Duration::minutes(minute), fleet.iter());
+        }
+        let (now, old) = (std::fs::metadata(&path).unwrap().len(), std::fs::metadata(rotated(&path)).unwrap().len());
+        assert!(now <= 2048 && old <= 2048, "each half within the bound: {now}, {old}");
+        let mut read = Vec::new();
+        assert_eq!(read_lines(&path, |l| read.push(l)).unwrap(), 0);
+        let times: Vec<_> = read.iter().map(|l| l.time).collect();
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "the older half first");
+        assert_eq!(read.last().unwrap().last_used_at, Some(t0 + chrono::Duration::minutes(39)), "the newest line last");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
