@@ -222,7 +222,7 @@ async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>
 }
 
 fn settings(coder_port: u16, prometheus_port: u16) -> Settings {
-    let gpu = SourceConfig::prometheus_at(&format!("http://127.0.0.1:{prometheus_port}")).expect("url");
+    let gpu = SourceConfig::prometheus_at("prometheus_url", &format!("http://127.0.0.1:{prometheus_port}")).expect("url");
     let mut settings =
         Settings::local(&format!("http://127.0.0.1:{coder_port}"), "benchkey01-benchsecret", gpu, DEFAULT_INTERVAL).expect("settings");
     settings.request_timeout = Duration::from_secs(60);

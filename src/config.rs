@@ -19,9 +19,7 @@ use crate::coder::token::TOKEN_ADVICE;
 use crate::error::Error;
 use crate::gpu::Ownership;
 use crate::gpu::SourceConfig;
-use crate::gpu::exporter::ExporterConfig;
-use crate::gpu::exporter::ExporterTarget;
-use crate::gpu::prometheus::{PrometheusConfig, PrometheusOptions};
+use crate::gpu::prometheus::PrometheusOptions;
 use crate::http::{Outbound, Secret, http_url};
 use crate::pass::mode::Mode;
 use crate::pass::policy::{CODER_MIN_AHEAD, Policy, ReclaimWhen, Rule};
@@ -322,14 +320,8 @@ impl Settings {
                     "no GPU source: pass --dcgm-exporter http://dcgm-exporter.gpu-operator:9400/metrics (repeatable) or --prometheus-url http://prometheus:9090",
                 );
             }
-            (true, Some(p)) => SourceConfig::Prometheus(PrometheusConfig::new(http_url(
-                "--prometheus-url",
-                p.trim_end_matches('/'),
-                "http://prometheus:9090",
-            )?)),
-            (false, None) => {
-                SourceConfig::Exporters(ExporterConfig::new(exporters.iter().map(|u| ExporterTarget::parse(u)).collect::<Result<_, _>>()?))
-            }
+            (true, Some(p)) => SourceConfig::prometheus_at("--prometheus-url", &p)?,
+            (false, None) => SourceConfig::exporters_at(&exporters)?,
         };
 
         let interval = args.interval.or(file.interval).unwrap_or(DEFAULT_INTERVAL);
@@ -678,6 +670,7 @@ fn per_model_table(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::exporter::ExporterTarget;
 
     fn args() -> CommonArgs {
         CommonArgs {

@@ -6,6 +6,8 @@ use chrono::{DateTime, Duration, Utc};
 use coder_gpu_reclaimer::commands::report::summarize;
 use coder_gpu_reclaimer::pass::audit::{AuditEvent, AuditKind, AuditLog, Extension, read_records};
 
+use crate::common::Scratch;
+
 fn at(text: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
 }
@@ -44,10 +46,8 @@ fn event(kind: AuditKind, time: DateTime<Utc>, n: usize) -> AuditEvent {
 
 #[test]
 fn every_kind_written_is_read_back_under_the_same_names() {
-    let dir = std::env::temp_dir().join(format!("audit-vocabulary-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("audit.jsonl");
-    let _ = std::fs::remove_file(&path);
+    let dir = Scratch::of("audit-vocabulary", []);
+    let path = dir.0.join("audit.jsonl");
     let log = AuditLog::open(&path).unwrap();
     let start = at("2026-11-25T10:00:00Z");
     let written: Vec<AuditEvent> =
@@ -88,15 +88,12 @@ fn every_kind_written_is_read_back_under_the_same_names() {
     let done = written.iter().find(|e| e.event == AuditKind::StopDone).unwrap().time;
     let hours = 2.0 * (until - done).num_seconds() as f64 / 3600.0;
     assert_eq!(t.gpu_hours_given_back, (hours * 100.0).round() / 100.0, "{t:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_resumed_stop_gives_back_its_gpus_for_the_time_it_was_stopped() {
-    let dir = std::env::temp_dir().join(format!("audit-given-back-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("audit.jsonl");
-    let _ = std::fs::remove_file(&path);
+    let dir = Scratch::of("audit-given-back", []);
+    let path = dir.0.join("audit.jsonl");
     let log = AuditLog::open(&path).unwrap();
     let done = at("2026-11-25T10:00:00Z");
     let resumed = done + Duration::minutes(90);
@@ -110,5 +107,4 @@ fn a_resumed_stop_gives_back_its_gpus_for_the_time_it_was_stopped() {
     let half = summarize(&path, done + Duration::minutes(45), resumed + Duration::hours(1)).unwrap();
     assert_eq!(half.total.gpu_hours_given_back, 1.5, "only the part inside the period");
     assert_eq!(whole.total.cost_given_back, Some(2.25), "priced at 0.75 a GPU-hour");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -415,7 +415,7 @@ async fn withdraws_a_pending_build_and_lists_provisioners_by_tags() {
     assert_eq!((daemons.len(), daemons[0].tags.get("gpu").map(String::as_str)), (1, Some("true")));
 }
 
-/// Build history: `since` in RFC 3339 (whole seconds, `Z`), pages of `BUILDS_PAGE` by `offset`
+/// Build history: `since` in RFC 3339 (to the microsecond, `Z`), pages of `BUILDS_PAGE` by `offset`
 /// until a short page, and a build seen on two pages (one was created meanwhile) kept once.
 #[tokio::test]
 async fn build_history_is_read_page_by_page_and_each_build_once() {
@@ -433,7 +433,7 @@ async fn build_history_is_read_page_by_page_and_each_build_once() {
     for (offset, page) in [("0", first), ("100", second)] {
         Mock::given(method("GET"))
             .and(path(history.as_str()))
-            .and(query_param("since", "2026-11-25T10:00:00Z"))
+            .and(query_param("since", "2026-11-25T10:00:00.250000Z"))
             .and(query_param("limit", "100"))
             .and(query_param("offset", offset))
             .respond_with(ResponseTemplate::new(200).set_body_json(page))

@@ -4,7 +4,7 @@
 //! (`JournalLine`), not one per pass. `Tracker` finds the changes between two listings; the
 //! service appends them to a file it rotates by size.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -45,64 +45,58 @@ pub enum Change {
     Gone,
 }
 
-/// What the journal last wrote of a workspace.
-#[derive(Debug, Clone, PartialEq)]
-struct Last {
-    line: JournalLine,
-}
-
 /// The last state of every workspace listed running, to tell what changed: as many entries as
 /// the fleet has running workspaces.
 #[derive(Debug, Default)]
 pub struct Tracker {
-    last: HashMap<String, Last>,
+    /// What the journal last wrote of each workspace.
+    last: HashMap<String, JournalLine>,
 }
 
 impl Tracker {
     /// The lines for one listing seen at `now`: new and rebuilt workspaces, moved `last_used_at`,
     /// changed agents, and workspaces no longer listed (`gone`). The first call writes a
     /// `running` line for each listed workspace.
-    pub fn changes(&mut self, now: DateTime<Utc>, workspaces: &[&Workspace]) -> Vec<JournalLine> {
+    pub fn changes<'w>(&mut self, now: DateTime<Utc>, workspaces: impl IntoIterator<Item = &'w Workspace>) -> Vec<JournalLine> {
         let mut out = Vec::new();
-        let mut seen: HashMap<&str, ()> = HashMap::with_capacity(workspaces.len());
+        let mut seen: HashSet<&str> = HashSet::new();
         for ws in workspaces {
-            seen.insert(ws.id.as_str(), ());
+            seen.insert(ws.id.as_str());
+            let agent = agent_status(ws);
+            // Compared first: a line is built only for a change (most passes change nothing).
+            let change = match self.last.get(&ws.id) {
+                None => Change::Running,
+                Some(l) if l.build_id != ws.latest_build.id => Change::Running,
+                Some(l) if l.last_used_at != Some(ws.last_used_at) => Change::Used,
+                Some(l) if l.agent.as_deref() != agent => Change::Agent,
+                Some(_) => continue,
+            };
             let line = JournalLine {
                 time: now,
-                change: Change::Running,
+                change,
                 workspace_id: ws.id.clone(),
                 owner: ws.owner_name.clone(),
                 workspace: ws.name.clone(),
                 template: ws.template_name.clone(),
                 last_used_at: Some(ws.last_used_at),
                 build_id: ws.latest_build.id.clone(),
-                agent: agent_status(ws),
+                agent: agent.map(str::to_string),
             };
-            let change = match self.last.get(&ws.id) {
-                None => Some(Change::Running),
-                Some(l) if l.line.build_id != line.build_id => Some(Change::Running),
-                Some(l) if l.line.last_used_at != line.last_used_at => Some(Change::Used),
-                Some(l) if l.line.agent != line.agent => Some(Change::Agent),
-                Some(_) => None,
-            };
-            if let Some(change) = change {
-                let line = JournalLine { change, ..line };
-                self.last.insert(ws.id.clone(), Last { line: line.clone() });
-                out.push(line);
-            }
+            self.last.insert(ws.id.clone(), line.clone());
+            out.push(line);
         }
-        let gone: Vec<String> = self.last.keys().filter(|id| !seen.contains_key(id.as_str())).cloned().collect();
+        let gone: Vec<String> = self.last.keys().filter(|id| !seen.contains(id.as_str())).cloned().collect();
         for id in gone {
             if let Some(l) = self.last.remove(&id) {
-                out.push(JournalLine { time: now, change: Change::Gone, ..l.line });
+                out.push(JournalLine { time: now, change: Change::Gone, ..l });
             }
         }
         out
     }
 }
 
-fn agent_status(ws: &Workspace) -> Option<String> {
-    ws.latest_build.resources.iter().flat_map(|r| r.agents.iter()).next().map(|a| a.status.as_str().to_string())
+fn agent_status(ws: &Workspace) -> Option<&'static str> {
+    ws.latest_build.resources.iter().flat_map(|r| r.agents.iter()).next().map(|a| a.status.as_str())
 }
 
 #[cfg(test)]
@@ -121,20 +115,20 @@ mod tests {
         let mut fleet = workspaces();
         assert!(fleet.len() >= 2, "the fixture lists two workspaces or more");
         let mut tracker = Tracker::default();
-        let first = tracker.changes(t0, &fleet.iter().collect::<Vec<_>>());
+        let first = tracker.changes(t0, &fleet);
         assert_eq!(first.len(), fleet.len());
         assert!(first.iter().all(|l| l.change == Change::Running));
         let t1 = t0 + chrono::Duration::minutes(1);
-        assert!(tracker.changes(t1, &fleet.iter().collect::<Vec<_>>()).is_empty(), "nothing changed, nothing written");
+        assert!(tracker.changes(t1, &fleet).is_empty(), "nothing changed, nothing written");
         fleet[0].last_used_at += chrono::Duration::seconds(90);
-        let moved = tracker.changes(t1, &fleet.iter().collect::<Vec<_>>());
+        let moved = tracker.changes(t1, &fleet);
         assert_eq!(moved.len(), 1);
         assert_eq!((moved[0].change, moved[0].workspace_id.as_str()), (Change::Used, fleet[0].id.as_str()));
         assert_eq!(moved[0].last_used_at, Some(fleet[0].last_used_at));
         fleet[1].latest_build.id = "a-new-build".into();
         let gone_id = fleet[0].id.clone();
         let rest: Vec<&Workspace> = fleet.iter().skip(1).collect();
-        let lines = tracker.changes(t1, &rest);
+        let lines = tracker.changes(t1, rest);
         let kinds: Vec<(Change, &str)> = lines.iter().map(|l| (l.change, l.workspace_id.as_str())).collect();
         assert!(kinds.contains(&(Change::Running, fleet[1].id.as_str())), "a new build is a new session: {kinds:?}");
         assert!(kinds.contains(&(Change::Gone, gone_id.as_str())), "{kinds:?}");

@@ -1394,7 +1394,6 @@ impl World {
         Some((ws, ws.pod.as_ref()?))
     }
 
-    /// True when the latest build is a succeeded start (Coder's `status:running`).
     /// coderd marks a workspace deleted when its delete build succeeds (`workspaces.deleted`);
     /// its id still answers `/builds`, and `GET /workspaces/{id}` answers 410 unless asked
     /// with `include_deleted=true` (reference/coder/NOTES.md section 17).
@@ -1402,6 +1401,7 @@ impl World {
         ws.latest().is_some_and(|b| b.transition == "delete" && b.job.status == "succeeded")
     }
 
+    /// True when the latest build is a succeeded start (Coder's `status:running`).
     pub fn is_running(&self, ws: &Workspace) -> bool {
         ws.latest().is_some_and(|b| b.transition == "start" && b.job.status == "succeeded")
     }

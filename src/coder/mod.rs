@@ -344,7 +344,7 @@ impl CoderClient {
     }
 
     /// `GET /api/v2/workspaces/{id}/builds?since=..&limit=..&offset=..`: every build created after
-    /// `since`, newest first, page by page (`BUILDS_PAGE`), at most `MAX_BUILDS_READ` (a build
+    /// `since` (sent to the microsecond, as coderd stores times), newest first, page by page (`BUILDS_PAGE`), at most `MAX_BUILDS_READ` (a build
     /// met twice across pages, when one was created meanwhile, is kept once). Answers for a
     /// deleted workspace too.
     pub async fn workspace_builds(
@@ -352,8 +352,9 @@ impl CoderClient {
         workspace_id: &str,
         since: chrono::DateTime<chrono::Utc>,
     ) -> Result<Vec<WorkspaceBuild>, CoderError> {
-        let since = since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let since = since.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         let mut builds: Vec<WorkspaceBuild> = Vec::new();
+        let mut ids: std::collections::HashSet<String> = std::collections::HashSet::new();
         loop {
             let path = format!(
                 "/api/v2/workspaces/{}/builds?since={}&limit={BUILDS_PAGE}&offset={}",
@@ -365,7 +366,7 @@ impl CoderClient {
             let full = page.len() == BUILDS_PAGE;
             let before = builds.len();
             for b in page {
-                if !builds.iter().any(|known| known.id == b.id) {
+                if ids.insert(b.id.clone()) {
                     builds.push(b);
                 }
             }

@@ -75,6 +75,9 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     // A stop not yet resumed gives back until the end of the period.
     let mut open: BTreeMap<String, ((String, String), Stopped)> = BTreeMap::new();
     let give_back = |rows: &mut BTreeMap<(String, String), Row>, key: (String, String), gpu_hours: f64, price: Option<f64>| {
+        if gpu_hours <= 0.0 {
+            return;
+        }
         let row = rows.entry(key).or_default();
         row.gpu_hours_given_back += gpu_hours;
         if let Some(p) = price {
@@ -112,9 +115,7 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
                     // time it was stopped: the line's own figure is not trusted (a forged or
                     // corrupted one could claim more).
                     let given = gpu_seconds_given_back(stopped.gpus, stopped.at.max(since), l.time.min(until));
-                    if given > 0.0 {
-                        give_back(&mut rows, key, given / 3600.0, stopped.price);
-                    }
+                    give_back(&mut rows, key, given / 3600.0, stopped.price);
                 }
             }
             _ => {}
@@ -124,9 +125,7 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     unreadable += read;
     for (_, (key, stopped)) in open {
         let given = gpu_seconds_given_back(stopped.gpus, stopped.at.max(since), until);
-        if given > 0.0 {
-            give_back(&mut rows, key, given / 3600.0, stopped.price);
-        }
+        give_back(&mut rows, key, given / 3600.0, stopped.price);
     }
     let mut total = Row { template: "(all)".into(), owner: "(all)".into(), ..Row::default() };
     let rows: Vec<Row> = rows

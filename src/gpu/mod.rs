@@ -31,9 +31,9 @@ impl SourceConfig {
         Ok(SourceConfig::Exporters(exporter::ExporterConfig::new(targets)))
     }
 
-    /// Prometheus at this URL, with the default options and limits.
-    pub fn prometheus_at(url: &str) -> Result<Self, Error> {
-        let url = crate::http::http_url("prometheus_url", url.trim_end_matches('/'), "http://prometheus:9090")?;
+    /// Prometheus at this URL (`setting` names it in an error), with the default options and limits.
+    pub fn prometheus_at(setting: &str, url: &str) -> Result<Self, Error> {
+        let url = crate::http::http_url(setting, url.trim_end_matches('/'), "http://prometheus:9090")?;
         Ok(SourceConfig::Prometheus(prometheus::PrometheusConfig::new(url)))
     }
 

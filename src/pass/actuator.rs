@@ -335,6 +335,10 @@ impl Actuator {
     /// `resumed` line), and stops whose POST may or may not have happened before the process
     /// ended (`stop_sending` alone: checked against Coder's builds at the next pass).
     pub fn recover(&mut self, now: DateTime<Utc>) {
+        // Observe mode follows no stop: what an earlier enforce run left open stays for the next one.
+        if !acts(self.mode) {
+            return;
+        }
         // Only a regular file is read back (a device such as /dev/full reads forever).
         let Some(path) = self.outputs.audit.as_ref().filter(|a| a.is_regular()).map(|a| a.path().to_path_buf()) else { return };
         /// Where a workspace's stop stood at its latest stop line: each line replaces the last.

@@ -131,7 +131,19 @@ impl AuditLog {
 
 /// Reads every audit line of `path` in order, calling `on` with each record; returns how many
 /// lines were not audit records (too long, not JSON). A missing file is an error.
-pub fn read_records(path: &Path, mut on: impl FnMut(AuditRecord)) -> std::io::Result<usize> {
+pub fn read_records(path: &Path, on: impl FnMut(AuditRecord)) -> std::io::Result<usize> {
+    read_json_lines(path, MAX_LINE, "audit_line_too_long", on)
+}
+
+/// Reads a file of JSON lines (the audit log, the history journal) as it streams, each line held
+/// with a bound: `on` gets every line that reads as a `T`; a line longer than `max_line` is
+/// skipped and logged as `too_long_event` with its number. Returns how many lines were not a `T`.
+pub fn read_json_lines<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    max_line: usize,
+    too_long_event: &'static str,
+    mut on: impl FnMut(T),
+) -> std::io::Result<usize> {
     use std::io::BufRead;
     let mut reader = std::io::BufReader::new(File::open(path)?);
     let mut buf = Vec::new();
@@ -152,7 +164,7 @@ pub fn read_records(path: &Path, mut on: impl FnMut(AuditRecord)) -> std::io::Re
                 Some(i) => (&chunk[..i], Some(i + 1)),
                 None => (chunk, None),
             };
-            if !too_long && buf.len() + part.len() <= MAX_LINE {
+            if !too_long && buf.len() + part.len() <= max_line {
                 buf.extend_from_slice(part);
             } else {
                 too_long = true;
@@ -169,9 +181,11 @@ pub fn read_records(path: &Path, mut on: impl FnMut(AuditRecord)) -> std::io::Re
         }
         if too_long {
             tracing::warn!(
-                event = "audit_line_too_long",
+                event = too_long_event,
                 line = number,
-                "line {number} of the audit log is longer than {MAX_LINE} bytes: not an audit line, skipped"
+                path = %path.display(),
+                "line {number} of {} is longer than {max_line} bytes: skipped",
+                path.display()
             );
             unreadable += 1;
             continue;
@@ -180,7 +194,7 @@ pub fn read_records(path: &Path, mut on: impl FnMut(AuditRecord)) -> std::io::Re
         if line.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str::<AuditRecord>(&line) {
+        match serde_json::from_str::<T>(&line) {
             Ok(r) => on(r),
             Err(_) => unreadable += 1,
         }

@@ -15,6 +15,7 @@ use reclaimer_core::coder::types::Workspace;
 use reclaimer_core::history::{JournalLine, Tracker};
 
 use crate::error::Error;
+use crate::pass::audit::read_json_lines;
 
 /// The default bound of one journal file (`history_journal_max_mib`): at about 300 bytes a line,
 /// 10,000 workspaces each changing every other minute fill it in about a day.
@@ -22,10 +23,13 @@ pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
 
 pub struct Journal {
     path: PathBuf,
-    file: File,
+    /// `None` after a rotation could not open the new file: nothing is written (the bound holds)
+    /// until a later pass opens it.
+    file: Option<File>,
     written: u64,
     max_bytes: u64,
     tracker: Tracker,
+    /// A failure was logged and no write has worked since (each failure is logged once).
     failing: bool,
 }
 
@@ -39,13 +43,20 @@ impl Journal {
             ))
         })?;
         let written = file.metadata().map(|m| m.len()).unwrap_or(0);
-        Ok(Journal { path: path.to_path_buf(), file, written, max_bytes: max_bytes as u64, tracker: Tracker::default(), failing: false })
+        Ok(Journal {
+            path: path.to_path_buf(),
+            file: Some(file),
+            written,
+            max_bytes: max_bytes as u64,
+            tracker: Tracker::default(),
+            failing: false,
+        })
     }
 
-    /// Writes the changes one pass saw.
+    /// Writes the changes one pass saw. One pass's lines go to one file: a first pass over a
+    /// fleet larger than the bound writes them whole, and the next pass rotates.
     pub fn record<'a>(&mut self, now: DateTime<Utc>, workspaces: impl Iterator<Item = &'a Workspace>) {
-        let listed: Vec<&Workspace> = workspaces.collect();
-        let lines = self.tracker.changes(now, &listed);
+        let lines = self.tracker.changes(now, workspaces);
         let mut text = Vec::new();
         for line in &lines {
             if serde_json::to_writer(&mut text, line).is_ok() {
@@ -55,10 +66,18 @@ impl Journal {
         if text.is_empty() {
             return;
         }
-        if self.written > 0 && self.written + text.len() as u64 > self.max_bytes {
-            self.rotate();
+        let full = self.written > 0 && self.written + text.len() as u64 > self.max_bytes;
+        let written = match (full, self.file.take()) {
+            (false, Some(file)) => Ok(file),
+            // Full, or the last rotation left no file: rotate (or open again) first.
+            (_, _) => self.rotate(),
         }
-        match self.file.write_all(&text).and_then(|()| self.file.flush()) {
+        .and_then(|mut file| {
+            let result = file.write_all(&text).and_then(|()| file.flush());
+            self.file = Some(file);
+            result
+        });
+        match written {
             Ok(()) => {
                 self.written += text.len() as u64;
                 self.failing = false;
@@ -71,20 +90,18 @@ impl Journal {
         }
     }
 
-    /// `<path>` becomes `<path>.1` and a new `<path>` begins.
-    fn rotate(&mut self) {
+    /// `<path>` becomes `<path>.1` (when it is there) and a new `<path>` begins.
+    fn rotate(&mut self) -> std::io::Result<File> {
         let old = rotated(&self.path);
-        let renamed = std::fs::rename(&self.path, &old).and_then(|()| open_append(&self.path));
-        match renamed {
-            Ok(file) => {
-                self.file = file;
-                self.written = 0;
-                tracing::info!(event = "journal_rotated", path = %self.path.display(), "the history journal reached its bound: the older half is now {}", old.display());
-            }
-            Err(e) => {
-                tracing::warn!(event = "journal_write_failed", path = %self.path.display(), error = %e, "cannot rotate the history journal; writing on");
-            }
+        match std::fs::rename(&self.path, &old) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
+        let file = open_append(&self.path)?;
+        self.written = 0;
+        tracing::info!(event = "journal_rotated", path = %self.path.display(), "the history journal reached its bound: the older half is now {}", old.display());
+        Ok(file)
     }
 }
 
@@ -109,46 +126,15 @@ fn open_append(path: &Path) -> std::io::Result<File> {
 /// The longest journal line read back; real ones are under 1 KB.
 const MAX_LINE: usize = 64 << 10;
 
-/// Every line of the journal at `path` and its older half (`<path>.1` first), in order. Lines
-/// that are not journal lines (too long, not JSON) are counted and skipped; a line is read with
-/// a bound, the files as they stream.
+/// Every line of the journal at `path` and its older half (`<path>.1` first), in order, read as
+/// they stream (`audit::read_json_lines`); returns how many lines were not journal lines.
 pub fn read_lines(path: &Path, mut on: impl FnMut(JournalLine)) -> std::io::Result<usize> {
-    use std::io::{BufRead, Read};
     let mut unreadable = 0;
     for file in [rotated(path), path.to_path_buf()] {
-        let opened = match File::open(&file) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && file != path => continue,
+        match read_json_lines(&file, MAX_LINE, "journal_line_too_long", &mut on) {
+            Ok(n) => unreadable += n,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && file != path => {}
             Err(e) => return Err(e),
-        };
-        let mut reader = std::io::BufReader::new(opened);
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            let n = (&mut reader).take(MAX_LINE as u64 + 1).read_until(b'\n', &mut buf)?;
-            if n == 0 {
-                break;
-            }
-            if buf.len() > MAX_LINE && !buf.ends_with(b"\n") {
-                // Too long: skip to the end of the line.
-                unreadable += 1;
-                let mut rest = Vec::new();
-                while !rest.ends_with(b"\n") {
-                    rest.clear();
-                    if (&mut reader).take(MAX_LINE as u64).read_until(b'\n', &mut rest)? == 0 {
-                        break;
-                    }
-                }
-                continue;
-            }
-            let line = String::from_utf8_lossy(&buf);
-            if line.trim().is_empty() {
-                continue;
-            }
-            match serde_json::from_str::<JournalLine>(line.trim_end()) {
-                Ok(l) => on(l),
-                Err(_) => unreadable += 1,
-            }
         }
     }
     Ok(unreadable)

@@ -93,12 +93,14 @@ pub fn audit_lines(path: &std::path::Path) -> Vec<Value> {
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
-    /// Copies `files` (relative to the repository) into a fresh folder named after `prefix`.
+    /// Copies `files` (relative to the repository) into a fresh folder named after `prefix`
+    /// (none: an empty scratch folder).
     pub fn of(prefix: &str, files: impl IntoIterator<Item = String>) -> Self {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        std::fs::create_dir_all(&dir).unwrap();
         for file in files {
             let to = dir.join(&file);
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();

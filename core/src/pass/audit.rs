@@ -317,8 +317,10 @@ pub const MAX_LINE: usize = 64 << 10;
 
 /// A stop reason as the decisions name it (`Reason::as_str`), for an event rebuilt from its line.
 pub fn stop_reason(text: &str) -> &'static str {
-    ["idle", "memory-held-idle", "phantom-utilization", "connected-but-gpu-idle", "max-lifetime"]
+    use crate::pass::decide::Reason;
+    [Reason::Idle, Reason::MemoryHeldIdle, Reason::PhantomUtilization, Reason::ConnectedButGpuIdle, Reason::MaxLifetime]
+        .map(Reason::as_str)
         .into_iter()
         .find(|r| *r == text)
-        .unwrap_or("idle")
+        .unwrap_or(Reason::Idle.as_str())
 }
