@@ -132,18 +132,21 @@ impl AuditLog {
 /// Reads every audit line of `path` in order, calling `on` with each record; returns how many
 /// lines were not audit records (too long, not JSON). A missing file is an error.
 pub fn read_records(path: &Path, on: impl FnMut(AuditRecord)) -> std::io::Result<usize> {
-    read_json_lines(path, MAX_LINE, "audit_line_too_long", on)
+    read_json_lines(path, MAX_LINE, ("audit_line_too_long", "the audit log", "an audit line"), on)
 }
 
 /// Reads a file of JSON lines (the audit log, the history journal) as it streams, each line held
 /// with a bound: `on` gets every line that reads as a `T`; a line longer than `max_line` is
-/// skipped and logged as `too_long_event` with its number. Returns how many lines were not a `T`.
+/// skipped and logged with its number, as `too_long`'s event naming the file and what a line is
+/// (`("audit_line_too_long", "the audit log", "an audit line")`). Returns how many lines were
+/// not a `T`.
 pub fn read_json_lines<T: serde::de::DeserializeOwned>(
     path: &Path,
     max_line: usize,
-    too_long_event: &'static str,
+    too_long: (&'static str, &'static str, &'static str),
     mut on: impl FnMut(T),
 ) -> std::io::Result<usize> {
+    let (too_long_event, what, a_line) = too_long;
     use std::io::BufRead;
     let mut reader = std::io::BufReader::new(File::open(path)?);
     let mut buf = Vec::new();
@@ -184,8 +187,7 @@ pub fn read_json_lines<T: serde::de::DeserializeOwned>(
                 event = too_long_event,
                 line = number,
                 path = %path.display(),
-                "line {number} of {} is longer than {max_line} bytes: skipped",
-                path.display()
+                "line {number} of {what} is longer than {max_line} bytes: not {a_line}, skipped"
             );
             unreadable += 1;
             continue;

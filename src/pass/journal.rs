@@ -131,7 +131,7 @@ const MAX_LINE: usize = 64 << 10;
 pub fn read_lines(path: &Path, mut on: impl FnMut(JournalLine)) -> std::io::Result<usize> {
     let mut unreadable = 0;
     for file in [rotated(path), path.to_path_buf()] {
-        match read_json_lines(&file, MAX_LINE, "journal_line_too_long", &mut on) {
+        match read_json_lines(&file, MAX_LINE, ("journal_line_too_long", "the history journal", "a journal line"), &mut on) {
             Ok(n) => unreadable += n,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && file != path => {}
             Err(e) => return Err(e),
