@@ -48,6 +48,68 @@ pub enum Command {
     Demo(DemoArgs),
     /// Sum up the audit log: stops per template and owner, GPU-hours given back, would-stops.
     Report(ReportArgs),
+    /// Replay the policy over past history (Prometheus and Coder's builds): what it would have stopped, given back and regretted. Never stops anything.
+    Backtest(BacktestArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(long_about = "Replays the policy over a past window, pass by pass at --interval, with the same decisions and \
+fleet rules as `run` (stop cap, breaker, contention, pools). GPU readings come from Prometheus (--prometheus-url is \
+required: dcgm-exporter keeps no history); which workspaces ran when comes from Coder's build history. A simulated \
+stop lasts until the workspace's next real start build; the GPU time it really held until then is given back. A stop \
+is regretted when, within --regret-window, the history shows a connection, GPU compute or a start by its owner. \
+Connections come from the history journal `run --history-journal` writes, else coderd's agent-stat gauges in the \
+same Prometheus, else nowhere (then every figure that depends on them is an upper bound). Reads only; stops nothing.")]
+pub struct BacktestArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// The window: this long before --until
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = crate::duration::parse)]
+    pub since: Duration,
+
+    /// The end of the window (RFC 3339) [default: now]
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+
+    /// A stop is regretted when its owner connects, its GPU computes or its owner starts it within this long after it
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = crate::duration::parse)]
+    pub regret_window: Duration,
+
+    /// Replay once per value of a duration key of the policy, e.g. idle_after=15m,30m,1h,2h
+    #[arg(long, value_name = "KEY=VALUES")]
+    pub sweep: Option<String>,
+
+    /// The history journal `run --history-journal` writes [default: history_journal from --config]
+    #[arg(long, value_name = "PATH")]
+    pub journal: Option<PathBuf>,
+
+    /// Where moments of use come from: the first that exists (auto), or the one named
+    #[arg(long, value_name = "SOURCE", value_enum, default_value = "auto")]
+    pub connections: ConnectionsArg,
+
+    /// table for people, json (docs/backtest.md's schema), or html (one self-contained page)
+    #[arg(long, value_name = "FORMAT", value_enum, default_value = "table")]
+    pub output: BacktestFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConnectionsArg {
+    /// The journal if there is one, else coderd's gauges if the store has them, else none
+    Auto,
+    /// The history journal (--journal)
+    Journal,
+    /// coderd_agentstats_* in the same Prometheus (coderd --prometheus-enable --prometheus-collect-agent-stats)
+    Coderd,
+    /// None: the GPU alone is the evidence; figures that depend on connections are upper bounds
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BacktestFormat {
+    Table,
+    Json,
+    Html,
 }
 
 #[derive(Debug, Clone, Args)]

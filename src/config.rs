@@ -514,6 +514,78 @@ fn non_negative(setting: &str, v: Option<f64>, default: f64) -> Result<f64, Erro
 }
 
 /// The policy from defaults, the file, then flags.
+/// The policy's duration keys `backtest --sweep` may vary (as the config file spells them).
+pub const SWEEP_KEYS: &[&str] = &[
+    "idle_after",
+    "grace",
+    "connected_idle_after",
+    "max_lifetime",
+    "restore_autostop",
+    "extend_by",
+    "extend_limit",
+    "max_sample_gap",
+    "stale_after",
+    "frozen_after",
+    "start_allowance",
+    "agent_lost_after",
+];
+
+/// `--sweep KEY=V1,V2,...`: one policy per value, each the configured policy (flags, file,
+/// defaults) with that key set to that value, labelled `KEY=V`. The key's flag, when given,
+/// yields to the swept value.
+pub fn swept_policies(args: &CommonArgs, sweep: &str, interval: Duration) -> Result<Vec<(String, Policy)>, Error> {
+    let example = "--sweep idle_after=15m,30m,1h,2h";
+    let Some((key, values)) = sweep.split_once('=') else {
+        return err(format!("--sweep {sweep:?}: write KEY=VALUE,VALUE,..., e.g. {example}"));
+    };
+    let key = key.trim();
+    if !SWEEP_KEYS.contains(&key) {
+        return err(format!("--sweep {key:?} is not a duration key of the policy: use one of {}, e.g. {example}", SWEEP_KEYS.join(", ")));
+    }
+    let file = match &args.config {
+        Some(path) => FileConfig::load(path)?,
+        None => FileConfig::default(),
+    };
+    let mut args = args.clone();
+    match key {
+        "idle_after" => args.idle_after = None,
+        "grace" => args.grace = None,
+        _ => {}
+    }
+    let mut out = Vec::new();
+    for raw in values.split(',').map(str::trim).filter(|v| !v.is_empty()) {
+        let d = crate::duration::parse(raw).map_err(|e| Error::config(format!("--sweep {key}={raw}: {e}, e.g. {example}")))?;
+        let mut file = file.clone();
+        let slot = match key {
+            "idle_after" => &mut file.idle_after,
+            "grace" => &mut file.grace,
+            "connected_idle_after" => &mut file.connected_idle_after,
+            "max_lifetime" => &mut file.max_lifetime,
+            "restore_autostop" => &mut file.restore_autostop,
+            "extend_by" => &mut file.extend_by,
+            "extend_limit" => &mut file.extend_limit,
+            "max_sample_gap" => &mut file.max_sample_gap,
+            "stale_after" => &mut file.stale_after,
+            "frozen_after" => &mut file.frozen_after,
+            "start_allowance" => &mut file.start_allowance,
+            _ => &mut file.agent_lost_after,
+        };
+        *slot = Some(d);
+        let policy = build_policy(&args, &file, interval).map_err(|e| Error::config(format!("--sweep {key}={raw}: {e}")))?;
+        out.push((format!("{key}={raw}"), policy));
+    }
+    if out.is_empty() {
+        return err(format!("--sweep {key}= names no value, e.g. {example}"));
+    }
+    if out.len() > MAX_SWEEP_VALUES {
+        return err(format!("--sweep {key}: {} values, at most {MAX_SWEEP_VALUES} (each is a replay held in memory)", out.len()));
+    }
+    Ok(out)
+}
+
+/// The most values one sweep replays (each holds its own windows for the fleet).
+pub const MAX_SWEEP_VALUES: usize = 16;
+
 pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) -> Result<Policy, Error> {
     let mut p = Policy::defaults(interval);
     let t = &mut p.thresholds;

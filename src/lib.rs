@@ -4,6 +4,7 @@
 //! the same paths (`duration`, `json_read` here; the rest inside `coder`, `gpu` and `pass`).
 
 pub mod app;
+pub mod backtest;
 pub mod cli;
 pub mod coder;
 pub mod commands;

@@ -1,6 +1,6 @@
 //! The binary: parse the flags, call the subcommand (`commands/`, one file each) on a two-thread
 //! runtime, and map the outcome to an exit code (0 fine, 1 runtime failure or a failed `check`, 2 usage or configuration
-//! error: `Error::exit_code`). `run`, `plan` and `check` resolve their flags into `Settings` once
+//! error: `Error::exit_code`). `run`, `plan`, `check` and `backtest` resolve their flags into `Settings` once
 //! and log in the settings' format (`run` at info, the others at warn); `report` and `demo`
 //! resolve none (the demo builds its own) and log text at warn.
 
@@ -42,6 +42,12 @@ async fn run_command(command: Command) -> Result<bool, Error> {
         Command::Report(args) => {
             init_logging(LogFormat::Text, tracing::Level::WARN);
             commands::report::run(&args, chrono::Utc::now(), &mut std::io::stdout().lock()).map(|_| true)
+        }
+        Command::Backtest(args) => {
+            let settings = Settings::resolve(&args.common, None, token_env(), LogFormat::Text)?;
+            init_logging(settings.log_format, tracing::Level::WARN);
+            let mut out = std::io::BufWriter::new(std::io::stdout());
+            commands::backtest::run(settings, &args, chrono::Utc::now(), &mut out).await.map(|_| true)
         }
         Command::Demo(args) => {
             init_logging(LogFormat::Text, tracing::Level::WARN);

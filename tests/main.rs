@@ -7,6 +7,7 @@ mod accounting;
 mod alerts;
 mod architecture;
 mod audit;
+mod backtest;
 mod busy_work;
 mod cli;
 mod coder_client;

@@ -866,6 +866,51 @@ impl World {
         Ok(id)
     }
 
+    /// Rewrites a workspace's history as coderd would have stored it had these builds happened
+    /// at these times (a backtest reads history, and a test cannot wait days for it): each
+    /// `(transition, by, at)` a build whose job succeeded at `at`, numbered in order; a start's
+    /// agent connected then (its `first_connected_at`, `coderd/workspaceagents.go`), a stop has
+    /// none (§12). The latest build's pod and GPU are left as they are.
+    pub fn rewrite_history(&mut self, ws_id: Uuid, builds: &[(&'static str, usize, DateTime<Utc>)]) {
+        let Some(wi) = self.ws_index(ws_id) else { return };
+        let template = self.workspaces[wi].builds.first().cloned();
+        let Some(template) = template else { return };
+        let ws = &mut self.workspaces[wi];
+        ws.builds = builds
+            .iter()
+            .enumerate()
+            .map(|(i, &(transition, by, at))| {
+                let mut b = template.clone();
+                b.id = Uuid::new_v4();
+                b.number = i as i64 + 1;
+                b.transition = transition;
+                b.reason = "initiator";
+                b.initiator = by;
+                b.created_at = at;
+                b.job.id = Uuid::new_v4();
+                b.job.status = "succeeded";
+                b.job.created_at = at;
+                b.job.started_at = Some(at);
+                b.job.completed_at = Some(at);
+                b.deadline = None;
+                b.agent = (transition == "start").then(|| Agent {
+                    id: Uuid::new_v4(),
+                    created_at: at,
+                    first_connected_at: Some(at),
+                    last_connected_at: Some(at),
+                    disconnected_at: None,
+                    online: true,
+                    lifecycle: "ready",
+                    connection_timeout_seconds: 120,
+                });
+                b
+            })
+            .collect();
+        if let Some(first) = builds.first() {
+            ws.created_at = first.2;
+        }
+    }
+
     pub fn find_build(&self, build_id: Uuid) -> Option<(usize, usize)> {
         self.workspaces.iter().enumerate().find_map(|(wi, w)| w.builds.iter().position(|b| b.id == build_id).map(|bi| (wi, bi)))
     }

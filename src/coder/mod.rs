@@ -377,6 +377,29 @@ impl CoderClient {
         }
     }
 
+    /// The builds that make up a workspace's history from `start` on: every build created after
+    /// it (`workspace_builds`) and the one current at `start`, read as the next older ones in
+    /// coderd's newest-first order (`limit=2&offset=<after>`, two in case one build was created
+    /// between the calls). Oldest first.
+    pub async fn workspace_history(
+        &self,
+        workspace_id: &str,
+        start: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<WorkspaceBuild>, CoderError> {
+        let mut builds = self.workspace_builds(workspace_id, start).await?;
+        if builds.len() < MAX_BUILDS_READ {
+            let path = format!("/api/v2/workspaces/{}/builds?limit=2&offset={}", encode_path(workspace_id), builds.len());
+            let older: Vec<WorkspaceBuild> = self.call(Method::GET, "GET /api/v2/workspaces/{workspace}/builds", path, None::<&()>).await?;
+            if let Some(current) = older.into_iter().find(|b| b.created_at.is_some_and(|c| c <= start)) {
+                if builds.iter().all(|b| b.id != current.id) {
+                    builds.push(current);
+                }
+            }
+        }
+        builds.sort_by_key(|b| b.created_at);
+        Ok(builds)
+    }
+
     /// `GET /api/v2/workspacebuilds/{id}`: follow a build until its job is final.
     pub async fn workspace_build(&self, build_id: &str) -> Result<WorkspaceBuild, CoderError> {
         let path = format!("/api/v2/workspacebuilds/{}", encode_path(build_id));

@@ -1,8 +1,9 @@
-//! The subcommands, one file each: `run`, `plan`, `check`, `report` and `demo`. `main` parses the
+//! The subcommands, one file each: `run`, `plan`, `check`, `report`, `backtest` and `demo`. `main` parses the
 //! flags and calls one; `run` and `plan` build the service with `app::Application::build`,
 //! `check` builds the clients alone and reports each check as a line instead of failing at the
 //! first. What two subcommands share is here: the signal handler and the token file's mode.
 
+pub mod backtest;
 pub mod check;
 pub mod demo;
 pub mod plan;

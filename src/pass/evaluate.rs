@@ -14,7 +14,8 @@ use crate::coder::{CoderClient, CoderError};
 use crate::gpu::window::Windows;
 use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
 use crate::pass::deadline::DeadlinePlan;
-use crate::pass::decide::{Decision, FleetOutcome, PassFacts, Verdict, apply_fleet_rules, decide_with, without_stop_permission};
+use crate::pass::decide::{Decision, FleetOutcome};
+use crate::pass::judge::{Judge, Judgement, PassContext, merge_points, session_starts};
 use crate::pass::policy::Policy;
 
 /// One running workspace as the pass judged it: its listing entry, its decision, and what its
@@ -103,44 +104,29 @@ pub const CLOCK_SKEW_WARNING: chrono::Duration = chrono::Duration::seconds(30);
 /// Offsets this small are below what the `Date` header can tell.
 pub const CLOCK_RESOLUTION: chrono::Duration = chrono::Duration::seconds(2);
 
+pub use crate::pass::judge::LEARNED_TEMPLATE_MEMORY;
+
 pub struct Evaluator {
     coder: CoderClient,
     source: Sources,
-    policy: Policy,
-    windows: Windows,
-    /// Warnings in progress (grace): workspace id -> stop time.
-    warnings: HashMap<String, DateTime<Utc>>,
-    /// The latest build id seen per workspace: a new build is a new session.
-    sessions: HashMap<String, String>,
+    /// The judgment's state (windows, warnings, sessions, learned templates) and its pure step,
+    /// which `backtest` replays through too.
+    judge: Judge,
     /// Coder's clock offset as last measured (kept when a response lacks the header).
     coder_clock_offset: chrono::Duration,
     /// Whether the token may stop workspaces, per organization id: asked once per organization
     /// that has running workspaces, forgotten when the token changes.
     may_stop: HashMap<String, bool>,
-    /// While `gpu_templates` is unset: templates one of whose workspaces had a GPU series, and
-    /// when that was last seen (`LEARNED_TEMPLATE_MEMORY`).
-    gpu_templates_seen: HashMap<String, DateTime<Utc>>,
 }
-
-/// How long a template counts as a GPU template after the last of its workspaces that had a GPU
-/// series was seen with one.
-pub const LEARNED_TEMPLATE_MEMORY: chrono::Duration = chrono::Duration::days(7);
-/// The most templates learned at once (Coder deployments have tens): the longest unseen go first.
-const MAX_LEARNED_TEMPLATES: usize = 10_000;
 
 impl Evaluator {
     pub fn new(coder: CoderClient, source: Sources, policy: Policy, interval: std::time::Duration) -> Self {
-        let retain = crate::duration::chrono(policy.longest_lookback());
         Evaluator {
-            windows: Windows::new(retain, interval).with_max_per_workspace(policy.max_gpus_per_workspace),
+            judge: Judge::new(policy, interval),
             coder,
             source,
-            policy,
-            warnings: HashMap::new(),
-            sessions: HashMap::new(),
             coder_clock_offset: chrono::Duration::zero(),
             may_stop: HashMap::new(),
-            gpu_templates_seen: HashMap::new(),
         }
     }
 
@@ -178,52 +164,21 @@ impl Evaluator {
     }
 
     pub fn policy(&self) -> &Policy {
-        &self.policy
+        self.judge.policy()
     }
 
-    /// Whether a template is a GPU template: one `gpu_templates` names, or while that is unset,
-    /// one of whose workspaces has had a GPU series within `LEARNED_TEMPLATE_MEMORY`.
+    /// Whether a template is a GPU template (`Judge::is_gpu_template`).
     pub fn is_gpu_template(&self, template: &str) -> bool {
-        if self.policy.gpu_templates.is_empty() {
-            self.gpu_templates_seen.contains_key(template)
-        } else {
-            self.policy.is_gpu_template(template)
-        }
+        self.judge.is_gpu_template(template)
     }
 
     /// The templates learned as GPU templates (`gpu_templates` unset), sorted.
     pub fn learned_gpu_templates(&self) -> Vec<String> {
-        let mut out: Vec<String> = self.gpu_templates_seen.keys().cloned().collect();
-        out.sort();
-        out
-    }
-
-    /// Remembers the templates of workspaces that have GPU series now, and forgets the ones not
-    /// seen with one for `LEARNED_TEMPLATE_MEMORY`.
-    fn learn_gpu_templates(&mut self, workspaces: &[Workspace], now: DateTime<Utc>) {
-        if !self.policy.gpu_templates.is_empty() {
-            return;
-        }
-        for ws in workspaces.iter().filter(|w| self.windows.get(&w.id).is_some_and(|g| g.iter().any(|w| !w.samples.is_empty()))) {
-            match self.gpu_templates_seen.get_mut(&ws.template_name) {
-                Some(seen) => *seen = now,
-                None => {
-                    self.gpu_templates_seen.insert(ws.template_name.clone(), now);
-                }
-            }
-        }
-        self.gpu_templates_seen.retain(|_, seen| now - *seen < LEARNED_TEMPLATE_MEMORY);
-        if self.gpu_templates_seen.len() > MAX_LEARNED_TEMPLATES {
-            let mut by_age: Vec<(DateTime<Utc>, String)> = self.gpu_templates_seen.iter().map(|(t, at)| (*at, t.clone())).collect();
-            by_age.sort();
-            for (_, t) in by_age.into_iter().take(self.gpu_templates_seen.len() - MAX_LEARNED_TEMPLATES) {
-                self.gpu_templates_seen.remove(&t);
-            }
-        }
+        self.judge.learned_gpu_templates()
     }
 
     pub fn windows(&self) -> &Windows {
-        &self.windows
+        self.judge.windows()
     }
 
     pub fn source(&self) -> &Sources {
@@ -237,9 +192,7 @@ impl Evaluator {
     pub async fn sample(&mut self) {
         let collection = self.source.collect(Utc::now()).await;
         for series in &collection.series {
-            if series.workspace_id.as_deref().is_some_and(|id| self.sessions.contains_key(id)) {
-                self.windows.record(series, None, false);
-            }
+            self.judge.record_between_passes(series);
         }
     }
 
@@ -248,7 +201,7 @@ impl Evaluator {
     pub async fn learn_running(&mut self) -> Result<(), CoderError> {
         let listing = self.coder.listing().await?;
         for ws in &listing.workspaces {
-            self.sessions.entry(ws.id.clone()).or_insert_with(|| ws.latest_build.id.clone());
+            self.judge.know_session(&ws.id, &ws.latest_build.id);
         }
         Ok(())
     }
@@ -256,7 +209,7 @@ impl Evaluator {
     /// Ends a sampling step as a pass would: the readings since become one sample (`plan`
     /// samples a few times before its one pass).
     pub fn flush_samples(&mut self) {
-        self.windows.flush();
+        self.judge.flush_samples();
     }
 
     /// Gather, merge, decide, fleet rules. Fails only when the listing fails: then nothing is
@@ -295,62 +248,24 @@ impl Evaluator {
         }
         let (workspaces, duplicates) = dedup_by_id(listing.workspaces);
         self.learn_permissions(&workspaces).await;
-        let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
-        for ws in &workspaces {
-            let build = &ws.latest_build.id;
-            match self.sessions.get_mut(&ws.id) {
-                Some(seen) if seen == build => {}
-                Some(seen) => {
-                    // Restarted since the last pass: its old samples describe another session.
-                    self.windows.forget(&ws.id);
-                    self.warnings.remove(&ws.id);
-                    seen.clone_from(build);
-                }
-                None => {
-                    self.sessions.insert(ws.id.clone(), build.clone());
-                }
-            }
+        let context = PassContext { coder_offset: self.coder_clock_offset, step: collection.step };
+        let mut pass = self.judge.begin(&workspaces, context);
+        // Drained as they are merged: a first Prometheus pass's points go as the windows fill.
+        for series in collection.series.drain(..) {
+            pass.merge(&series, &series.points);
         }
-        self.sessions.retain(|id, _| live.contains(id.as_str()));
-        merge_collection(&mut self.windows, &mut collection, &workspaces, self.coder_clock_offset);
-        // This pass's reading and every sampled one since the last pass: one sample per pass.
-        self.windows.flush();
         let failed: HashSet<&str> = collection.failures.iter().map(|f| f.source.as_str()).collect();
-        self.windows.mark_failed_sources(&failed);
-        self.windows.prune(now, &live);
-        self.learn_gpu_templates(&workspaces, now);
-
-        let mut decisions: Vec<Decision> = workspaces
-            .iter()
-            .map(|ws| {
-                let prior = self.warnings.get(&ws.id).copied();
-                let facts = PassFacts {
-                    coder_offset: self.coder_clock_offset,
-                    gpu_template: self.is_gpu_template(&ws.template_name),
-                    step: collection.step,
-                    gpu_series_refused_at: self.windows.refused_at(&ws.id),
-                };
-                decide_with(now, ws, self.windows.get(&ws.id), &self.policy, prior, facts)
-            })
-            .collect();
-        for (ws, d) in workspaces.iter().zip(decisions.iter_mut()) {
-            if self.may_stop.get(&ws.organization_id) == Some(&false) {
-                without_stop_permission(d, &ws.organization_name);
-            }
-        }
-        let fleet = apply_fleet_rules(&mut decisions, &self.policy);
-        let new_warnings = (0..decisions.len())
-            .filter(|&i| decisions[i].verdict == Verdict::Warn && !self.warnings.contains_key(&decisions[i].workspace_id))
-            .collect();
-        self.warnings =
-            decisions.iter().filter(|d| d.is_stop_eligible()).filter_map(|d| d.stop_at.map(|t| (d.workspace_id.clone(), t))).collect();
+        let may_stop = &self.may_stop;
+        let Judgement { decisions, fleet, new_warnings } = pass.decide(now, &failed, |ws| may_stop.get(&ws.organization_id).copied());
+        let windows = self.judge.windows();
+        let policy = self.judge.policy();
         let judged = workspaces
             .into_iter()
             .zip(decisions)
             .map(|(workspace, decision)| {
-                let windows = self.windows.get(&workspace.id);
-                let model = windows.and_then(|g| g.iter().find_map(|w| w.model.as_deref()));
-                Judged { gpus: windows.map_or(0, |g| g.len() as u64), price: self.policy.gpu_hour_price_for(model), workspace, decision }
+                let gpus = windows.get(&workspace.id);
+                let model = gpus.and_then(|g| g.iter().find_map(|w| w.model.as_deref()));
+                Judged { gpus: gpus.map_or(0, |g| g.len() as u64), price: policy.gpu_hour_price_for(model), workspace, decision }
             })
             .collect();
         Ok(Evaluation {
@@ -366,31 +281,23 @@ impl Evaluator {
             duplicates,
             coder_clock_offset: listing.clock_offset,
             coder_offset: self.coder_clock_offset,
-            currency: self.policy.prices_gpu_time().then(|| self.policy.currency.clone()),
+            currency: policy.prices_gpu_time().then(|| policy.currency.clone()),
         })
     }
 }
 
-/// Merges one collection into the windows: each running workspace's points from its current
-/// session on. History (Prometheus) also holds the previous pod's series from before the latest
-/// build, which say nothing about this session; a Prometheus point covers the step ending at its
-/// time, so it belongs to the session only when the whole step does. Build times are Coder's
-/// clock (`coder_clock_offset` is Coder's minus ours); readings are ours.
-/// The series are drained as they are merged: a first Prometheus pass's points go as the
-/// windows fill.
+/// Merges one collection into the windows, each running workspace's points from its current
+/// session on (`judge::merge_points`), draining the series as they go (tests feed windows
+/// directly through this).
 pub fn merge_collection(
     windows: &mut Windows,
     collection: &mut Collection,
     workspaces: &[Workspace],
     coder_clock_offset: chrono::Duration,
 ) {
-    let session_start: HashMap<&str, Option<DateTime<Utc>>> =
-        workspaces.iter().map(|w| (w.id.as_str(), w.latest_build.created_at.map(|t| t - coder_clock_offset))).collect();
-    let covers = collection.step.map_or(chrono::Duration::zero(), crate::duration::chrono);
-    let steps = collection.step.is_some();
+    let session_start = session_starts(workspaces, coder_clock_offset);
     for series in collection.series.drain(..) {
-        let Some(start) = series.workspace_id.as_deref().and_then(|id| session_start.get(id)) else { continue };
-        windows.record(&series, start.map(|s| s + covers), steps);
+        merge_points(windows, &session_start, &series, &series.points, collection.step);
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 
 use super::signals::{Signal, SignalValues};
-use super::{Attribution, GpuKey, GpuSeries};
+use super::{Attribution, GpuKey, GpuSeries, Point};
 pub use super::{DEFAULT_MAX_GPUS_PER_WORKSPACE, MAX_GPUS_PER_WORKSPACE};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -243,8 +243,15 @@ impl Windows {
     /// steps of Prometheus history). A series with no workspace, or no point from `from` on,
     /// is ignored.
     pub fn record(&mut self, series: &GpuSeries, from: Option<DateTime<Utc>>, steps: bool) {
+        self.record_points(series, &series.points, from, steps);
+    }
+
+    /// `record`, with some of the series' points (`points`) instead of all: a backtest hands a
+    /// pass the steps up to its time out of a longer fetch, without copying the series.
+    pub fn record_points(&mut self, series: &GpuSeries, points: &[Point], from: Option<DateTime<Utc>>, steps: bool) {
         let Some(ws) = &series.workspace_id else { return };
-        let mut points = series.points.iter().filter(|p| from.is_none_or(|f| p.at >= f)).peekable();
+        let all = points;
+        let mut points = all.iter().filter(|p| from.is_none_or(|f| p.at >= f)).peekable();
         if points.peek().is_none() {
             return;
         }
@@ -259,7 +266,7 @@ impl Windows {
             // windows, whatever it sends, and the workspace is judged on none (no known key
             // is evicted, and no subset decides).
             None if gpus.windows.len() >= self.max_per_workspace => {
-                let latest = series.points.iter().map(|p| p.at).max();
+                let latest = all.iter().map(|p| p.at).max();
                 gpus.refused_at = gpus.refused_at.max(latest);
                 return;
             }

@@ -8,9 +8,9 @@ use serde::Serialize;
 
 use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
 use crate::duration::{chrono as dur, human};
-use crate::gpu::Attribution;
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
+use crate::gpu::{Attribution, GpuKey, GpuSeries};
 use crate::pass::deadline::{self, CONNECTED_WITHIN, DeadlinePlan, GpuEvidence};
 use crate::pass::policy::{Policy, ReclaimWhen, Thresholds};
 
@@ -157,8 +157,18 @@ impl SampleContext {
     /// A MIG instance gets no power veto: every instance reports the whole GPU's power
     /// (reference dcgm NOTES §10 "MIG"), so a threshold says nothing about one instance.
     pub fn of(w: &GpuWindow, p: &Policy) -> Self {
-        let active_power_watts = if w.key.gpu_instance.is_some() { None } else { p.active_power_for(w.model.as_deref()) };
-        SampleContext { active_power_watts, own_processes: w.attribution == Attribution::OwnProcesses }
+        Self::for_gpu(&w.key, w.model.as_deref(), w.attribution, p)
+    }
+
+    /// The same for a series' raw points (the backtest reads a stopped workspace's GPU after
+    /// its simulated stop, outside any window).
+    pub fn of_series(s: &GpuSeries, p: &Policy) -> Self {
+        Self::for_gpu(&s.key, s.model.as_deref(), s.attribution, p)
+    }
+
+    fn for_gpu(key: &GpuKey, model: Option<&str>, attribution: Attribution, p: &Policy) -> Self {
+        let active_power_watts = if key.gpu_instance.is_some() { None } else { p.active_power_for(model) };
+        SampleContext { active_power_watts, own_processes: attribution == Attribution::OwnProcesses }
     }
 }
 

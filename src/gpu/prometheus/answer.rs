@@ -211,6 +211,22 @@ impl OnElement for SeriesInto<'_> {
     }
 }
 
+/// Hands each series of an answer to a function, labels decoded (`PrometheusSource::query_each`).
+pub(super) struct EachSeries<'f> {
+    pub(super) status: u16,
+    pub(super) on_series: &'f mut (dyn FnMut(Series<'_>) + Send),
+    pub(super) values: Vec<(f64, Option<f64>)>,
+}
+
+impl OnElement for EachSeries<'_> {
+    fn element(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let metric = read_series(self.status, bytes, &mut self.values)?;
+        let metric = serde_json::from_slice(metric).map_err(|_| not_prometheus(self.status))?;
+        (self.on_series)(Series { metric, values: std::mem::take(&mut self.values) });
+        Ok(())
+    }
+}
+
 /// Judges an answer by its envelope (the document without its series): a `matrix`, or what
 /// went wrong.
 pub(super) fn check_envelope(status: u16, rest: &[u8]) -> Result<(), String> {

@@ -223,6 +223,46 @@ impl PrometheusSource {
         (start <= end).then_some((start, end))
     }
 
+    /// The step every fetch is read at.
+    pub fn step(&self) -> Duration {
+        self.step
+    }
+
+    /// The base URL as logs and reports show it.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// Takes the steps up to `t` as fetched without fetching them (a backtest moving past a
+    /// chunk that failed: its gap is reported, and the next fetch starts after it).
+    pub fn skip_until(&self, t: DateTime<Utc>) {
+        let step = self.step.as_secs().max(1) as i64;
+        *self.fetched_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(t.timestamp().div_euclid(step) * step);
+    }
+
+    /// One `query_range` of the caller's own query (the backtest's coderd gauges), with this
+    /// source's headers, timeout and body limit; each series handed to `on_series` as the
+    /// answer streams in, labels decoded.
+    pub async fn query_each(
+        &self,
+        query: String,
+        range: (i64, i64, u64),
+        on_series: &mut (dyn FnMut(Series<'_>) + Send),
+    ) -> Result<(), String> {
+        let (start, end, step) = range;
+        let headers = self.headers()?;
+        let url = format!("{}/api/v1/query_range", self.base);
+        let params = [("query", query), ("start", start.to_string()), ("end", end.to_string()), ("step", format!("{step}s"))];
+        let resp = crate::http::send(self.http.get(&url).headers(headers).query(&params)).await?;
+        let status = resp.status().as_u16();
+        let mut each = answer::EachSeries { status, on_series, values: Vec::new() };
+        let rest = read_split(resp, self.max_body, RESULT, &mut each).await.map_err(|e| match e {
+            StreamError::Body(e) => e.to_string(),
+            StreamError::Parse(e) => e,
+        })?;
+        check_envelope(status, &rest)
+    }
+
     fn headers(&self) -> Result<HeaderMap, String> {
         let mut h = HeaderMap::new();
         for (k, v) in &self.options.headers {

@@ -1,0 +1,318 @@
+//! The replay: one policy judged pass by pass over a fetched history, through the same `Judge`
+//! `run` uses (decide, then the fleet rules: stop cap, breaker, contention, pools). A simulated
+//! stop changes the future: the workspace counts as stopped until its next real start build, and
+//! the GPU time it really held until then is given back. A stop is regretted when, within the
+//! regret window after it, the real history shows a connection, GPU compute, or a start by its
+//! owner. Pure: time, history and readings come in as values.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::coder::types::Workspace;
+use crate::gpu::GpuSeries;
+use crate::pass::decide::{SampleContext, SampleState, classify};
+use crate::pass::judge::{Judge, PassContext};
+use crate::pass::policy::Policy;
+
+use super::timeline::WorkspaceTimeline;
+
+/// The GPU history of one fetched chunk, as every replay reads it: the series (each GPU's points
+/// in time order) and, per workspace id, which of them are its.
+pub struct Chunk<'a> {
+    pub series: &'a [GpuSeries],
+    pub by_workspace: HashMap<&'a str, Vec<usize>>,
+    /// The source's name when this chunk could not be fetched: its passes see the source failed
+    /// (as `run` would: GPU data unknown, nothing stopped on it).
+    pub failed: Option<&'a str>,
+}
+
+impl<'a> Chunk<'a> {
+    pub fn new(series: &'a [GpuSeries], failed: Option<&'a str>) -> Self {
+        let mut by_workspace: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, s) in series.iter().enumerate() {
+            if let Some(id) = s.workspace_id.as_deref() {
+                by_workspace.entry(id).or_default().push(i);
+            }
+        }
+        Chunk { series, by_workspace, failed }
+    }
+}
+
+/// What made a simulated stop regretted, and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RegretKind {
+    /// A connection (`last_used_at` moved) within the window.
+    Connection,
+    /// Its GPU computed within the window (a sample classified active).
+    GpuCompute,
+    /// Its owner started it again within the window.
+    OwnerStart,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Regret {
+    pub kind: RegretKind,
+    pub at: DateTime<Utc>,
+}
+
+/// One stop the policy would have sent.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimulatedStop {
+    pub workspace_id: String,
+    pub owner: String,
+    pub workspace: String,
+    pub template: String,
+    pub at: DateTime<Utc>,
+    /// The decision's reason code (`idle`, `memory-held-idle`, ...).
+    pub reason: &'static str,
+    pub gpus: u64,
+    /// Its next real start build, which ends the simulated stop (`None`: not within the window).
+    pub stopped_until: Option<DateTime<Utc>>,
+    /// GPU-hours it really held between the stop and `stopped_until` (or the window's end).
+    pub gpu_hours_given_back: f64,
+    /// The first evidence within the regret window that someone wanted it, if any.
+    pub regret: Option<Regret>,
+    /// The regret window runs past the end of the history: judged on the part there is.
+    pub window_cut: bool,
+}
+
+/// One policy's replay.
+pub struct Replay {
+    pub label: String,
+    judge: Judge,
+    regret_window: chrono::Duration,
+    /// Per timeline index: stopped by the simulation until this time (`None`: to the end).
+    stopped: HashMap<usize, Option<DateTime<Utc>>>,
+    /// The running workspaces as this pass's listing (`owner[i]` is the timeline index of
+    /// `listing[i]`, `listed[t]` its position and the state it was built from).
+    listing: Vec<Workspace>,
+    owner: Vec<usize>,
+    listed: HashMap<usize, (usize, StateKey)>,
+    pub stops: Vec<SimulatedStop>,
+    /// Stops whose regret window is still open, waiting for GPU evidence.
+    open: Vec<usize>,
+    pub passes: u64,
+    /// Passes in which the breaker refused every stop, and reclaims the stop cap deferred.
+    pub breaker_passes: u64,
+    pub deferred: u64,
+    /// Workspace-passes each verdict was given (`verdict` names), for the report.
+    pub verdicts: HashMap<&'static str, u64>,
+}
+
+/// What a listed workspace was built from: its build, moment of use and agent facts so far.
+type StateKey = (usize, usize, usize, usize);
+
+impl Replay {
+    pub fn new(label: String, policy: Policy, interval: std::time::Duration, regret_window: std::time::Duration) -> Self {
+        Replay {
+            label,
+            judge: Judge::new(policy, interval),
+            regret_window: crate::duration::chrono(regret_window),
+            stopped: HashMap::new(),
+            listing: Vec::new(),
+            owner: Vec::new(),
+            listed: HashMap::new(),
+            stops: Vec::new(),
+            open: Vec::new(),
+            passes: 0,
+            breaker_passes: 0,
+            deferred: 0,
+            verdicts: HashMap::new(),
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        self.judge.policy()
+    }
+
+    /// One pass at `now`, given the points of `chunk` in `(since, now]` (every point up to `now`
+    /// when `since` is `None`: the first pass reads the look-back, as `run`'s first does).
+    /// `end` is the end of the history (given back and regret stop there).
+    pub fn pass(
+        &mut self,
+        now: DateTime<Utc>,
+        since: Option<DateTime<Utc>>,
+        timelines: &[WorkspaceTimeline],
+        chunk: &Chunk<'_>,
+        step: std::time::Duration,
+        end: DateTime<Utc>,
+    ) {
+        self.passes += 1;
+        self.stopped.retain(|_, until| until.is_none_or(|u| u > now));
+        self.relist(now, timelines);
+        let in_pass = |s: &GpuSeries| {
+            let lo = since.map_or(0, |t| s.points.partition_point(|p| p.at <= t));
+            let hi = s.points.partition_point(|p| p.at <= now);
+            lo.min(hi)..hi
+        };
+        self.check_gpu_regret(now, chunk, &in_pass);
+        let failed: HashSet<&str> = chunk.failed.into_iter().collect();
+        let mut pass = self.judge.begin(&self.listing, PassContext { coder_offset: chrono::Duration::zero(), step: Some(step) });
+        if chunk.failed.is_none() {
+            for ws in &self.listing {
+                for &i in chunk.by_workspace.get(ws.id.as_str()).map_or(&[][..], Vec::as_slice) {
+                    let s = &chunk.series[i];
+                    pass.merge(s, &s.points[in_pass(s)]);
+                }
+            }
+        }
+        // The simulation may always stop (no permission is missing in a replay).
+        let judgement = pass.decide(now, &failed, |_| Some(true));
+        for d in &judgement.decisions {
+            *self.verdicts.entry(d.verdict.as_str()).or_default() += 1;
+        }
+        if judgement.fleet.breaker.is_some() {
+            self.breaker_passes += 1;
+        }
+        self.deferred += judgement.fleet.deferred as u64;
+        for &i in &judgement.fleet.stop_order {
+            let (Some(d), Some(&t)) = (judgement.decisions.get(i), self.owner.get(i)) else { continue };
+            let Some(timeline) = timelines.get(t) else { continue };
+            let gpus = self.judge.windows().get(&d.workspace_id).map_or(0, |g| g.len() as u64);
+            let stop = self.simulate_stop(timeline, now, d.reason.as_str(), gpus, end);
+            self.stopped.insert(t, stop.stopped_until);
+            if stop.regret.is_none() {
+                self.open.push(self.stops.len());
+            }
+            self.stops.push(stop);
+        }
+    }
+
+    /// The listing at `now`: every workspace running in the real history and not stopped by
+    /// the simulation, rebuilt only where its state changed.
+    fn relist(&mut self, now: DateTime<Utc>, timelines: &[WorkspaceTimeline]) {
+        for (t, timeline) in timelines.iter().enumerate() {
+            let key = if self.stopped.contains_key(&t) { None } else { state_key(timeline, now) };
+            match (self.listed.get(&t).copied(), key) {
+                (None, None) => {}
+                (Some((pos, _)), None) => {
+                    self.listing.swap_remove(pos);
+                    self.owner.swap_remove(pos);
+                    self.listed.remove(&t);
+                    if let Some(&moved) = self.owner.get(pos) {
+                        if let Some(entry) = self.listed.get_mut(&moved) {
+                            entry.0 = pos;
+                        }
+                    }
+                }
+                (Some((_, old)), Some(new)) if old == new => {}
+                (at, Some(new)) => {
+                    let Some(ws) = timeline.listed_at(now) else { continue };
+                    match at {
+                        Some((pos, _)) => self.listing[pos] = ws,
+                        None => {
+                            self.listing.push(ws);
+                            self.owner.push(t);
+                        }
+                    }
+                    let pos = at.map_or(self.listing.len() - 1, |(p, _)| p);
+                    self.listed.insert(t, (pos, new));
+                }
+            }
+        }
+    }
+
+    fn simulate_stop(
+        &self,
+        timeline: &WorkspaceTimeline,
+        now: DateTime<Utc>,
+        reason: &'static str,
+        gpus: u64,
+        end: DateTime<Utc>,
+    ) -> SimulatedStop {
+        let record = &timeline.record;
+        let stopped_until = timeline.next_start_after(now).and_then(|b| b.created_at).filter(|t| *t <= end);
+        let held = timeline.running_seconds(now, stopped_until.unwrap_or(end));
+        let window_end = now + self.regret_window;
+        let regret = [
+            timeline.used_within(now, window_end).map(|at| Regret { kind: RegretKind::Connection, at }),
+            timeline.owner_started_within(now, window_end).map(|at| Regret { kind: RegretKind::OwnerStart, at }),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|r| r.at);
+        SimulatedStop {
+            workspace_id: record.id.clone(),
+            owner: record.owner_name.clone(),
+            workspace: record.name.clone(),
+            template: record.template_name.clone(),
+            at: now,
+            reason,
+            gpus,
+            stopped_until,
+            gpu_hours_given_back: gpus as f64 * held / 3600.0,
+            regret,
+            window_cut: window_end > end,
+        }
+    }
+
+    /// GPU compute within an open regret window: any of the stopped workspace's real samples in
+    /// this pass, after the stop and within the window, that the policy reads as active. A
+    /// connection or an owner's start earlier than it was already found at the stop.
+    fn check_gpu_regret(&mut self, now: DateTime<Utc>, chunk: &Chunk<'_>, in_pass: &dyn Fn(&GpuSeries) -> std::ops::Range<usize>) {
+        let policy = self.judge.policy();
+        let window = self.regret_window;
+        let stops = &mut self.stops;
+        self.open.retain(|&i| {
+            let Some(stop) = stops.get_mut(i) else { return false };
+            let until = stop.at + window;
+            let series = chunk.by_workspace.get(stop.workspace_id.as_str()).map_or(&[][..], Vec::as_slice);
+            let computed = series
+                .iter()
+                .filter_map(|&s| chunk.series.get(s))
+                .flat_map(|s| {
+                    let ctx = SampleContext::of_series(s, policy);
+                    s.points[in_pass(s)].iter().filter(move |p| classify(&p.values, policy, ctx) == SampleState::Active)
+                })
+                .map(|p| p.at)
+                .find(|&at| at > stop.at && at <= until);
+            if let Some(at) = computed {
+                stop.regret = Some(Regret { kind: RegretKind::GpuCompute, at });
+                return false;
+            }
+            now < until
+        });
+    }
+}
+
+/// The facts a listed workspace is built from at `t`: `None` when it was not running.
+fn state_key(timeline: &WorkspaceTimeline, t: DateTime<Utc>) -> Option<StateKey> {
+    let build = timeline.running_at(t)?;
+    let b = timeline.builds.iter().position(|x| x.id == build.id)?;
+    let uses = timeline.uses.partition_point(|u| u.seen <= t);
+    let agents = timeline.agents.partition_point(|(seen, _, _)| *seen <= t);
+    let moments = build
+        .agents()
+        .flat_map(|a| [a.first_connected_at, a.last_connected_at, a.disconnected_at])
+        .filter(|m| m.is_some_and(|m| m <= t))
+        .count();
+    Some((b, uses, agents, moments))
+}
+
+/// What the stops of one replay add up to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Totals {
+    pub stops: usize,
+    pub gpu_hours_given_back: f64,
+    pub regretted: usize,
+    /// Regretted stops over all stops (0 when there are none).
+    pub regretted_share: f64,
+    /// Stops whose regret window runs past the end of the history.
+    pub window_cut: usize,
+}
+
+impl Totals {
+    pub fn of(stops: &[SimulatedStop]) -> Self {
+        let regretted = stops.iter().filter(|s| s.regret.is_some()).count();
+        Totals {
+            stops: stops.len(),
+            gpu_hours_given_back: stops.iter().map(|s| s.gpu_hours_given_back).sum(),
+            regretted,
+            regretted_share: if stops.is_empty() { 0.0 } else { regretted as f64 / stops.len() as f64 },
+            window_cut: stops.iter().filter(|s| s.window_cut).count(),
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! What really happened to each workspace, as the backtest reads it back: its builds (Coder keeps
+//! them forever), the moments it was in use (a connection source), and its agent's states. From
+//! these, `WorkspaceTimeline::listed_at` rebuilds the workspace as a `status:running` listing at
+//! that moment would have shown it, for the replay to judge. Also the rule for coderd's agent-stat
+//! gauges, which repeat their last values while nobody in the deployment is connected.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::coder::types::{AgentLifecycle, AgentStatus, JobStatus, Transition, Workspace, WorkspaceBuild};
+
+/// Where the moments of use came from, in the order the backtest prefers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnectionSource {
+    /// `run --history-journal`: each move of `last_used_at` as a pass saw it.
+    Journal,
+    /// coderd's `coderd_agentstats_connection_count` in the same Prometheus, where fresh.
+    CoderdMetrics,
+    /// Nothing: the GPU alone is the evidence; each session counts as used at its start only.
+    None,
+}
+
+impl ConnectionSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionSource::Journal => "journal",
+            ConnectionSource::CoderdMetrics => "coderd_metrics",
+            ConnectionSource::None => "none",
+        }
+    }
+
+    /// Figures that depend on connections are upper bounds: with no connection seen, every
+    /// idle GPU counts as unattended.
+    pub fn is_upper_bound(self) -> bool {
+        self == ConnectionSource::None
+    }
+}
+
+/// One workspace's real history over the window.
+#[derive(Debug, Clone)]
+pub struct WorkspaceTimeline {
+    /// As Coder answers it now (`include_deleted=true`): owner, name, template, organization.
+    pub record: Workspace,
+    /// Its builds, oldest first: the one current at the window's start and every later one.
+    pub builds: Vec<WorkspaceBuild>,
+    /// Moments of use, in time order: when it was seen (`seen`) and the `last_used_at` then.
+    pub uses: Vec<Use>,
+    /// Agent states the journal saw, in time order: (seen, build id, status).
+    pub agents: Vec<(DateTime<Utc>, String, AgentStatus)>,
+}
+
+/// One moment of use: from `seen` on, `last_used_at` read `last_used_at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Use {
+    pub seen: DateTime<Utc>,
+    pub last_used_at: DateTime<Utc>,
+}
+
+impl WorkspaceTimeline {
+    pub fn new(record: Workspace, mut builds: Vec<WorkspaceBuild>) -> Self {
+        builds.sort_by_key(|b| b.created_at);
+        WorkspaceTimeline { record, builds, uses: Vec::new(), agents: Vec::new() }
+    }
+
+    /// The build current at `t`: the latest created at or before it.
+    pub fn build_at(&self, t: DateTime<Utc>) -> Option<&WorkspaceBuild> {
+        let i = self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t));
+        i.checked_sub(1).and_then(|i| self.builds.get(i))
+    }
+
+    /// The build that had it running at `t`: a start whose job succeeded by then.
+    pub fn running_at(&self, t: DateTime<Utc>) -> Option<&WorkspaceBuild> {
+        self.build_at(t).filter(|b| is_running_by(b, t))
+    }
+
+    /// The first start build created after `t` (a stop simulated at `t` lasts until it).
+    pub fn next_start_after(&self, t: DateTime<Utc>) -> Option<&WorkspaceBuild> {
+        let i = self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t));
+        self.builds[i..].iter().find(|b| b.transition == Transition::Start)
+    }
+
+    /// How long it really ran within `[from, to)`, in seconds.
+    pub fn running_seconds(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+        let mut total = 0.0;
+        for (i, b) in self.builds.iter().enumerate() {
+            if b.transition != Transition::Start || b.job.status != JobStatus::Succeeded {
+                continue;
+            }
+            let Some(began) = b.job.completed_at.or(b.created_at) else { continue };
+            let ended = self.builds.get(i + 1).and_then(|n| n.created_at).unwrap_or(to);
+            let (a, z) = (began.max(from), ended.min(to));
+            if z > a {
+                total += (z - a).num_milliseconds() as f64 / 1000.0;
+            }
+        }
+        total
+    }
+
+    /// `last_used_at` as a listing at `t` showed it: the latest moment of use seen by then,
+    /// else its session's start (no use seen: the GPU alone is the evidence).
+    pub fn last_used_at(&self, t: DateTime<Utc>, session: &WorkspaceBuild) -> DateTime<Utc> {
+        let i = self.uses.partition_point(|u| u.seen <= t);
+        let start = session.created_at.unwrap_or(self.record.created_at);
+        i.checked_sub(1).and_then(|i| self.uses.get(i)).map_or(start, |u| u.last_used_at.max(start))
+    }
+
+    /// Whether a moment of use falls in `(from, to]` (by `last_used_at`).
+    pub fn used_within(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.uses.iter().map(|u| u.last_used_at).find(|&at| at > from && at <= to)
+    }
+
+    /// A start build by the owner created in `(from, to]`.
+    pub fn owner_started_within(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.builds
+            .iter()
+            .filter(|b| b.transition == Transition::Start && b.initiator_id.as_deref() == Some(self.record.owner_id.as_str()))
+            .filter_map(|b| b.created_at)
+            .find(|&at| at > from && at <= to)
+    }
+
+    /// The workspace as a `status:running` listing at `t` would have shown it, when it ran:
+    /// its record with that build as the latest, `last_used_at` by the connection source, and
+    /// each agent's state (the journal's, else the build's own connection times).
+    pub fn listed_at(&self, t: DateTime<Utc>) -> Option<Workspace> {
+        let build = self.running_at(t)?;
+        let mut ws = self.record.clone();
+        ws.last_used_at = self.last_used_at(t, build);
+        ws.latest_build = build.clone();
+        ws.latest_build.status = crate::coder::types::WorkspaceStatus::Running;
+        let journal = self.agents.iter().rev().find(|(seen, id, _)| *seen <= t && *id == build.id).map(|(_, _, s)| *s);
+        for agent in ws.latest_build.resources.iter_mut().flat_map(|r| r.agents.iter_mut()) {
+            agent_at(agent, t, journal);
+        }
+        Some(ws)
+    }
+}
+
+fn is_running_by(b: &WorkspaceBuild, t: DateTime<Utc>) -> bool {
+    b.transition == Transition::Start
+        && b.job.status == JobStatus::Succeeded
+        && b.job.completed_at.or(b.created_at).is_some_and(|done| done <= t)
+}
+
+/// An agent as it was at `t`: the journal's status when it saw one for this build, else from
+/// the build's record: connected from `first_connected_at` on, disconnected from a later
+/// `disconnected_at`, connecting before it ever connected.
+fn agent_at(agent: &mut crate::coder::types::WorkspaceAgent, t: DateTime<Utc>, journal: Option<AgentStatus>) {
+    let connected = agent.first_connected_at.filter(|c| *c <= t);
+    let lost = agent.disconnected_at.filter(|d| *d <= t && connected.is_some_and(|c| *d >= c));
+    agent.status = match (journal, connected, lost) {
+        (Some(s), _, _) => s,
+        (None, None, _) => AgentStatus::Connecting,
+        (None, Some(_), Some(_)) => AgentStatus::Disconnected,
+        (None, Some(_), None) => AgentStatus::Connected,
+    };
+    if agent.status == AgentStatus::Connecting || agent.status == AgentStatus::Timeout {
+        agent.first_connected_at = None;
+        agent.last_connected_at = None;
+        agent.disconnected_at = None;
+        agent.lifecycle_state = AgentLifecycle::Starting;
+    } else {
+        agent.first_connected_at = connected.or(agent.first_connected_at);
+        agent.last_connected_at = Some(t.min(agent.last_connected_at.unwrap_or(t)));
+        agent.disconnected_at = lost;
+        agent.lifecycle_state = AgentLifecycle::Ready;
+    }
+}
+
+/// coderd's agent-stat gauges (`coderd_agentstats_connection_count`, rx/tx bytes) at one step
+/// of the deployment: per (owner, workspace name), the connection count and the bytes since the
+/// last tick. coderd commits new values only when some agent in the deployment reported
+/// connection stats since its last tick (`prometheusmetrics.go`: `if len(stats) > 0`), so while
+/// nobody anywhere is connected the last values persist (reference coder NOTES §17): a step
+/// whose every gauge equals the previous step's is a repeat and no evidence of anything; only
+/// agents with a connection appear (idle is absent, not 0).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GaugeStep {
+    pub by_workspace: HashMap<(String, String), (f64, f64)>,
+}
+
+/// Reads a run of gauge steps into moments of use per (owner, workspace name): a step counts
+/// only when it differs from the one before it (a fresh commit), and then each workspace with a
+/// connection count above zero was in use at that step.
+#[derive(Debug, Default)]
+pub struct GaugeReader {
+    previous: Option<GaugeStep>,
+    /// Steps read, and how many were repeats (no evidence).
+    pub steps: usize,
+    pub repeats: usize,
+}
+
+impl GaugeReader {
+    /// The workspaces in use at this step, or none when the step repeats the last one.
+    pub fn read(&mut self, step: GaugeStep) -> Vec<(String, String)> {
+        self.steps += 1;
+        let repeat = self.previous.as_ref().is_some_and(|p| *p == step) && !step.by_workspace.is_empty();
+        let used = if repeat {
+            self.repeats += 1;
+            Vec::new()
+        } else {
+            let mut used: Vec<(String, String)> =
+                step.by_workspace.iter().filter(|(_, (connections, _))| *connections > 0.0).map(|(k, _)| k.clone()).collect();
+            used.sort();
+            used
+        };
+        self.previous = Some(step);
+        used
+    }
+}

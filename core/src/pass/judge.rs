@@ -1,0 +1,238 @@
+//! A pass's judgment as state and one pure step: the windows, the warnings in progress (grace),
+//! the sessions (a new build is a new session) and the learned GPU templates, and the step that
+//! turns a listing and the readings into decisions under the fleet rules. `run`'s evaluator and
+//! `backtest`'s replay both judge through `Judge`, so a backtest cannot disagree with what `run`
+//! would have decided on the same data. No I/O and no clock: `now` comes in.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+
+use crate::coder::types::Workspace;
+use crate::gpu::window::Windows;
+use crate::gpu::{GpuSeries, Point};
+
+use super::decide::{Decision, FleetOutcome, PassFacts, Verdict, apply_fleet_rules, decide_with, without_stop_permission};
+use super::policy::Policy;
+
+/// How long a template counts as a GPU template after the last of its workspaces that had a GPU
+/// series was seen with one.
+pub const LEARNED_TEMPLATE_MEMORY: chrono::Duration = chrono::Duration::days(7);
+/// The most templates learned at once (Coder deployments have tens): the longest unseen go first.
+const MAX_LEARNED_TEMPLATES: usize = 10_000;
+
+/// What a pass remembers for the next.
+#[derive(Debug)]
+pub struct Judge {
+    policy: Policy,
+    windows: Windows,
+    /// Warnings in progress (grace): workspace id -> stop time.
+    warnings: HashMap<String, DateTime<Utc>>,
+    /// The latest build id seen per workspace: a new build is a new session.
+    sessions: HashMap<String, String>,
+    /// While `gpu_templates` is unset: templates one of whose workspaces had a GPU series, and
+    /// when that was last seen (`LEARNED_TEMPLATE_MEMORY`).
+    gpu_templates_seen: HashMap<String, DateTime<Utc>>,
+}
+
+/// What one pass decided: a decision per listed workspace (listing order), the fleet rules'
+/// outcome (its indices are into `decisions`), and the warnings that began this pass.
+#[derive(Debug)]
+pub struct Judgement {
+    pub decisions: Vec<Decision>,
+    pub fleet: FleetOutcome,
+    pub new_warnings: Vec<usize>,
+}
+
+/// The facts of one pass besides the readings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PassContext {
+    /// Coder's clock minus this machine's (see `PassFacts::coder_offset`).
+    pub coder_offset: chrono::Duration,
+    /// The GPU source's step when it reads history in complete steps (Prometheus).
+    pub step: Option<std::time::Duration>,
+}
+
+/// A pass between its listing and its decisions: its readings are merged in (`merge`), then
+/// `decide` ends it. Made by `Judge::begin`, which has already started new sessions afresh.
+pub struct JudgePass<'a> {
+    judge: &'a mut Judge,
+    workspaces: &'a [Workspace],
+    context: PassContext,
+    /// Where each listed workspace's session begins on this machine's clock (its latest build).
+    session_start: HashMap<&'a str, Option<DateTime<Utc>>>,
+}
+
+impl Judge {
+    pub fn new(policy: Policy, interval: std::time::Duration) -> Self {
+        let retain = crate::duration::chrono(policy.longest_lookback());
+        Judge {
+            windows: Windows::new(retain, interval).with_max_per_workspace(policy.max_gpus_per_workspace),
+            policy,
+            warnings: HashMap::new(),
+            sessions: HashMap::new(),
+            gpu_templates_seen: HashMap::new(),
+        }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn windows(&self) -> &Windows {
+        &self.windows
+    }
+
+    /// Whether a template is a GPU template: one `gpu_templates` names, or while that is unset,
+    /// one of whose workspaces has had a GPU series within `LEARNED_TEMPLATE_MEMORY`.
+    pub fn is_gpu_template(&self, template: &str) -> bool {
+        if self.policy.gpu_templates.is_empty() {
+            self.gpu_templates_seen.contains_key(template)
+        } else {
+            self.policy.is_gpu_template(template)
+        }
+    }
+
+    /// The templates learned as GPU templates (`gpu_templates` unset), sorted.
+    pub fn learned_gpu_templates(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.gpu_templates_seen.keys().cloned().collect();
+        out.sort();
+        out
+    }
+
+    /// A workspace a listing named before any pass (`plan` samples before its pass): its
+    /// readings between passes are kept from now on.
+    pub fn know_session(&mut self, workspace_id: &str, build_id: &str) {
+        self.sessions.entry(workspace_id.to_string()).or_insert_with(|| build_id.to_string());
+    }
+
+    /// A reading between passes: kept only for a workspace a listing said runs, merged into the
+    /// next pass's sample.
+    pub fn record_between_passes(&mut self, series: &GpuSeries) {
+        if series.workspace_id.as_deref().is_some_and(|id| self.sessions.contains_key(id)) {
+            self.windows.record(series, None, false);
+        }
+    }
+
+    /// Ends a sampling step as a pass would: the readings since become one sample.
+    pub fn flush_samples(&mut self) {
+        self.windows.flush();
+    }
+
+    /// Begins a pass over these running workspaces: one restarted since the last pass (a new
+    /// latest build) starts afresh, its samples and warning forgotten.
+    pub fn begin<'a>(&'a mut self, workspaces: &'a [Workspace], context: PassContext) -> JudgePass<'a> {
+        let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+        for ws in workspaces {
+            let build = &ws.latest_build.id;
+            match self.sessions.get_mut(&ws.id) {
+                Some(seen) if seen == build => {}
+                Some(seen) => {
+                    // Restarted since the last pass: its old samples describe another session.
+                    self.windows.forget(&ws.id);
+                    self.warnings.remove(&ws.id);
+                    seen.clone_from(build);
+                }
+                None => {
+                    self.sessions.insert(ws.id.clone(), build.clone());
+                }
+            }
+        }
+        self.sessions.retain(|id, _| live.contains(id.as_str()));
+        let session_start = session_starts(workspaces, context.coder_offset);
+        JudgePass { judge: self, workspaces, context, session_start }
+    }
+
+    /// Remembers the templates of workspaces that have GPU series now, and forgets the ones not
+    /// seen with one for `LEARNED_TEMPLATE_MEMORY`.
+    fn learn_gpu_templates(&mut self, workspaces: &[Workspace], now: DateTime<Utc>) {
+        if !self.policy.gpu_templates.is_empty() {
+            return;
+        }
+        for ws in workspaces.iter().filter(|w| self.windows.get(&w.id).is_some_and(|g| g.iter().any(|w| !w.samples.is_empty()))) {
+            match self.gpu_templates_seen.get_mut(&ws.template_name) {
+                Some(seen) => *seen = now,
+                None => {
+                    self.gpu_templates_seen.insert(ws.template_name.clone(), now);
+                }
+            }
+        }
+        self.gpu_templates_seen.retain(|_, seen| now - *seen < LEARNED_TEMPLATE_MEMORY);
+        if self.gpu_templates_seen.len() > MAX_LEARNED_TEMPLATES {
+            let mut by_age: Vec<(DateTime<Utc>, String)> = self.gpu_templates_seen.iter().map(|(t, at)| (*at, t.clone())).collect();
+            by_age.sort();
+            for (_, t) in by_age.into_iter().take(self.gpu_templates_seen.len() - MAX_LEARNED_TEMPLATES) {
+                self.gpu_templates_seen.remove(&t);
+            }
+        }
+    }
+}
+
+impl JudgePass<'_> {
+    /// Merges one series' points (all of them, or the ones up to this pass out of a longer
+    /// fetch) into its workspace's window, from its current session on (`merge_points`).
+    pub fn merge(&mut self, series: &GpuSeries, points: &[Point]) {
+        merge_points(&mut self.judge.windows, &self.session_start, series, points, self.context.step);
+    }
+
+    /// Ends the pass: the readings become one sample per pass, GPUs of failed sources are
+    /// flagged, gone workspaces and old samples dropped; then each workspace is decided and the
+    /// fleet rules applied. `may_stop` answers whether the token may stop a workspace (`None`:
+    /// not known yet, tried).
+    pub fn decide(self, now: DateTime<Utc>, failed_sources: &HashSet<&str>, may_stop: impl Fn(&Workspace) -> Option<bool>) -> Judgement {
+        let JudgePass { judge, workspaces, context, .. } = self;
+        judge.windows.flush();
+        judge.windows.mark_failed_sources(failed_sources);
+        let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+        judge.windows.prune(now, &live);
+        judge.learn_gpu_templates(workspaces, now);
+        let mut decisions: Vec<Decision> = workspaces
+            .iter()
+            .map(|ws| {
+                let prior = judge.warnings.get(&ws.id).copied();
+                let facts = PassFacts {
+                    coder_offset: context.coder_offset,
+                    gpu_template: judge.is_gpu_template(&ws.template_name),
+                    step: context.step,
+                    gpu_series_refused_at: judge.windows.refused_at(&ws.id),
+                };
+                decide_with(now, ws, judge.windows.get(&ws.id), &judge.policy, prior, facts)
+            })
+            .collect();
+        for (ws, d) in workspaces.iter().zip(decisions.iter_mut()) {
+            if may_stop(ws) == Some(false) {
+                without_stop_permission(d, &ws.organization_name);
+            }
+        }
+        let fleet = apply_fleet_rules(&mut decisions, &judge.policy);
+        let new_warnings = (0..decisions.len())
+            .filter(|&i| decisions[i].verdict == Verdict::Warn && !judge.warnings.contains_key(&decisions[i].workspace_id))
+            .collect();
+        judge.warnings =
+            decisions.iter().filter(|d| d.is_stop_eligible()).filter_map(|d| d.stop_at.map(|t| (d.workspace_id.clone(), t))).collect();
+        Judgement { decisions, fleet, new_warnings }
+    }
+}
+
+/// Where each workspace's current session begins on this machine's clock: its latest build's
+/// creation (Coder's clock, `coder_offset` is Coder's minus ours).
+pub fn session_starts(workspaces: &[Workspace], coder_offset: chrono::Duration) -> HashMap<&str, Option<DateTime<Utc>>> {
+    workspaces.iter().map(|w| (w.id.as_str(), w.latest_build.created_at.map(|t| t - coder_offset))).collect()
+}
+
+/// Adds a series' points to its workspace's window, from its current session on. History
+/// (Prometheus) also holds the previous pod's series from before the latest build, which say
+/// nothing about this session; a point of a source read in steps covers the step ending at its
+/// time, so it belongs to the session only when the whole step does. A series of a workspace
+/// not listed is dropped.
+pub fn merge_points(
+    windows: &mut Windows,
+    session_start: &HashMap<&str, Option<DateTime<Utc>>>,
+    series: &GpuSeries,
+    points: &[Point],
+    step: Option<std::time::Duration>,
+) {
+    let Some(start) = series.workspace_id.as_deref().and_then(|id| session_start.get(id)) else { return };
+    let covers = step.map_or(chrono::Duration::zero(), crate::duration::chrono);
+    windows.record_points(series, points, start.map(|s| s + covers), step.is_some());
+}

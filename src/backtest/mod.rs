@@ -1,0 +1,380 @@
+//! `backtest`'s I/O half: fetches the history a replay needs and drives the replays as it
+//! streams. GPU readings come from the Prometheus source's own queries in chunks of
+//! `CHUNK_STEPS` steps (the same raw-sample rules as `run`); each workspace the readings (or the
+//! journal) name is read from Coder once, when first met: its record (deleted ones too) and its
+//! builds from the window's start on; moments of use come from the history journal, coderd's
+//! agent-stat gauges in the same Prometheus, or nowhere (then said so). Every replay (one per
+//! swept value) advances over each chunk before the next is fetched, so memory is bounded by the
+//! fleet and one chunk, not by the window. The report's shape and its texts are `report`.
+
+pub mod report;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use reclaimer_core::backtest::replay::{Chunk, Replay};
+use reclaimer_core::backtest::timeline::{ConnectionSource, GaugeReader, GaugeStep, Use, WorkspaceTimeline};
+use reclaimer_core::coder::types::AgentStatus;
+use reclaimer_core::history::JournalLine;
+use tokio::task::JoinSet;
+
+use crate::coder::CoderClient;
+use crate::error::Error;
+use crate::gpu::prometheus::PrometheusSource;
+use crate::gpu::{GpuSeries, GpuSource};
+use crate::pass::policy::Policy;
+use report::{Report, SourceReport, VariantReport};
+
+/// Steps fetched per chunk: 30 minutes at the default 60 s. Over 10,000 GPUs a chunk is 300,000
+/// points (about 30 MB), under the source's point budget, and each query stays small.
+pub const CHUNK_STEPS: u32 = 30;
+
+/// Workspaces read from Coder at once when a chunk names new ones.
+const CODER_READS_IN_FLIGHT: usize = 8;
+
+/// Which connection source to read; `Auto` takes the first that exists, in the order of
+/// `ConnectionSource`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionChoice {
+    Auto,
+    Journal,
+    CoderdMetrics,
+    None,
+}
+
+/// What one backtest replays, validated.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub since: DateTime<Utc>,
+    pub until: DateTime<Utc>,
+    pub interval: Duration,
+    pub regret_window: Duration,
+    /// One policy per swept value (one, labelled `policy`, without a sweep).
+    pub variants: Vec<(String, Policy)>,
+    pub connections: ConnectionChoice,
+    pub journal: Option<PathBuf>,
+}
+
+/// How far the fetch has come, for the progress line.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    pub fetched_until: DateTime<Utc>,
+    pub since: DateTime<Utc>,
+    pub until: DateTime<Utc>,
+    pub workspaces: usize,
+    pub series: usize,
+}
+
+/// The moments of use and agent states a journal holds, per workspace id.
+#[derive(Default)]
+struct JournalHistory {
+    uses: HashMap<String, Vec<Use>>,
+    agents: HashMap<String, Vec<(DateTime<Utc>, String, AgentStatus)>>,
+    first: Option<DateTime<Utc>>,
+    last: Option<DateTime<Utc>>,
+    lines: usize,
+    unreadable: usize,
+}
+
+fn read_journal(path: &std::path::Path, until: DateTime<Utc>) -> Result<JournalHistory, Error> {
+    let mut j = JournalHistory::default();
+    let unreadable = crate::pass::journal::read_lines(path, |line: JournalLine| {
+        if line.time > until {
+            return;
+        }
+        j.lines += 1;
+        j.first = j.first.min(Some(line.time)).or(Some(line.time));
+        j.last = j.last.max(Some(line.time));
+        if let Some(at) = line.last_used_at {
+            let uses = j.uses.entry(line.workspace_id.clone()).or_default();
+            if uses.last().is_none_or(|u| u.last_used_at != at) {
+                uses.push(Use { seen: line.time, last_used_at: at });
+            }
+        }
+        if let Some(status) = line.agent.as_deref() {
+            j.agents.entry(line.workspace_id).or_default().push((line.time, line.build_id, AgentStatus::from_text(status)));
+        }
+    })
+    .map_err(|e| Error::config(format!("--journal {}: cannot read it ({e}); fix the path, or pass --connections none", path.display())))?;
+    j.unreadable = unreadable;
+    Ok(j)
+}
+
+/// The coderd gauges one chunk of steps holds, read into a `GaugeStep` per step.
+async fn gauge_steps(prom: &PrometheusSource, range: (i64, i64, u64)) -> Result<Vec<(i64, GaugeStep)>, String> {
+    let step = range.2;
+    let mut steps: HashMap<i64, GaugeStep> = HashMap::new();
+    for (i, metric) in ["coderd_agentstats_connection_count", "coderd_agentstats_rx_bytes", "coderd_agentstats_tx_bytes"].iter().enumerate()
+    {
+        let query = format!("max by (username, workspace_name) (max_over_time({metric}[{step}s]))");
+        let mut on = |s: crate::gpu::prometheus::Series<'_>| {
+            let key = (s.metric.get("username").unwrap_or("").to_string(), s.metric.get("workspace_name").unwrap_or("").to_string());
+            for (at, v) in s.values {
+                let entry = steps.entry(at as i64).or_default().by_workspace.entry(key.clone()).or_insert((0.0, 0.0));
+                let v = v.filter(|v| v.is_finite()).unwrap_or(0.0);
+                if i == 0 { entry.0 = v } else { entry.1 += v }
+            }
+        };
+        prom.query_each(query, range, &mut on).await.map_err(|e| format!("{metric} query: {e}"))?;
+    }
+    let mut out: Vec<(i64, GaugeStep)> = steps.into_iter().collect();
+    out.sort_by_key(|(t, _)| *t);
+    // A step with no gauge at all is a step too (nobody connected, or the gauges expired).
+    let mut all = Vec::new();
+    let mut next = out.into_iter().peekable();
+    let mut t = range.0;
+    while t <= range.1 {
+        let step = if next.peek().is_some_and(|(at, _)| *at == t) {
+            next.next().map(|(_, s)| s).unwrap_or_default()
+        } else {
+            GaugeStep::default()
+        };
+        all.push((t, step));
+        t += range.2 as i64;
+    }
+    Ok(all)
+}
+
+/// Whether coderd's agent-stat gauges are in the store over the window.
+async fn coderd_gauges_exist(prom: &PrometheusSource, since: DateTime<Utc>, until: DateTime<Utc>) -> Result<bool, String> {
+    let span = (until - since).num_seconds().max(60);
+    let step = (span / 50).max(60);
+    let query = format!("count(max_over_time(coderd_agentstats_connection_count[{step}s]))");
+    let mut any = false;
+    prom.query_each(query, (since.timestamp(), until.timestamp(), step as u64), &mut |s| any |= !s.values.is_empty()).await?;
+    Ok(any)
+}
+
+/// Reads one workspace's record (deleted ones too) and its builds from `start` on.
+async fn read_timeline(coder: &CoderClient, id: &str, start: DateTime<Utc>) -> Result<WorkspaceTimeline, String> {
+    let record = coder.workspace_including_deleted(id).await.map_err(|e| e.to_string())?;
+    let builds = coder.workspace_history(id, start).await.map_err(|e| e.to_string())?;
+    Ok(WorkspaceTimeline::new(record, builds))
+}
+
+/// The history and the replays over it, fetched and replayed chunk by chunk.
+pub async fn run(
+    coder: &CoderClient,
+    prom: &PrometheusSource,
+    plan: Plan,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<Report, Error> {
+    let step = prom.step();
+    let step_secs = step.as_secs().max(1) as i64;
+    let align = |t: DateTime<Utc>| DateTime::from_timestamp(t.timestamp().div_euclid(step_secs) * step_secs, 0).unwrap_or(t);
+    let (since, until) = (align(plan.since), align(plan.until));
+    let lookback = plan.variants.iter().map(|(_, p)| p.longest_lookback()).max().unwrap_or_default();
+    let history_from = since - crate::duration::chrono(lookback);
+
+    let mut notes = Vec::new();
+    let mut gaps = Vec::new();
+    let mut journal = None;
+    let wants_journal = matches!(plan.connections, ConnectionChoice::Auto | ConnectionChoice::Journal);
+    match (&plan.journal, wants_journal) {
+        (Some(path), true) if path.exists() || plan.connections == ConnectionChoice::Journal => {
+            journal = Some(read_journal(path, until)?);
+        }
+        (None, true) if plan.connections == ConnectionChoice::Journal => {
+            return Err(Error::config(
+                "--connections journal needs the journal: pass --journal PATH (the file `run --history-journal` writes)",
+            ));
+        }
+        _ => {}
+    }
+    let connections = match (plan.connections, &journal) {
+        (ConnectionChoice::Journal, _) | (ConnectionChoice::Auto, Some(_)) => ConnectionSource::Journal,
+        (ConnectionChoice::CoderdMetrics, _) => ConnectionSource::CoderdMetrics,
+        (ConnectionChoice::None, _) => ConnectionSource::None,
+        (ConnectionChoice::Auto, None) => match coderd_gauges_exist(prom, since, until).await {
+            Ok(true) => ConnectionSource::CoderdMetrics,
+            Ok(false) => ConnectionSource::None,
+            Err(e) => {
+                gaps.push(format!("coderd's gauges could not be looked for ({e}): no connection source"));
+                ConnectionSource::None
+            }
+        },
+    };
+    let mut connection_report = SourceReport { name: connections.as_str().into(), detail: String::new(), gaps: Vec::new() };
+    match (&journal, connections) {
+        (Some(j), ConnectionSource::Journal) => {
+            connection_report.detail = format!(
+                "{} lines from {}{}",
+                j.lines,
+                plan.journal.as_ref().map_or(String::new(), |p| p.display().to_string()),
+                if j.unreadable > 0 { format!(", {} unreadable lines skipped", j.unreadable) } else { String::new() }
+            );
+            match j.first {
+                None => connection_report.gaps.push("the journal holds no line up to --until: no connection was seen".into()),
+                Some(first) if first > since => {
+                    connection_report.gaps.push(format!("the journal begins at {}: before it no connection was seen", first.to_rfc3339()))
+                }
+                Some(_) => {}
+            }
+        }
+        (_, ConnectionSource::CoderdMetrics) => {
+            connection_report.detail = "coderd_agentstats_connection_count, rx and tx bytes (fresh steps only)".into();
+        }
+        _ => {
+            connection_report.detail = "none: the GPU alone is the evidence".into();
+            notes.push("no connection source: every figure that depends on connections (stops, GPU-hours given back) is an upper bound, and a connection after a stop cannot make it regretted".into());
+        }
+    }
+    if plan.variants.iter().any(|(_, p)| p.reclaim_when == crate::pass::policy::ReclaimWhen::Contended)
+        && connections != ConnectionSource::Journal
+    {
+        notes.push("reclaim_when = contended: a workspace waiting for a GPU has no GPU series and is seen only in the journal; without it nobody waits, and a contended policy stops nothing".into());
+    }
+
+    let mut timelines: Vec<WorkspaceTimeline> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut unreadable: HashSet<String> = HashSet::new();
+    let mut by_name: HashMap<(String, String), Vec<usize>> = HashMap::new();
+    let mut replays: Vec<Replay> =
+        plan.variants.iter().map(|(label, policy)| Replay::new(label.clone(), policy.clone(), plan.interval, plan.regret_window)).collect();
+    let mut gauges = GaugeReader::default();
+    let mut gpu_gaps = Vec::new();
+    let mut gpu_hours_reported = 0.0;
+    let mut chunks = 0usize;
+    let mut last_pass: Option<DateTime<Utc>> = None;
+    let chunk_span = chrono::Duration::seconds(step_secs * i64::from(CHUNK_STEPS));
+    let journal_ids: Vec<String> = journal.as_ref().map(|j| j.uses.keys().chain(j.agents.keys()).cloned().collect()).unwrap_or_default();
+    let mut pending_ids: Vec<String> = journal_ids;
+    let mut chunk_end = since;
+    loop {
+        chunks += 1;
+        let collection = prom.collect(chunk_end).await;
+        let failed = !collection.failures.is_empty();
+        if failed {
+            let why = collection.failures.iter().map(|f| f.error.as_str()).collect::<Vec<_>>().join("; ");
+            let from = last_pass.map_or(history_from, |t| t + chrono::Duration::seconds(step_secs));
+            gpu_gaps.push(format!("{} to {}: {why}", from.to_rfc3339(), chunk_end.to_rfc3339()));
+            prom.skip_until(chunk_end);
+        }
+        let series: Vec<GpuSeries> = collection.series;
+        for s in &series {
+            if s.workspace_id.is_some() {
+                gpu_hours_reported += s.points.iter().filter(|p| p.at > since && p.at <= until).count() as f64 * step_secs as f64 / 3600.0;
+            }
+            if let Some(id) = s.workspace_id.as_deref() {
+                if !index.contains_key(id) && !unreadable.contains(id) {
+                    pending_ids.push(id.to_string());
+                }
+            }
+        }
+        pending_ids.sort();
+        pending_ids.dedup();
+        // New workspaces: read from Coder, a few at a time.
+        let mut reads = JoinSet::new();
+        for id in std::mem::take(&mut pending_ids) {
+            if index.contains_key(&id) || unreadable.contains(&id) {
+                continue;
+            }
+            let coder = coder.clone();
+            let start = history_from;
+            reads.spawn(async move {
+                let t = read_timeline(&coder, &id, start).await;
+                (id, t)
+            });
+            if reads.len() >= CODER_READS_IN_FLIGHT {
+                if let Some(done) = reads.join_next().await {
+                    add_timeline(done, &mut timelines, &mut index, &mut unreadable, &mut by_name, &journal, &mut gaps);
+                }
+            }
+        }
+        while let Some(done) = reads.join_next().await {
+            add_timeline(done, &mut timelines, &mut index, &mut unreadable, &mut by_name, &journal, &mut gaps);
+        }
+        // The passes of this chunk: every step after the last pass, up to its end.
+        let first = last_pass.map_or(since, |t| t + crate::duration::chrono(plan.interval));
+        let range = (first.timestamp(), chunk_end.timestamp(), step_secs as u64);
+        if connections == ConnectionSource::CoderdMetrics && first <= chunk_end {
+            match gauge_steps(prom, range).await {
+                Ok(steps) => {
+                    for (at, step) in steps {
+                        let Some(at) = DateTime::from_timestamp(at, 0) else { continue };
+                        for key in gauges.read(step) {
+                            for &t in by_name.get(&key).map_or(&[][..], Vec::as_slice) {
+                                if timelines[t].running_at(at).is_some() {
+                                    timelines[t].uses.push(Use { seen: at, last_used_at: at });
+                                }
+                            }
+                        }
+                    }
+                }
+                Err(e) => connection_report.gaps.push(format!("{} to {}: {e}", first.to_rfc3339(), chunk_end.to_rfc3339())),
+            }
+        }
+        let shown = prom.shown().to_string();
+        let chunk = Chunk::new(&series, failed.then_some(shown.as_str()));
+        let mut t = first;
+        while t <= chunk_end {
+            for replay in &mut replays {
+                replay.pass(t, last_pass, &timelines, &chunk, step, until);
+            }
+            last_pass = Some(t);
+            t += crate::duration::chrono(plan.interval);
+        }
+        progress(Progress { fetched_until: chunk_end, since, until, workspaces: timelines.len(), series: series.len() });
+        if chunk_end >= until {
+            break;
+        }
+        chunk_end = (chunk_end + chunk_span).min(until);
+    }
+    if connections == ConnectionSource::CoderdMetrics && gauges.repeats > 0 {
+        connection_report.detail.push_str(&format!(
+            "; {} of {} steps repeated the last values (nobody in the deployment connected) and were read as no connection",
+            gauges.repeats, gauges.steps
+        ));
+    }
+    let variants = replays.into_iter().map(VariantReport::from_replay).collect();
+    Ok(Report {
+        schema_version: report::SCHEMA_VERSION,
+        since,
+        until,
+        interval: plan.interval,
+        regret_window: plan.regret_window,
+        passes: last_pass.map_or(0, |l| ((l - since).num_seconds() / plan.interval.as_secs().max(1) as i64 + 1) as u64),
+        workspaces: timelines.len(),
+        gpu_hours_reported,
+        upper_bound: connections.is_upper_bound(),
+        gpu_source: SourceReport {
+            name: "prometheus".into(),
+            detail: format!("{} ({} chunks of {} steps of {}s)", prom.shown(), chunks, CHUNK_STEPS, step_secs),
+            gaps: gpu_gaps.into_iter().chain(gaps).collect(),
+        },
+        connections: connection_report,
+        notes,
+        variants,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn add_timeline(
+    done: Result<(String, Result<WorkspaceTimeline, String>), tokio::task::JoinError>,
+    timelines: &mut Vec<WorkspaceTimeline>,
+    index: &mut HashMap<String, usize>,
+    unreadable: &mut HashSet<String>,
+    by_name: &mut HashMap<(String, String), Vec<usize>>,
+    journal: &Option<JournalHistory>,
+    gaps: &mut Vec<String>,
+) {
+    match done {
+        Ok((id, Ok(mut timeline))) => {
+            if let Some(j) = journal {
+                timeline.uses = j.uses.get(&id).cloned().unwrap_or_default();
+                timeline.agents = j.agents.get(&id).cloned().unwrap_or_default();
+            }
+            let key = (timeline.record.owner_name.clone(), timeline.record.name.clone());
+            by_name.entry(key).or_default().push(timelines.len());
+            index.insert(id, timelines.len());
+            timelines.push(timeline);
+        }
+        Ok((id, Err(e))) => {
+            gaps.push(format!("workspace {id}: Coder did not answer for it ({e}): its GPU series are not replayed"));
+            unreadable.insert(id);
+        }
+        Err(e) => gaps.push(format!("a Coder read failed: {e}")),
+    }
+}
