@@ -893,7 +893,8 @@ fn planted_cycles_are_caught_even_inside_a_folder() {
         .plant("core/src/coder/mod.rs", "pub mod types;", "pub const ANSWER: u8 = 42;\nuse types::Workspace;")
         .plant("core/src/coder/types.rs", "use ", "use super::ANSWER;");
     assert_eq!(import_order(&inside.0), Vec::<String>::new(), "one place in the order: the order cannot see it");
-    fails_on(import_cycles, inside, "import cycle: core::coder > core::coder::types");
+    // Either rotation of the cycle, whichever module the search met first.
+    fails_on(import_cycles, inside, "core::coder > core::coder::types");
 }
 
 #[test]

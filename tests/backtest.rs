@@ -264,7 +264,7 @@ async fn backtest_reports_what_the_constructed_history_implies_for_each_connecti
         assert_eq!(report["upper_bound"], false);
         let v = &report["variants"][0];
         assert_eq!(stops_of(v, &names, t0), with_connections, "{source}: {}", report["connections"]);
-        assert_eq!((v["stops"].as_array().unwrap().len(), v["regretted"].as_u64()), (5, Some(1)), "{source}");
+        assert_eq!((v["stop_count"].as_u64(), v["regretted"].as_u64()), (Some(5), Some(1)), "{source}");
         assert!((v["gpu_hours_given_back"].as_f64().unwrap() - 478.0 / 60.0).abs() < 1e-6, "{source}: {v}");
         assert_eq!(report["passes"], 241, "every minute of four hours, both ends");
         assert_eq!(report["workspaces"], 5);
@@ -302,6 +302,29 @@ async fn backtest_reports_what_the_constructed_history_implies_for_each_connecti
     let (code, table, err) = backtest(&coder, &prom, &config, &["--since", "4h", "--until", until_arg.as_str(), "--connections", "none"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(table.contains("NO CONNECTION SOURCE") && table.contains("policy"), "{table}");
+    let sweep = ["--since", "4h", "--until", until_arg.as_str(), "--connections", "journal", "--journal", journal.to_str().unwrap()];
+    let mut html_args = sweep.to_vec();
+    html_args.extend(["--sweep", "idle_after=30m,2h", "--output", "html"]);
+    let (code, html, err) = backtest(&coder, &prom, &config, &html_args);
+    assert_eq!(code, Some(0), "{err}");
+    let page = dir.join("backtest.html");
+    std::fs::write(&page, &html).unwrap();
+    assert!(!html.contains("src=") && !html.contains("href=") && !html.contains("@import"), "self-contained: no asset is fetched");
+    if let Some(chromium) = crate::common::installed_or_skip(crate::page::chromium(), "chromium") {
+        let url = format!("file://{}", page.display());
+        let dom = tokio::task::block_in_place(|| crate::page::browse(&chromium, &["--dump-dom"], &url));
+        assert_eq!(dom.matches("class=\"given-back\"").count(), 2, "one bar per swept value: {dom}");
+        assert_eq!(dom.matches("class=\"regretted\"").count(), 2);
+        assert!(dom.contains("<title>idle_after=30m: 1 regretted stops</title>"), "{dom}");
+        assert!(dom.contains("alice/idle") && dom.contains("gpu-workspace"), "top workspaces and templates");
+        assert!(dom.contains("id=\"sources\"") && dom.contains("journal"), "the sources");
+        assert!(!dom.contains("id=\"upper-bound\""), "connections seen: no upper-bound banner");
+        let shot = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-artefacts/backtest.png");
+        std::fs::create_dir_all(shot.parent().unwrap()).unwrap();
+        let shot_arg = format!("--screenshot={}", shot.display());
+        tokio::task::block_in_place(|| crate::page::browse(&chromium, &[&shot_arg, "--window-size=1280,900"], &url));
+        assert!(std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000), "a screenshot of the page");
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -324,4 +347,71 @@ async fn backtest_without_prometheus_or_with_a_bad_sweep_exits_2_naming_the_fix(
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a duration key of the policy"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `run` in observe mode over a live timeline (its journal on, its would-stops in the audit
+/// log), then a backtest of the same window from the same store, Coder and that journal: both
+/// name the same workspaces. The idle one is named; the busy one and the one whose owner is
+/// connected (seen by the backtest only through the journal `run` wrote) are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_in_observe_mode_and_a_backtest_of_its_window_name_the_same_workspaces() {
+    let coder = FakeCoder::start(WorldConfig { gpus: 3, ..world(3) }).await.unwrap();
+    let stories = vec![
+        Story { owner: "alice", name: "idle", runs: vec![(-60, None)], busy_until: None },
+        Story { owner: "bob", name: "busy", runs: vec![(-60, None)], busy_until: Some(100_000) },
+        Story { owner: "alice", name: "connected", runs: vec![(-60, None)], busy_until: None },
+    ];
+    let ids: Vec<Uuid> = stories.iter().map(|s| coder.with(|w| w.create_workspace(s.owner, s.name, None)).unwrap()).collect();
+    until(&coder, "all hold a GPU", Duration::from_secs(10), |w| ids.iter().all(|id| holds_gpu(w, *id))).await;
+    let t0 = DateTime::from_timestamp(Utc::now().timestamp(), 0).unwrap();
+    let mut with_pods = Vec::new();
+    for (s, id) in stories.into_iter().zip(&ids) {
+        let user = coder.with(|w| w.user_index(s.owner).unwrap());
+        coder.with(|w| w.rewrite_history(*id, &[("start", user, minutes(t0, -60))]));
+        with_pods.push((s, format!("coder-{id}-6d9f8b7c5-x2x9k")));
+    }
+    coder.with(|w| {
+        w.open_connection(ids[2]);
+        for id in &ids[..2] {
+            let i = w.ws_index(*id).unwrap();
+            w.workspaces[i].last_used_at = minutes(t0, -60);
+        }
+    });
+    let prom = FakePrometheus::start(store(t0, Arc::new(with_pods), Arc::new(|_| Vec::new()))).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("cgr-backtest-live-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (config, journal, audit) = (dir.join("policy.toml"), dir.join("history.jsonl"), dir.join("audit.jsonl"));
+    std::fs::write(&config, "max_idle_fraction = 0.9\ngpu_templates = [\"gpu-workspace\"]\n").unwrap();
+    let (prom_url, config_s, journal_s, audit_s) =
+        (prom.url(), config.display().to_string(), journal.display().to_string(), audit.display().to_string());
+    let timing = ["--interval", "1s", "--idle-after", "6s", "--config", config_s.as_str()];
+    let mut args = vec!["--prometheus-url", prom_url.as_str(), "--history-journal", journal_s.as_str(), "--audit-log", audit_s.as_str()];
+    args.extend(timing);
+    let started = Utc::now();
+    let mut svc = crate::common::service::Service::start_observing(&coder, &[], &coder.owner_token(), &args);
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    svc.terminate().await;
+    let ended = Utc::now();
+    let named_by_run: std::collections::BTreeSet<String> = std::fs::read_to_string(&audit)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["event"] == "would_stop")
+        .map(|l| l["workspace_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(named_by_run, [ids[0].to_string()].into(), "run names the idle one only:\n{}", svc.raw());
+    // The window begins after run's first pass, where the journal begins (aligned down to the
+    // step, a window starting one second earlier would begin before any journal line).
+    let span = format!("{}s", (ended - started).num_seconds() - 1);
+    let until_arg = ended.to_rfc3339();
+    let mut bt = vec!["--since", span.as_str(), "--until", until_arg.as_str(), "--connections", "journal", "--journal", journal_s.as_str()];
+    bt.extend(["--output", "json", "--interval", "1s", "--idle-after", "6s"]);
+    let (code, out, err) = tokio::task::block_in_place(|| backtest(&coder, &prom, &config, &bt));
+    assert_eq!(code, Some(0), "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let named_by_backtest: std::collections::BTreeSet<String> =
+        report["variants"][0]["stops"].as_array().unwrap().iter().map(|s| s["workspace_id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(named_by_backtest, named_by_run, "{report}");
+    assert!(report["connections"]["detail"].as_str().unwrap().contains("lines from"), "{}", report["connections"]);
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -13,12 +13,12 @@ use uuid::Uuid;
 use crate::common::installed_or_skip;
 use crate::common::service::{Service, holds_gpu, until, world};
 
-fn chromium() -> Option<PathBuf> {
+pub fn chromium() -> Option<PathBuf> {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"].iter().map(PathBuf::from).find(|p| p.exists())
 }
 
 /// Runs headless Chromium with the flags this closed network needs; returns stdout.
-fn browse(chromium: &Path, args: &[&str], url: &str) -> String {
+pub fn browse(chromium: &Path, args: &[&str], url: &str) -> String {
     let profile = std::env::temp_dir().join(format!("cgr-chromium-{}", Uuid::new_v4()));
     let out = Command::new(chromium)
         .args([

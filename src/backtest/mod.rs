@@ -322,6 +322,13 @@ pub async fn run(
         }
         chunk_end = (chunk_end + chunk_span).min(until);
     }
+    if timelines.is_empty() && !unreadable.is_empty() {
+        return Err(Error::runtime(format!(
+            "Coder answered for none of the {} workspaces the history names ({}): check --coder-url and that the token is an owner's",
+            unreadable.len(),
+            gaps.first().map_or("", String::as_str)
+        )));
+    }
     if connections == ConnectionSource::CoderdMetrics && gauges.repeats > 0 {
         connection_report.detail.push_str(&format!(
             "; {} of {} steps repeated the last values (nobody in the deployment connected) and were read as no connection",
@@ -364,6 +371,7 @@ fn add_timeline(
         Ok((id, Ok(mut timeline))) => {
             if let Some(j) = journal {
                 timeline.uses = j.uses.get(&id).cloned().unwrap_or_default();
+                timeline.uses.sort_by_key(|u| (u.last_used_at, u.seen));
                 timeline.agents = j.agents.get(&id).cloned().unwrap_or_default();
             }
             let key = (timeline.record.owner_name.clone(), timeline.record.name.clone());

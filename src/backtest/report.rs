@@ -166,7 +166,7 @@ impl Report {
                 out,
                 "{:<28} {:>6} {:>16} {:>16} {:>8}",
                 v.label,
-                v.totals.stops,
+                v.totals.stop_count,
                 hours(v.totals.gpu_hours_given_back),
                 regretted,
                 v.breaker_passes
@@ -181,27 +181,18 @@ impl Report {
             if v.stops.is_empty() {
                 continue;
             }
-            let _ = writeln!(out, "\n{}: top workspaces", v.label);
-            for t in &v.top_workspaces {
-                let _ = writeln!(
-                    out,
-                    "  {:<40} {:>3} stops {:>8} GPU-h {:>3} regretted",
-                    t.name,
-                    t.stops,
-                    hours(t.gpu_hours_given_back),
-                    t.regretted
-                );
-            }
-            let _ = writeln!(out, "{}: top templates", v.label);
-            for t in &v.top_templates {
-                let _ = writeln!(
-                    out,
-                    "  {:<40} {:>3} stops {:>8} GPU-h {:>3} regretted",
-                    t.name,
-                    t.stops,
-                    hours(t.gpu_hours_given_back),
-                    t.regretted
-                );
+            for (what, list) in [("top workspaces", &v.top_workspaces), ("top templates", &v.top_templates)] {
+                let _ = writeln!(out, "\n{}: {what}", v.label);
+                for t in list {
+                    let _ = writeln!(
+                        out,
+                        "  {:<40} {:>3} stops {:>8} GPU-h {:>3} regretted",
+                        t.name,
+                        t.stops,
+                        hours(t.gpu_hours_given_back),
+                        t.regretted
+                    );
+                }
             }
             let _ = writeln!(out, "{}: regretted stops", v.label);
             for s in v.stops.iter().filter(|s| s.regret.is_some()) {
@@ -249,7 +240,7 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}td.n{{text-align:r
                 "<tr><td>{}</td><td class=\"n\">{}{}</td><td class=\"n\">{}{}</td><td class=\"n\">{} ({})</td><td class=\"n\">{}</td></tr>",
                 escape(&v.label),
                 self.bound(),
-                v.totals.stops,
+                v.totals.stop_count,
                 self.bound(),
                 hours(v.totals.gpu_hours_given_back),
                 v.totals.regretted,

@@ -282,7 +282,7 @@ impl Replay {
 fn state_key(timeline: &WorkspaceTimeline, t: DateTime<Utc>) -> Option<StateKey> {
     let build = timeline.running_at(t)?;
     let b = timeline.builds.iter().position(|x| x.id == build.id)?;
-    let uses = timeline.uses.partition_point(|u| u.seen <= t);
+    let uses = timeline.uses_by(t);
     let agents = timeline.agents.partition_point(|(seen, _, _)| *seen <= t);
     let moments = build
         .agents()
@@ -295,7 +295,8 @@ fn state_key(timeline: &WorkspaceTimeline, t: DateTime<Utc>) -> Option<StateKey>
 /// What the stops of one replay add up to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Totals {
-    pub stops: usize,
+    /// Simulated stops.
+    pub stop_count: usize,
     pub gpu_hours_given_back: f64,
     pub regretted: usize,
     /// Regretted stops over all stops (0 when there are none).
@@ -308,7 +309,7 @@ impl Totals {
     pub fn of(stops: &[SimulatedStop]) -> Self {
         let regretted = stops.iter().filter(|s| s.regret.is_some()).count();
         Totals {
-            stops: stops.len(),
+            stop_count: stops.len(),
             gpu_hours_given_back: stops.iter().map(|s| s.gpu_hours_given_back).sum(),
             regretted,
             regretted_share: if stops.is_empty() { 0.0 } else { regretted as f64 / stops.len() as f64 },

@@ -46,7 +46,8 @@ pub struct WorkspaceTimeline {
     pub record: Workspace,
     /// Its builds, oldest first: the one current at the window's start and every later one.
     pub builds: Vec<WorkspaceBuild>,
-    /// Moments of use, in time order: when it was seen (`seen`) and the `last_used_at` then.
+    /// Moments of use in time order (by `last_used_at`): when it was seen (`seen`) and the
+    /// `last_used_at` then.
     pub uses: Vec<Use>,
     /// Agent states the journal saw, in time order: (seen, build id, status).
     pub agents: Vec<(DateTime<Utc>, String, AgentStatus)>,
@@ -99,12 +100,19 @@ impl WorkspaceTimeline {
         total
     }
 
-    /// `last_used_at` as a listing at `t` showed it: the latest moment of use seen by then,
-    /// else its session's start (no use seen: the GPU alone is the evidence).
+    /// `last_used_at` at `t`: the latest moment of use at or before it (the journal records
+    /// when Coder says it was used, seen by a pass up to a minute later: a pass at `t` is
+    /// judged on the use itself), else its session's start (no use seen: the GPU alone is the
+    /// evidence).
     pub fn last_used_at(&self, t: DateTime<Utc>, session: &WorkspaceBuild) -> DateTime<Utc> {
-        let i = self.uses.partition_point(|u| u.seen <= t);
+        let i = self.uses_by(t);
         let start = session.created_at.unwrap_or(self.record.created_at);
         i.checked_sub(1).and_then(|i| self.uses.get(i)).map_or(start, |u| u.last_used_at.max(start))
+    }
+
+    /// How many moments of use happened at or before `t` (`uses` is in time order).
+    pub fn uses_by(&self, t: DateTime<Utc>) -> usize {
+        self.uses.partition_point(|u| u.last_used_at <= t)
     }
 
     /// Whether a moment of use falls in `(from, to]` (by `last_used_at`).
@@ -208,5 +216,77 @@ impl GaugeReader {
         };
         self.previous = Some(step);
         used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(m: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + m * 60, 0).unwrap()
+    }
+
+    fn build(id: &str, transition: &str, m: i64, connected: Option<i64>) -> WorkspaceBuild {
+        let agents = connected.map_or(serde_json::json!([]), |c| {
+            serde_json::json!([{"agents": [{"id": "a", "status": "disconnected", "first_connected_at": at(c), "last_connected_at": at(c)}]}])
+        });
+        serde_json::from_value(serde_json::json!({
+            "id": id, "created_at": at(m), "transition": transition, "status": "stopped",
+            "job": {"id": "j", "status": "succeeded", "completed_at": at(m)}, "resources": agents,
+            "initiator_id": "owner"
+        }))
+        .unwrap()
+    }
+
+    fn timeline(builds: Vec<WorkspaceBuild>) -> WorkspaceTimeline {
+        let record: Workspace = serde_json::from_value(serde_json::json!({
+            "id": "w", "name": "n", "owner_name": "alice", "owner_id": "owner", "created_at": at(-100),
+            "last_used_at": at(-100), "latest_build": builds[0].clone()
+        }))
+        .unwrap();
+        WorkspaceTimeline::new(record, builds)
+    }
+
+    #[test]
+    fn a_listing_at_a_moment_shows_the_build_and_agent_of_that_moment() {
+        let t = timeline(vec![build("b1", "start", 0, Some(2)), build("b2", "stop", 60, None), build("b3", "start", 120, None)]);
+        assert!(t.listed_at(at(-1)).is_none(), "before its first build");
+        let starting = t.listed_at(at(1)).unwrap();
+        assert_eq!(starting.latest_build.agents().next().unwrap().status, AgentStatus::Connecting, "before first_connected_at");
+        let up = t.listed_at(at(30)).unwrap();
+        assert_eq!(up.latest_build.id, "b1");
+        assert_eq!(up.latest_build.agents().next().unwrap().status, AgentStatus::Connected, "the API's status now is not then");
+        assert!(t.listed_at(at(90)).is_none(), "stopped");
+        assert_eq!(t.listed_at(at(130)).unwrap().latest_build.id, "b3");
+        assert_eq!(t.next_start_after(at(0)).map(|b| b.id.as_str()), Some("b3"));
+        assert_eq!(t.running_seconds(at(30), at(150)), 60.0 * 60.0, "30 min of b1 and 30 of b3");
+        assert_eq!(t.owner_started_within(at(100), at(130)), Some(at(120)));
+        assert_eq!(t.owner_started_within(at(120), at(130)), None, "after, not at");
+    }
+
+    #[test]
+    fn last_used_at_is_the_latest_use_by_then_else_the_session_start() {
+        let mut t = timeline(vec![build("b1", "start", 0, Some(1))]);
+        let session = t.builds[0].clone();
+        assert_eq!(t.last_used_at(at(10), &session), at(0), "no use: the session's start");
+        t.uses = vec![Use { seen: at(6), last_used_at: at(5) }, Use { seen: at(21), last_used_at: at(20) }];
+        assert_eq!(t.last_used_at(at(5), &session), at(5), "judged on the use itself, not when a pass saw it");
+        assert_eq!(t.last_used_at(at(19), &session), at(5));
+        assert_eq!(t.used_within(at(5), at(20)), Some(at(20)));
+        assert_eq!(t.used_within(at(20), at(50)), None);
+    }
+
+    #[test]
+    fn repeated_gauges_are_no_evidence_and_idle_agents_are_absent() {
+        let step = |pairs: &[(&str, f64, f64)]| GaugeStep {
+            by_workspace: pairs.iter().map(|(w, c, b)| (("alice".to_string(), w.to_string()), (*c, *b))).collect(),
+        };
+        let mut r = GaugeReader::default();
+        assert_eq!(r.read(step(&[("a", 1.0, 100.0), ("b", 0.0, 5.0)])), vec![("alice".to_string(), "a".to_string())]);
+        assert_eq!(r.read(step(&[("a", 1.0, 180.0)])), vec![("alice".to_string(), "a".to_string())], "fresh: bytes moved");
+        assert!(r.read(step(&[("a", 1.0, 180.0)])).is_empty(), "the same values again: nobody in the deployment connected");
+        assert!(r.read(step(&[])).is_empty(), "no gauge: nobody connected");
+        assert_eq!((r.steps, r.repeats), (4, 1));
     }
 }
