@@ -171,7 +171,8 @@ async fn backtest_reports_what_the_constructed_history_implies_for_each_connecti
         // Idle all along, nobody connected: stopped at T0; ran to the end: 240 GPU-minutes.
         Story { owner: "alice", name: "idle", runs: vec![(-360, None)], busy_until: None },
         // Busy until T0+60, then idle; really stopped at T0+180. Stopped at T0+91 (first idle
-        // sample T0+61, plus idle_after 30m): 89 GPU-minutes; bob connects at T0+105: regretted.
+        // sample T0+61, plus idle_after 30m): 89 GPU-minutes; bob connects at T0+121, the last minute
+        // of the regret window and the next fetched chunk's first: regretted.
         Story { owner: "bob", name: "comeback", runs: vec![(-360, Some(180))], busy_until: Some(60) },
         // Idle, but alice connected until T0+180: kept while connected, stopped at T0+210 (30
         // GPU-minutes). With no connection source: stopped at T0 (240).
@@ -203,13 +204,13 @@ async fn backtest_reports_what_the_constructed_history_implies_for_each_connecti
     }
     let stories = Arc::new(with_pods);
     // coderd's gauges: connected alice/connected each minute to T0+180 (rx bytes move each tick),
-    // bob/comeback at T0+50 and T0+105 only (idle agents are absent); after T0+180 nobody in the
+    // bob/comeback at T0+50 and T0+121 only (idle agents are absent); after T0+180 nobody in the
     // deployment is connected and every gauge repeats its last committed values.
     let frozen = t0.timestamp() + 180 * 60;
     let gauges: Gauges = Arc::new(move |t| {
         let m = (t.min(frozen) - t0.timestamp()) / 60;
         let mut g = vec![("alice", "connected", 1.0, 1000.0 + (m.rem_euclid(977)) as f64)];
-        if t <= frozen && (m == 50 || m == 105) {
+        if t <= frozen && (m == 50 || m == 121) {
             g.push(("bob", "comeback", 1.0, 5000.0 + m as f64));
         }
         g
@@ -232,8 +233,8 @@ async fn backtest_reports_what_the_constructed_history_implies_for_each_connecti
         if m == 50 {
             used(&ids[1], "bob", "comeback", 50);
         }
-        if m == 100 {
-            used(&ids[1], "bob", "comeback", 105);
+        if m == 120 {
+            used(&ids[1], "bob", "comeback", 121);
         }
     }
     std::fs::write(&journal, lines).unwrap();

@@ -92,8 +92,8 @@ pub struct Replay {
     owner: Vec<usize>,
     listed: HashMap<usize, (usize, StateKey)>,
     pub stops: Vec<SimulatedStop>,
-    /// Stops whose regret window is still open, waiting for GPU evidence.
-    open: Vec<usize>,
+    /// Stops whose regret window is still open (index into `stops`, timeline index).
+    open: Vec<(usize, usize)>,
     pub passes: u64,
     /// Passes in which the breaker refused every stop, and reclaims the stop cap deferred.
     pub breaker_passes: u64,
@@ -148,7 +148,7 @@ impl Replay {
             let hi = s.points.partition_point(|p| p.at <= now);
             lo.min(hi)..hi
         };
-        self.check_gpu_regret(now, chunk, &in_pass);
+        self.check_regret(now, timelines, chunk, &in_pass);
         let failed: HashSet<&str> = chunk.failed.into_iter().collect();
         let mut pass = self.judge.begin(&self.listing, PassContext { coder_offset: chrono::Duration::zero(), step: Some(step) });
         if chunk.failed.is_none() {
@@ -174,9 +174,7 @@ impl Replay {
             let gpus = self.judge.windows().get(&d.workspace_id).map_or(0, |g| g.len() as u64);
             let stop = self.simulate_stop(timeline, now, d.reason.as_str(), gpus, end);
             self.stopped.insert(t, stop.stopped_until);
-            if stop.regret.is_none() {
-                self.open.push(self.stops.len());
-            }
+            self.open.push((self.stops.len(), t));
             self.stops.push(stop);
         }
     }
@@ -227,13 +225,6 @@ impl Replay {
         let stopped_until = timeline.next_start_after(now).and_then(|b| b.created_at).filter(|t| *t <= end);
         let held = timeline.running_seconds(now, stopped_until.unwrap_or(end));
         let window_end = now + self.regret_window;
-        let regret = [
-            timeline.used_within(now, window_end).map(|at| Regret { kind: RegretKind::Connection, at }),
-            timeline.owner_started_within(now, window_end).map(|at| Regret { kind: RegretKind::OwnerStart, at }),
-        ]
-        .into_iter()
-        .flatten()
-        .min_by_key(|r| r.at);
         SimulatedStop {
             workspace_id: record.id.clone(),
             owner: record.owner_name.clone(),
@@ -244,21 +235,28 @@ impl Replay {
             gpus,
             stopped_until,
             gpu_hours_given_back: gpus as f64 * held / 3600.0,
-            regret,
+            regret: None,
             window_cut: window_end > end,
         }
     }
 
-    /// GPU compute within an open regret window: any of the stopped workspace's real samples in
-    /// this pass, after the stop and within the window, that the policy reads as active. A
-    /// connection or an owner's start earlier than it was already found at the stop.
-    fn check_gpu_regret(&mut self, now: DateTime<Utc>, chunk: &Chunk<'_>, in_pass: &dyn Fn(&GpuSeries) -> std::ops::Range<usize>) {
+    /// Evidence within each open regret window, up to `now`: a moment of use (as known by now:
+    /// coderd's gauges arrive chunk by chunk), a start by the owner, or one of the stopped
+    /// workspace's real GPU samples in this pass that the policy reads as active; the earliest
+    /// found is kept. A window is closed once it has passed.
+    fn check_regret(
+        &mut self,
+        now: DateTime<Utc>,
+        timelines: &[WorkspaceTimeline],
+        chunk: &Chunk<'_>,
+        in_pass: &dyn Fn(&GpuSeries) -> std::ops::Range<usize>,
+    ) {
         let policy = self.judge.policy();
         let window = self.regret_window;
         let stops = &mut self.stops;
-        self.open.retain(|&i| {
-            let Some(stop) = stops.get_mut(i) else { return false };
-            let until = stop.at + window;
+        self.open.retain(|&(i, t)| {
+            let (Some(stop), Some(timeline)) = (stops.get_mut(i), timelines.get(t)) else { return false };
+            let until = (stop.at + window).min(now);
             let series = chunk.by_workspace.get(stop.workspace_id.as_str()).map_or(&[][..], Vec::as_slice);
             let computed = series
                 .iter()
@@ -269,11 +267,19 @@ impl Replay {
                 })
                 .map(|p| p.at)
                 .find(|&at| at > stop.at && at <= until);
-            if let Some(at) = computed {
-                stop.regret = Some(Regret { kind: RegretKind::GpuCompute, at });
+            let found = [
+                timeline.used_within(stop.at, until).map(|at| Regret { kind: RegretKind::Connection, at }),
+                timeline.owner_started_within(stop.at, until).map(|at| Regret { kind: RegretKind::OwnerStart, at }),
+                computed.map(|at| Regret { kind: RegretKind::GpuCompute, at }),
+            ]
+            .into_iter()
+            .flatten()
+            .min_by_key(|r| r.at);
+            if found.is_some() {
+                stop.regret = found;
                 return false;
             }
-            now < until
+            now < stop.at + window
         });
     }
 }
