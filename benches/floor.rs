@@ -6,7 +6,11 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use futures_util::StreamExt as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// A client with nothing on: no decompression, no redirects, a generous timeout.
 pub fn client() -> reqwest::Client {
@@ -52,4 +56,60 @@ pub async fn timed<T>(f: impl std::future::Future<Output = T>) -> (T, f64, f64) 
 pub fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// What a counting proxy saw: the bytes the upstream sent back (compressed, as on the wire) and the
+/// target of every GET the service sent (replayed by the floor).
+#[derive(Default)]
+pub struct Seen {
+    pub received: AtomicU64,
+    pub requests: std::sync::Mutex<Vec<String>>,
+}
+
+/// A loopback proxy in front of an upstream (Prometheus, Coder) that counts what it sends back and records what it
+/// is asked.
+pub async fn counting_proxy(upstream: String, seen: Arc<Seen>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { return };
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                let asked = seen.clone();
+                tokio::spawn(async move {
+                    // Request heads, line by line: a line starting "GET " names a request.
+                    let mut buf = vec![0u8; 16 * 1024];
+                    let mut line = Vec::new();
+                    while let Ok(read) = client_read.read(&mut buf).await {
+                        if read == 0 || server_write.write_all(&buf[..read]).await.is_err() {
+                            break;
+                        }
+                        for &b in &buf[..read] {
+                            if b != b'\n' {
+                                line.push(b);
+                                continue;
+                            }
+                            if let Some(target) = line.strip_prefix(b"GET ").and_then(|l| l.split(|&c| c == b' ').next()) {
+                                asked.requests.lock().unwrap().push(String::from_utf8_lossy(target).into_owned());
+                            }
+                            line.clear();
+                        }
+                    }
+                });
+                // Counted as it is relayed: the service keeps its connections open.
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(read) = server_read.read(&mut buf).await {
+                    if read == 0 || client_write.write_all(&buf[..read]).await.is_err() {
+                        break;
+                    }
+                    seen.received.fetch_add(read as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    port
 }

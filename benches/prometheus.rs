@@ -30,16 +30,15 @@ use std::io::{BufRead, BufReader, BufWriter, Write as _};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use coder_gpu_reclaimer::app::{Application, Role};
 use coder_gpu_reclaimer::config::{DEFAULT_INTERVAL, Settings};
 use coder_gpu_reclaimer::gpu::SourceConfig;
 use coder_gpu_reclaimer::gpu::prometheus::MAX_QUERIES_IN_FLIGHT;
 use coder_gpu_reclaimer::retry::RetryPolicy;
+use floor::{Seen, counting_proxy};
 
 const SCRAPE: i64 = 15;
 const HISTORY_MINUTES: i64 = 70;
@@ -116,62 +115,6 @@ fn history_minutes() -> i64 {
 
 fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()))
-}
-
-/// What the proxy saw: the bytes Prometheus sent back (compressed, as on the wire) and the
-/// target of every GET the service sent (replayed by the floor).
-#[derive(Default)]
-struct Seen {
-    received: AtomicU64,
-    requests: std::sync::Mutex<Vec<String>>,
-}
-
-/// A loopback proxy in front of Prometheus that counts what it sends back and records what it
-/// is asked.
-async fn counting_proxy(upstream: String, seen: Arc<Seen>) -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let upstream = upstream.clone();
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { return };
-                let (mut client_read, mut client_write) = client.into_split();
-                let (mut server_read, mut server_write) = server.into_split();
-                let asked = seen.clone();
-                tokio::spawn(async move {
-                    // Request heads, line by line: a line starting "GET " names a request.
-                    let mut buf = vec![0u8; 16 * 1024];
-                    let mut line = Vec::new();
-                    while let Ok(read) = client_read.read(&mut buf).await {
-                        if read == 0 || server_write.write_all(&buf[..read]).await.is_err() {
-                            break;
-                        }
-                        for &b in &buf[..read] {
-                            if b != b'\n' {
-                                line.push(b);
-                                continue;
-                            }
-                            if let Some(target) = line.strip_prefix(b"GET ").and_then(|l| l.split(|&c| c == b' ').next()) {
-                                asked.requests.lock().unwrap().push(String::from_utf8_lossy(target).into_owned());
-                            }
-                            line.clear();
-                        }
-                    }
-                });
-                // Counted as it is relayed: the service keeps its connections open.
-                let mut buf = vec![0u8; 64 * 1024];
-                while let Ok(read) = server_read.read(&mut buf).await {
-                    if read == 0 || client_write.write_all(&buf[..read]).await.is_err() {
-                        break;
-                    }
-                    seen.received.fetch_add(read as u64, Ordering::Relaxed);
-                }
-            });
-        }
-    });
-    port
 }
 
 /// Where the floor sends its requests: the listing and the proxy the service's queries went to.

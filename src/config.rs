@@ -513,7 +513,6 @@ fn non_negative(setting: &str, v: Option<f64>, default: f64) -> Result<f64, Erro
     }
 }
 
-/// The policy from defaults, the file, then flags.
 /// The policy's duration keys `backtest --sweep` may vary (as the config file spells them).
 pub const SWEEP_KEYS: &[&str] = &[
     "idle_after",
@@ -586,6 +585,7 @@ pub fn swept_policies(args: &CommonArgs, sweep: &str, interval: Duration) -> Res
 /// The most values one sweep replays (each holds its own windows for the fleet).
 pub const MAX_SWEEP_VALUES: usize = 16;
 
+/// The policy from defaults, the file, then flags.
 pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) -> Result<Policy, Error> {
     let mut p = Policy::defaults(interval);
     let t = &mut p.thresholds;

@@ -6,6 +6,7 @@ locals {
   }, var.labels)
   token_secret = var.coder_session_token_secret != null ? var.coder_session_token_secret : "${local.name}-token"
   audit_path   = "/var/log/${local.name}/audit.jsonl"
+  journal_path = "/var/log/${local.name}/history.jsonl"
   audit_pvc    = var.audit_log && var.audit_log_persistent
   secrets_dir  = "/var/run/secrets/${local.name}"
   # Secrets are files, never arguments or env vars: a mounted Secret is updated in place when it
@@ -45,6 +46,7 @@ locals {
     var.enforce ? ["--enforce"] : [],
     ["--token-file", "${local.secrets_dir}/token/token"],
     var.audit_log ? ["--audit-log", local.audit_path] : [],
+    var.history_journal ? ["--history-journal", local.journal_path] : [],
     local.has_webhook ? ["--notify-webhook-file", "${local.secrets_dir}/notify/webhook"] : [],
     ["--status-token-file", "${local.secrets_dir}/status/token"],
     local.has_ca ? ["--ca-file", "/etc/${local.name}-ca/ca.pem"] : [],

@@ -148,6 +148,12 @@ variable "audit_log" {
   default     = true
 }
 
+variable "history_journal" {
+  type        = bool
+  description = "Journal each change of a running workspace (first seen, used, agent, gone) for `coder-gpu-reclaimer backtest`: one JSON line per change in history.jsonl beside the audit log (on its volume), rotated at 64 MiB to history.jsonl.1 (history_journal_max_mib in policy_toml changes the bound)."
+  default     = false
+}
+
 variable "audit_log_persistent" {
   type        = bool
   description = "Keep the audit log on a PersistentVolumeClaim (ReadWriteOnce) that outlives rollouts; false: an emptyDir, deleted at every rollout."

@@ -271,7 +271,10 @@ async fn backtest_reports_what_the_constructed_history_implies_for_each_connecti
         assert_eq!(report["workspaces"], 5);
         if source == "coderd" {
             let detail = report["connections"]["detail"].as_str().unwrap();
-            assert!(detail.contains("60 of 241 steps repeated the last values"), "the repeats after T0+180 are no evidence: {detail}");
+            assert!(
+                detail.contains("60 of 274 steps repeated the last values"),
+                "the repeats after T0+180 are no evidence, read from the look-back (33 steps) on: {detail}"
+            );
         }
     }
     // No connection source: the GPU alone decides, connected's idle GPU is stopped at T0, and
@@ -293,11 +296,26 @@ async fn backtest_reports_what_the_constructed_history_implies_for_each_connecti
     // A sweep replays each value over the same history: at 2h, comeback is stopped for real
     // before it would be (T0+181), connected is never idle long enough, restart's second session
     // is too short.
-    let report = tokio::task::block_in_place(|| run("journal", vec!["--sweep", "idle_after=30m,2h"]));
+    // At 15m (a look-back shorter than a fetched chunk: no step of the chunk may be skipped),
+    // every idle span ends 15 minutes sooner and comeback's owner returns too late to regret it.
+    let report = tokio::task::block_in_place(|| run("journal", vec!["--sweep", "idle_after=30m,2h,15m"]));
     let variants = report["variants"].as_array().unwrap();
-    assert_eq!(variants.iter().map(|v| v["label"].as_str().unwrap()).collect::<Vec<_>>(), ["idle_after=30m", "idle_after=2h"]);
+    let labels: Vec<&str> = variants.iter().map(|v| v["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["idle_after=30m", "idle_after=2h", "idle_after=15m"]);
     assert_eq!(stops_of(&variants[0], &names, t0), with_connections);
     assert_eq!(stops_of(&variants[1], &names, t0), vec![ws("idle", 0, 240, None), ws("restart", 0, 30, None)]);
+    let at_15m = vec![
+        ws("comeback", 76, 104, None),
+        ws("connected", 195, 45, None),
+        ws("idle", 0, 240, None),
+        ws("restart", 0, 30, None),
+        ws("restart", 136, 104, None),
+    ];
+    assert_eq!(stops_of(&variants[2], &names, t0), at_15m);
+    // Alone, 15m's look-back (18 min) is shorter than a chunk (30 steps): the same stops, so
+    // every step of every chunk was fetched.
+    let alone = tokio::task::block_in_place(|| run("journal", vec!["--idle-after", "15m"]));
+    assert_eq!(stops_of(&alone["variants"][0], &names, t0), at_15m);
     assert_eq!(variants[1]["top_workspaces"][0]["name"], "alice/idle");
     // The table and the page say the same.
     let (code, table, err) = backtest(&coder, &prom, &config, &["--since", "4h", "--until", until_arg.as_str(), "--connections", "none"]);

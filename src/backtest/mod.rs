@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use reclaimer_core::backtest::replay::{Chunk, Replay};
+use reclaimer_core::backtest::replay::{Chunk, Failed, Replay};
 use reclaimer_core::backtest::timeline::{ConnectionSource, GaugeReader, GaugeStep, Use, WorkspaceTimeline};
 use reclaimer_core::coder::types::AgentStatus;
 use reclaimer_core::history::JournalLine;
@@ -72,6 +72,8 @@ pub struct Progress {
 struct JournalHistory {
     uses: HashMap<String, Vec<Use>>,
     agents: HashMap<String, Vec<(DateTime<Utc>, String, AgentStatus)>>,
+    /// Each workspace's latest line.
+    last_seen: HashMap<String, DateTime<Utc>>,
     first: Option<DateTime<Utc>>,
     last: Option<DateTime<Utc>>,
     lines: usize,
@@ -87,6 +89,8 @@ fn read_journal(path: &std::path::Path, until: DateTime<Utc>) -> Result<JournalH
         j.lines += 1;
         j.first = j.first.min(Some(line.time)).or(Some(line.time));
         j.last = j.last.max(Some(line.time));
+        let seen = j.last_seen.entry(line.workspace_id.clone()).or_insert(line.time);
+        *seen = (*seen).max(line.time);
         if let Some(at) = line.last_used_at {
             let uses = j.uses.entry(line.workspace_id.clone()).or_default();
             if uses.last().is_none_or(|u| u.last_used_at != at) {
@@ -119,20 +123,13 @@ async fn gauge_steps(prom: &PrometheusSource, range: (i64, i64, u64)) -> Result<
         };
         prom.query_each(query, range, &mut on).await.map_err(|e| format!("{metric} query: {e}"))?;
     }
-    let mut out: Vec<(i64, GaugeStep)> = steps.into_iter().collect();
-    out.sort_by_key(|(t, _)| *t);
-    // A step with no gauge at all is a step too (nobody connected, or the gauges expired).
+    // Every step of the grid, in order; a step with no gauge at all is a step too (nobody
+    // connected, or the gauges expired), and a point off the grid is not one.
     let mut all = Vec::new();
-    let mut next = out.into_iter().peekable();
     let mut t = range.0;
     while t <= range.1 {
-        let step = if next.peek().is_some_and(|(at, _)| *at == t) {
-            next.next().map(|(_, s)| s).unwrap_or_default()
-        } else {
-            GaugeStep::default()
-        };
-        all.push((t, step));
-        t += range.2 as i64;
+        all.push((t, steps.remove(&t).unwrap_or_default()));
+        t += step as i64;
     }
     Ok(all)
 }
@@ -239,20 +236,26 @@ pub async fn run(
     let mut chunks = 0usize;
     let mut last_pass: Option<DateTime<Utc>> = None;
     let chunk_span = chrono::Duration::seconds(step_secs * i64::from(CHUNK_STEPS));
-    let journal_ids: Vec<String> = journal.as_ref().map(|j| j.uses.keys().chain(j.agents.keys()).cloned().collect()).unwrap_or_default();
+    // The journal's workspaces seen within the history (not those gone long before it).
+    let journal_ids: Vec<String> = journal
+        .as_ref()
+        .map(|j| j.last_seen.iter().filter(|(_, at)| **at >= history_from).map(|(id, _)| id.clone()).collect())
+        .unwrap_or_default();
     let mut pending_ids: Vec<String> = journal_ids;
     let mut chunk_end = since;
     loop {
         chunks += 1;
         let collection = prom.collect(chunk_end).await;
+        let series: Vec<GpuSeries> = collection.series;
+        // A failed fetch keeps the slices before the failure: their passes are judged on them.
+        let fetched_to = series.iter().filter_map(|s| s.points.last()).map(|p| p.at).max();
         let failed = !collection.failures.is_empty();
         if failed {
             let why = collection.failures.iter().map(|f| f.error.as_str()).collect::<Vec<_>>().join("; ");
-            let from = last_pass.map_or(history_from, |t| t + chrono::Duration::seconds(step_secs));
+            let from = fetched_to.or(last_pass).map_or(history_from, |t| t + chrono::Duration::seconds(step_secs));
             gpu_gaps.push(format!("{} to {}: {why}", from.to_rfc3339(), chunk_end.to_rfc3339()));
             prom.skip_until(chunk_end);
         }
-        let series: Vec<GpuSeries> = collection.series;
         for s in &series {
             if s.workspace_id.is_some() {
                 gpu_hours_reported += s.points.iter().filter(|p| p.at > since && p.at <= until).count() as f64 * step_secs as f64 / 3600.0;
@@ -288,7 +291,9 @@ pub async fn run(
         }
         // The passes of this chunk: every step after the last pass, up to its end.
         let first = last_pass.map_or(since, |t| t + crate::duration::chrono(plan.interval));
-        let range = (first.timestamp(), chunk_end.timestamp(), step_secs as u64);
+        // The gauges from the look-back on: a use just before the window counts in its first passes.
+        let gauges_from = last_pass.map_or(history_from, |_| first);
+        let range = (gauges_from.timestamp(), chunk_end.timestamp(), step_secs as u64);
         if connections == ConnectionSource::CoderdMetrics && first <= chunk_end {
             match gauge_steps(prom, range).await {
                 Ok(steps) => {
@@ -307,7 +312,7 @@ pub async fn run(
             }
         }
         let shown = prom.shown().to_string();
-        let chunk = Chunk::new(&series, failed.then_some(shown.as_str()));
+        let chunk = Chunk::new(&series, failed.then_some(Failed { source: shown.as_str(), after: fetched_to }));
         let mut t = first;
         while t <= chunk_end {
             for replay in &mut replays {
@@ -315,6 +320,13 @@ pub async fn run(
             }
             last_pass = Some(t);
             t += crate::duration::chrono(plan.interval);
+        }
+        // Moments of use a later pass cannot read again: memory follows the chunk, not the window.
+        if let Some(t) = last_pass {
+            let keep_from = t - crate::duration::chrono(plan.regret_window);
+            for timeline in &mut timelines {
+                timeline.forget_uses_before(keep_from);
+            }
         }
         progress(Progress { fetched_until: chunk_end, since, until, workspaces: timelines.len(), series: series.len() });
         if chunk_end >= until {

@@ -38,7 +38,10 @@ pub async fn run(settings: Settings, args: &BacktestArgs, now: DateTime<Utc>, ou
         Some(sweep) => swept_policies(&args.common, sweep, settings.interval)?,
         None => vec![("policy".to_string(), settings.policy.clone())],
     };
-    let lookback = variants.iter().map(|(_, p)| p.longest_lookback()).max().unwrap_or_default();
+    // The source fetches only the steps after the last fetch when that is within its range: a
+    // range shorter than a chunk would skip the start of every chunk.
+    let chunk = settings.interval * crate::backtest::CHUNK_STEPS;
+    let lookback = variants.iter().map(|(_, p)| p.longest_lookback()).max().unwrap_or_default().max(chunk);
     let source = prometheus.build(&SourceContext {
         ownership: &settings.ownership,
         timeout: settings.request_timeout,

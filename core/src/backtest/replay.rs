@@ -23,13 +23,20 @@ use super::timeline::WorkspaceTimeline;
 pub struct Chunk<'a> {
     pub series: &'a [GpuSeries],
     pub by_workspace: HashMap<&'a str, Vec<usize>>,
-    /// The source's name when this chunk could not be fetched: its passes see the source failed
-    /// (as `run` would: GPU data unknown, nothing stopped on it).
-    pub failed: Option<&'a str>,
+    /// Set when (part of) this chunk could not be fetched.
+    pub failed: Option<Failed<'a>>,
+}
+
+/// A chunk the source could fetch only up to `after` (`None`: none of it): the passes after it
+/// see the source failed, as `run` would (GPU data unknown, nothing stopped on it).
+#[derive(Debug, Clone, Copy)]
+pub struct Failed<'a> {
+    pub source: &'a str,
+    pub after: Option<DateTime<Utc>>,
 }
 
 impl<'a> Chunk<'a> {
-    pub fn new(series: &'a [GpuSeries], failed: Option<&'a str>) -> Self {
+    pub fn new(series: &'a [GpuSeries], failed: Option<Failed<'a>>) -> Self {
         let mut by_workspace: HashMap<&str, Vec<usize>> = HashMap::new();
         for (i, s) in series.iter().enumerate() {
             if let Some(id) = s.workspace_id.as_deref() {
@@ -149,9 +156,10 @@ impl Replay {
             lo.min(hi)..hi
         };
         self.check_regret(now, timelines, chunk, &in_pass);
-        let failed: HashSet<&str> = chunk.failed.into_iter().collect();
+        let failed_now = chunk.failed.filter(|f| f.after.is_none_or(|after| now > after));
+        let failed: HashSet<&str> = failed_now.map(|f| f.source).into_iter().collect();
         let mut pass = self.judge.begin(&self.listing, PassContext { coder_offset: chrono::Duration::zero(), step: Some(step) });
-        if chunk.failed.is_none() {
+        if failed_now.is_none() {
             for ws in &self.listing {
                 for &i in chunk.by_workspace.get(ws.id.as_str()).map_or(&[][..], Vec::as_slice) {
                     let s = &chunk.series[i];

@@ -115,6 +115,16 @@ impl WorkspaceTimeline {
         self.uses.partition_point(|u| u.last_used_at <= t)
     }
 
+    /// Forgets the moments of use before `t` but the latest of them: what a pass after `t`
+    /// reads (`last_used_at`, and regret windows that begin after `t`) stays, and a workspace
+    /// connected all along costs the moments of the chunk ahead, not of the whole window.
+    pub fn forget_uses_before(&mut self, t: DateTime<Utc>) {
+        let before = self.uses.partition_point(|u| u.last_used_at < t);
+        if before > 1 {
+            self.uses.drain(..before - 1);
+        }
+    }
+
     /// Whether a moment of use falls in `(from, to]` (by `last_used_at`).
     pub fn used_within(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.uses.iter().map(|u| u.last_used_at).find(|&at| at > from && at <= to)
@@ -138,9 +148,11 @@ impl WorkspaceTimeline {
         ws.last_used_at = self.last_used_at(t, build);
         ws.latest_build = build.clone();
         ws.latest_build.status = crate::coder::types::WorkspaceStatus::Running;
-        let journal = self.agents.iter().rev().find(|(seen, id, _)| *seen <= t && *id == build.id).map(|(_, _, s)| *s);
-        for agent in ws.latest_build.resources.iter_mut().flat_map(|r| r.agents.iter_mut()) {
-            agent_at(agent, t, journal);
+        // The journal records the first agent's status only.
+        let seen = self.agents.partition_point(|(seen, _, _)| *seen <= t);
+        let journal = self.agents[..seen].iter().rev().find(|(_, id, _)| *id == build.id).map(|(_, _, s)| *s);
+        for (i, agent) in ws.latest_build.resources.iter_mut().flat_map(|r| r.agents.iter_mut()).enumerate() {
+            agent_at(agent, t, journal.filter(|_| i == 0));
         }
         Some(ws)
     }
@@ -171,7 +183,7 @@ fn agent_at(agent: &mut crate::coder::types::WorkspaceAgent, t: DateTime<Utc>, j
         agent.lifecycle_state = AgentLifecycle::Starting;
     } else {
         agent.first_connected_at = connected.or(agent.first_connected_at);
-        agent.last_connected_at = Some(t.min(agent.last_connected_at.unwrap_or(t)));
+        agent.last_connected_at = agent.last_connected_at.filter(|l| *l <= t).or(connected);
         agent.disconnected_at = lost;
         agent.lifecycle_state = AgentLifecycle::Ready;
     }
