@@ -4,8 +4,8 @@
 //! in two-hour pieces (promtool holds a piece in memory); Coder's workspace records and build
 //! histories served from a child process (each workspace starts once a day at its own hour and
 //! its autostop stops it 10 h later; four in five compute for their first 2 h, the rest never).
-//! The backtest runs in a process of its own (`commands::backtest::run`, no connection source
-//! but the probe for coderd's gauges) behind two counting proxies, and prints its wall time, CPU
+//! The backtest runs in a process of its own (`commands::backtest::report`: its report made, not written; the default policy but
+//! `max_idle_fraction = 1`, no connection source but the probe for coderd's gauges) behind two counting proxies, and prints its wall time, CPU
 //! time and peak RSS beside the floor: the same requests, Prometheus's and Coder's, sent again by
 //! a minimal client that reads each answer and discards it.
 //!
@@ -23,8 +23,8 @@ mod synthetic;
 mod floor;
 
 use std::io::{BufRead, BufReader, BufWriter, Write as _};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -39,7 +39,7 @@ use coder_gpu_reclaimer::config::{DEFAULT_INTERVAL, Settings};
 use coder_gpu_reclaimer::gpu::SourceConfig;
 use coder_gpu_reclaimer::gpu::prometheus::MAX_QUERIES_IN_FLIGHT;
 use coder_gpu_reclaimer::retry::RetryPolicy;
-use floor::{Seen, counting_proxy};
+use floor::{Killed, Seen, counting_proxy, which};
 
 const STEP: i64 = 60;
 const PIECE: i64 = 2 * 3600;
@@ -191,6 +191,9 @@ async fn measure(n: usize, days: i64, end: i64, coder_port: u16, prom_port: u16)
         Settings::local(&format!("http://127.0.0.1:{coder_proxy}"), "benchkey01-benchsecret", gpu, DEFAULT_INTERVAL).expect("settings");
     settings.request_timeout = Duration::from_secs(120);
     settings.api_retry = RetryPolicy::none();
+    // Most of this fleet idles at once (every session idles after its first 2 h): the default
+    // breaker would hold every stop, and the replay would measure nothing but keeps.
+    settings.policy.max_idle_fraction = 1.0;
     let until = chrono::DateTime::from_timestamp(end, 0).unwrap();
     let args = BacktestArgs {
         common: CommonArgs::default(),
@@ -203,12 +206,12 @@ async fn measure(n: usize, days: i64, end: i64, coder_port: u16, prom_port: u16)
         output: BacktestFormat::Json,
     };
     let before = synthetic::proc_status("VmRSS:") as f64 / 1024.0;
-    let mut out = Vec::new();
-    let (done, wall, cpu) = floor::timed(coder_gpu_reclaimer::commands::backtest::run(settings, &args, until, &mut out)).await;
-    done.expect("backtest");
+    // The report as the command makes it, not written: its size is the stops', not the fetch's.
+    let (done, wall, cpu) = floor::timed(coder_gpu_reclaimer::commands::backtest::report(settings, &args, until)).await;
+    let report = done.expect("backtest");
     tokio::time::sleep(Duration::from_millis(50)).await;
     let peak = synthetic::proc_status("VmHWM:") as f64 / 1024.0;
-    let report: Value = serde_json::from_slice(&out).expect("report");
+    let report: Value = serde_json::to_value(&report).expect("report");
     let v = &report["variants"][0];
     let prom_requests: Vec<String> =
         std::mem::take(&mut *prom_seen.requests.lock().unwrap()).iter().map(|t| format!("http://127.0.0.1:{prom_proxy}{t}")).collect();
@@ -223,11 +226,12 @@ async fn measure(n: usize, days: i64, end: i64, coder_port: u16, prom_port: u16)
     })
     .await;
     println!(
-        "{n:>6} workspaces x {days} d | {} passes, {} stops, {:.0} GPU-h given back of {:.0} reported | {} Prometheus queries ({:.1} MB), {} Coder reads ({:.1} MB) | backtest: wall {:.1} s, CPU {:.1} s, peak RSS {:.1} MiB (before {:.1}) | floor: wall {:.1} s, CPU {:.1} s | wall {:.2}x the floor",
+        "{n:>6} workspaces x {days} d | {} passes, {} stops, {:.0} GPU-h given back of {:.0} reported, verdicts {} | {} Prometheus queries ({:.1} MB), {} Coder reads ({:.1} MB) | backtest: wall {:.1} s, CPU {:.1} s, peak RSS {:.1} MiB (before {:.1}) | floor: wall {:.1} s, CPU {:.1} s | wall {:.2}x the floor",
         report["passes"],
         v["stop_count"],
         v["gpu_hours_given_back"].as_f64().unwrap_or(0.0),
         report["gpu_hours_reported"].as_f64().unwrap_or(0.0),
+        v["verdicts"],
         prom_requests.len(),
         received as f64 / 1e6,
         coder_requests.len(),
@@ -240,19 +244,6 @@ async fn measure(n: usize, days: i64, end: i64, coder_port: u16, prom_port: u16)
         floor_cpu,
         wall / floor_wall
     );
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()))
 }
 
 fn run(exe: &Path, n: usize, days: i64, prometheus: &Path, promtool: &Path) {
@@ -280,19 +271,7 @@ fn run(exe: &Path, n: usize, days: i64, prometheus: &Path, promtool: &Path) {
         text as f64 / 1e9,
         t.elapsed().as_secs_f64()
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-    std::fs::write(dir.join("prometheus.yml"), "global:\n  scrape_interval: 60s\n").expect("config");
-    let _prom = Killed(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--storage.tsdb.retention.time=60d")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus"),
-    );
+    let (_prom, port) = floor::prometheus(prometheus, &dir, "60s", "60d");
     let mut server =
         Killed(Command::new(exe).args(["--serve", &n.to_string(), &end.to_string()]).stdout(Stdio::piped()).spawn().expect("server"));
     let mut coder_port = String::new();

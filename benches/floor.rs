@@ -113,3 +113,35 @@ pub async fn counting_proxy(upstream: String, seen: Arc<Seen>) -> u16 {
     });
     port
 }
+
+/// A child process killed when dropped (Prometheus, a fake Coder).
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A program on PATH.
+pub fn which(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()))
+}
+
+/// Prometheus serving the TSDB in `dir/data` on a free loopback port, with this scrape interval
+/// and retention; its port.
+pub fn prometheus(binary: &std::path::Path, dir: &std::path::Path, scrape: &str, retention: &str) -> (Killed, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    std::fs::write(dir.join("prometheus.yml"), format!("global:\n  scrape_interval: {scrape}\n")).expect("config");
+    let child = std::process::Command::new(binary)
+        .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
+        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg(format!("--storage.tsdb.retention.time={retention}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("prometheus");
+    (Killed(child), port)
+}

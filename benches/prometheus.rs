@@ -28,7 +28,7 @@ mod floor;
 
 use std::io::{BufRead, BufReader, BufWriter, Write as _};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -38,7 +38,7 @@ use coder_gpu_reclaimer::config::{DEFAULT_INTERVAL, Settings};
 use coder_gpu_reclaimer::gpu::SourceConfig;
 use coder_gpu_reclaimer::gpu::prometheus::MAX_QUERIES_IN_FLIGHT;
 use coder_gpu_reclaimer::retry::RetryPolicy;
-use floor::{Seen, counting_proxy};
+use floor::{Killed, Seen, counting_proxy, which};
 
 const SCRAPE: i64 = 15;
 const HISTORY_MINUTES: i64 = 70;
@@ -111,10 +111,6 @@ fn write_history(path: &std::path::Path, n: usize, now: i64, ahead_minutes: i64)
 /// Minutes of history written before "now" (`RECLAIMER_BENCH_HISTORY_MINUTES`, else 70).
 fn history_minutes() -> i64 {
     std::env::var("RECLAIMER_BENCH_HISTORY_MINUTES").ok().and_then(|v| v.parse().ok()).unwrap_or(HISTORY_MINUTES)
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()))
 }
 
 /// Where the floor sends its requests: the listing and the proxy the service's queries went to.
@@ -251,15 +247,6 @@ async fn measure(n: usize, coder_port: u16, prom_port: u16, cold: bool) {
     }
 }
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: &std::path::Path) {
     let kept = std::env::var_os("RECLAIMER_BENCH_DIR").filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join(n.to_string()));
     let dir = kept.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("reclaimer-prom-bench-{}-{n}", std::process::id())));
@@ -282,19 +269,7 @@ fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: 
         let _ = std::fs::remove_file(&input);
         println!("{n:>6} GPUs | TSDB of {:.0} MB OpenMetrics written in {:.0} s", size as f64 / 1e6, t.elapsed().as_secs_f64());
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-    std::fs::write(dir.join("prometheus.yml"), "global:\n  scrape_interval: 15s\n").expect("config");
-    let _prom = Killed(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--storage.tsdb.retention.time=30d")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus"),
-    );
+    let (_prom, port) = floor::prometheus(prometheus, &dir, "15s", "30d");
     let mut server = Killed(Command::new(exe).args(["--serve", &n.to_string()]).stdout(Stdio::piped()).spawn().expect("server"));
     let mut coder_port = String::new();
     BufReader::new(server.0.stdout.take().expect("stdout")).read_line(&mut coder_port).expect("port");

@@ -321,11 +321,13 @@ pub async fn run(
             last_pass = Some(t);
             t += crate::duration::chrono(plan.interval);
         }
-        // Moments of use a later pass cannot read again: memory follows the chunk, not the window.
+        // Moments of use and builds a later pass cannot read again: memory follows the chunk and
+        // the builds ahead, not the window behind.
         if let Some(t) = last_pass {
             let keep_from = t - crate::duration::chrono(plan.regret_window);
             for timeline in &mut timelines {
                 timeline.forget_uses_before(keep_from);
+                timeline.forget_builds_before(keep_from);
             }
         }
         progress(Progress { fetched_until: chunk_end, since, until, workspaces: timelines.len(), series: series.len() });

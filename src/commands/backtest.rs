@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
+use crate::backtest::report::Report;
 use crate::backtest::{ConnectionChoice, Plan, Progress};
 use crate::cli::{BacktestArgs, BacktestFormat, ConnectionsArg};
 use crate::config::{Settings, swept_policies};
@@ -17,7 +18,20 @@ use crate::pass::metrics::Metrics;
 /// The longest window one backtest replays.
 const MAX_WINDOW: chrono::Duration = chrono::Duration::days(92);
 
+/// `backtest`: the report, written to `out` in the format asked for.
 pub async fn run(settings: Settings, args: &BacktestArgs, now: DateTime<Utc>, out: &mut dyn Write) -> Result<(), Error> {
+    let report = report(settings, args, now).await?;
+    let written = match args.output {
+        BacktestFormat::Json => serde_json::to_writer_pretty(&mut *out, &report).map_err(std::io::Error::from).and_then(|()| writeln!(out)),
+        BacktestFormat::Table => out.write_all(report.table().as_bytes()),
+        BacktestFormat::Html => out.write_all(report.html().as_bytes()),
+    };
+    written.and_then(|()| out.flush()).map_err(|e| Error::runtime(format!("writing the backtest report: {e}")))
+}
+
+/// The flags validated, the sources built, the history fetched and replayed: the report (the
+/// benchmark measures this, without writing it).
+pub async fn report(settings: Settings, args: &BacktestArgs, now: DateTime<Utc>) -> Result<Report, Error> {
     let SourceConfig::Prometheus(prometheus) = &settings.gpu else {
         return Err(Error::config(
             "backtest reads GPU history from Prometheus, and dcgm-exporter keeps none: pass --prometheus-url (or set prometheus_url in --config) to the store that scrapes the exporters",
@@ -86,14 +100,9 @@ pub async fn run(settings: Settings, args: &BacktestArgs, now: DateTime<Utc>, ou
             eprintln!("{line}");
         }
     };
-    let report = crate::backtest::run(&coder, &source, plan, &mut progress).await?;
+    let report = crate::backtest::run(&coder, &source, plan, &mut progress).await;
     if terminal {
         eprintln!();
     }
-    let written = match args.output {
-        BacktestFormat::Json => serde_json::to_writer_pretty(&mut *out, &report).map_err(std::io::Error::from).and_then(|()| writeln!(out)),
-        BacktestFormat::Table => out.write_all(report.table().as_bytes()),
-        BacktestFormat::Html => out.write_all(report.html().as_bytes()),
-    };
-    written.and_then(|()| out.flush()).map_err(|e| Error::runtime(format!("writing the backtest report: {e}")))
+    report
 }

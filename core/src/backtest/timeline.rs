@@ -125,6 +125,14 @@ impl WorkspaceTimeline {
         }
     }
 
+    /// Forgets the builds a pass after `t` cannot read: those before the one current at `t`.
+    pub fn forget_builds_before(&mut self, t: DateTime<Utc>) {
+        let current = self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t));
+        if current > 1 {
+            self.builds.drain(..current - 1);
+        }
+    }
+
     /// Whether a moment of use falls in `(from, to]` (by `last_used_at`).
     pub fn used_within(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.uses.iter().map(|u| u.last_used_at).find(|&at| at > from && at <= to)
@@ -275,6 +283,11 @@ mod tests {
         assert_eq!(t.running_seconds(at(30), at(150)), 60.0 * 60.0, "30 min of b1 and 30 of b3");
         assert_eq!(t.owner_started_within(at(100), at(130)), Some(at(120)));
         assert_eq!(t.owner_started_within(at(120), at(130)), None, "after, not at");
+        let mut t = t;
+        t.forget_builds_before(at(90));
+        assert_eq!(t.builds.iter().map(|b| b.id.as_str()).collect::<Vec<_>>(), ["b2", "b3"], "the one current at 90 and later");
+        assert_eq!(t.running_seconds(at(30), at(150)), 30.0 * 60.0, "b1 forgotten");
+        assert_eq!(t.listed_at(at(130)).unwrap().latest_build.id, "b3");
     }
 
     #[test]
@@ -287,6 +300,11 @@ mod tests {
         assert_eq!(t.last_used_at(at(19), &session), at(5));
         assert_eq!(t.used_within(at(5), at(20)), Some(at(20)));
         assert_eq!(t.used_within(at(20), at(50)), None);
+        t.uses.push(Use { seen: at(31), last_used_at: at(30) });
+        t.forget_uses_before(at(25));
+        assert_eq!(t.uses.len(), 2, "the latest before 25 stays, for last_used_at");
+        assert_eq!(t.last_used_at(at(26), &session), at(20));
+        assert_eq!(t.used_within(at(25), at(40)), Some(at(30)));
     }
 
     #[test]
