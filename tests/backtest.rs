@@ -91,22 +91,11 @@ fn store(t0: DateTime<Utc>, stories: Arc<Vec<(Story, String)>>, gauges: Gauges) 
                             return None;
                         }
                         let busy = story.busy_until.is_some_and(|b| m <= b as f64);
+                        let on = f64::from(u8::from(busy));
                         let v = match name {
-                            "DCGM_FI_DEV_GPU_UTIL" => {
-                                if busy {
-                                    100.0
-                                } else {
-                                    0.0
-                                }
-                            }
-                            "DCGM_FI_DEV_FB_USED" => {
-                                if busy {
-                                    8000.0
-                                } else {
-                                    0.0
-                                }
-                            }
-                            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" => 1.0e12 + t as f64 * if busy { 299_000.0 } else { 24_300.0 },
+                            "DCGM_FI_DEV_GPU_UTIL" => 100.0 * on,
+                            "DCGM_FI_DEV_FB_USED" => 8000.0 * on,
+                            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" => 1.0e12 + t as f64 * (24_300.0 + 274_700.0 * on),
                             _ => return None,
                         };
                         Some(format!("[{t},\"{v}\"]"))

@@ -407,7 +407,7 @@ async fn get_user(State(s): State<CoderState>, Path(user): Path<String>, req: Re
     let me = caller(req.extensions());
     match resolve_user(&w, me, &user) {
         Some(i) if i == me || w.users[me].owner => axum::Json(user_json(&w, i)).into_response(),
-        _ => coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() }),
+        _ => not_found(),
     }
 }
 
@@ -426,7 +426,7 @@ async fn get_key(State(s): State<CoderState>, Path((user, key)): Path<(String, S
             }))
             .into_response()
         }
-        _ => coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() }),
+        _ => not_found(),
     }
 }
 
@@ -539,8 +539,13 @@ async fn get_workspace(
             detail: String::new(),
         }),
         Some(ws) => axum::Json(workspace_json(&w, ws)).into_response(),
-        None => coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() }),
+        None => not_found(),
     }
+}
+
+/// Coder's 404, whatever the cause (`httpapi.ResourceNotFound`).
+fn not_found() -> Response {
+    coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() })
 }
 
 /// The workspace `id` names, when `me` may read it (else Coder answers 404, whatever the cause).
@@ -571,7 +576,7 @@ async fn list_builds(
     let w = lock(&s.world);
     let me = caller(req.extensions());
     let Some(ws) = readable(&w, me, &id) else {
-        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+        return not_found();
     };
     // The name of the first parameter that is not a non-negative integer, if any.
     let number =
@@ -632,7 +637,7 @@ async fn post_build(State(s): State<CoderState>, Path(id): Path<String>, req: Re
     };
     let mut w = lock(&s.world);
     let Some(ws_id) = Uuid::parse_str(&id).ok() else {
-        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+        return not_found();
     };
     match w.create_build(ws_id, transition, me, "initiator") {
         Ok(build_id) => {
@@ -649,7 +654,7 @@ async fn get_build(State(s): State<CoderState>, Path(id): Path<String>) -> Respo
     let w = lock(&s.world);
     match Uuid::parse_str(&id).ok().and_then(|id| w.find_build(id)) {
         Some((wi, bi)) => axum::Json(build_json(&w, &w.workspaces[wi], &w.workspaces[wi].builds[bi])).into_response(),
-        None => coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() }),
+        None => not_found(),
     }
 }
 
@@ -672,10 +677,10 @@ async fn provisioner_daemons(
     let me = caller(req.extensions());
     let w = lock(&s.world);
     let Some(oi) = w.organizations.iter().position(|(id, name)| id.to_string() == org || *name == org) else {
-        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+        return not_found();
     };
     if !w.users[me].owner && !w.users[me].org_roles.iter().any(|(o, _)| *o == oi) {
-        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+        return not_found();
     }
     let filter: std::collections::BTreeMap<String, String> = match q.tags.as_deref().map(serde_json::from_str).transpose() {
         Ok(t) => t.unwrap_or_default(),
@@ -711,7 +716,7 @@ struct CancelQuery {
 async fn cancel_build(State(s): State<CoderState>, Path(id): Path<String>, Query(q): Query<CancelQuery>, req: Request) -> Response {
     let me = caller(req.extensions());
     let Some(build_id) = Uuid::parse_str(&id).ok() else {
-        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+        return not_found();
     };
     if let Some(v) = q.expect_status.as_deref().filter(|v| !matches!(*v, "pending" | "running")) {
         let detail = format!("expect_status must be pending or running, not {v:?}");
@@ -731,7 +736,7 @@ async fn put_extend(State(s): State<CoderState>, Path(id): Path<String>, req: Re
         Uuid::parse_str(&id).ok().and_then(|id| w.ws_index(id)).is_some_and(|i| w.may_read(me, &w.workspaces[i]))
     };
     if !found {
-        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+        return not_found();
     }
     let Ok(bytes) = axum::body::to_bytes(req.into_body(), 1 << 20).await else {
         return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
@@ -751,7 +756,7 @@ async fn put_extend(State(s): State<CoderState>, Path(id): Path<String>, req: Re
 
 async fn put_ttl(State(s): State<CoderState>, Path(id): Path<String>, axum::Json(body): axum::Json<Value>) -> Response {
     let Some(ws_id) = Uuid::parse_str(&id).ok() else {
-        return coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() });
+        return not_found();
     };
     match lock(&s.world).set_ttl(ws_id, body["ttl_ms"].as_i64()) {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),

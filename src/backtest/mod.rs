@@ -75,7 +75,6 @@ struct JournalHistory {
     /// Each workspace's latest line.
     last_seen: HashMap<String, DateTime<Utc>>,
     first: Option<DateTime<Utc>>,
-    last: Option<DateTime<Utc>>,
     lines: usize,
     unreadable: usize,
 }
@@ -88,7 +87,6 @@ fn read_journal(path: &std::path::Path, until: DateTime<Utc>) -> Result<JournalH
         }
         j.lines += 1;
         j.first = j.first.min(Some(line.time)).or(Some(line.time));
-        j.last = j.last.max(Some(line.time));
         let seen = j.last_seen.entry(line.workspace_id.clone()).or_insert(line.time);
         *seen = (*seen).max(line.time);
         if let Some(at) = line.last_used_at {
@@ -224,10 +222,7 @@ pub async fn run(
         notes.push("reclaim_when = contended: a workspace waiting for a GPU has no GPU series and is seen only in the journal; without it nobody waits, and a contended policy stops nothing".into());
     }
 
-    let mut timelines: Vec<WorkspaceTimeline> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut unreadable: HashSet<String> = HashSet::new();
-    let mut by_name: HashMap<(String, String), Vec<usize>> = HashMap::new();
+    let mut fleet = Fleet::default();
     let mut replays: Vec<Replay> =
         plan.variants.iter().map(|(label, policy)| Replay::new(label.clone(), policy.clone(), plan.interval, plan.regret_window)).collect();
     let mut gauges = GaugeReader::default();
@@ -261,7 +256,7 @@ pub async fn run(
                 gpu_hours_reported += s.points.iter().filter(|p| p.at > since && p.at <= until).count() as f64 * step_secs as f64 / 3600.0;
             }
             if let Some(id) = s.workspace_id.as_deref() {
-                if !index.contains_key(id) && !unreadable.contains(id) {
+                if !fleet.knows(id) {
                     pending_ids.push(id.to_string());
                 }
             }
@@ -271,7 +266,7 @@ pub async fn run(
         // New workspaces: read from Coder, a few at a time.
         let mut reads = JoinSet::new();
         for id in std::mem::take(&mut pending_ids) {
-            if index.contains_key(&id) || unreadable.contains(&id) {
+            if fleet.knows(&id) {
                 continue;
             }
             let coder = coder.clone();
@@ -282,12 +277,12 @@ pub async fn run(
             });
             if reads.len() >= CODER_READS_IN_FLIGHT {
                 if let Some(done) = reads.join_next().await {
-                    add_timeline(done, &mut timelines, &mut index, &mut unreadable, &mut by_name, &journal, &mut gaps);
+                    fleet.add(done, journal.as_ref(), &mut gaps);
                 }
             }
         }
         while let Some(done) = reads.join_next().await {
-            add_timeline(done, &mut timelines, &mut index, &mut unreadable, &mut by_name, &journal, &mut gaps);
+            fleet.add(done, journal.as_ref(), &mut gaps);
         }
         // The passes of this chunk: every step after the last pass, up to its end.
         let first = last_pass.map_or(since, |t| t + crate::duration::chrono(plan.interval));
@@ -300,9 +295,9 @@ pub async fn run(
                     for (at, step) in steps {
                         let Some(at) = DateTime::from_timestamp(at, 0) else { continue };
                         for key in gauges.read(step) {
-                            for &t in by_name.get(&key).map_or(&[][..], Vec::as_slice) {
-                                if timelines[t].running_at(at).is_some() {
-                                    timelines[t].uses.push(Use { seen: at, last_used_at: at });
+                            for &t in fleet.by_name.get(&key).map_or(&[][..], Vec::as_slice) {
+                                if fleet.timelines[t].running_at(at).is_some() {
+                                    fleet.timelines[t].uses.push(Use { seen: at, last_used_at: at });
                                 }
                             }
                         }
@@ -316,7 +311,7 @@ pub async fn run(
         let mut t = first;
         while t <= chunk_end {
             for replay in &mut replays {
-                replay.pass(t, last_pass, &timelines, &chunk, step, until);
+                replay.pass(t, last_pass, &fleet.timelines, &chunk, step, until);
             }
             last_pass = Some(t);
             t += crate::duration::chrono(plan.interval);
@@ -325,21 +320,21 @@ pub async fn run(
         // the builds ahead, not the window behind.
         if let Some(t) = last_pass {
             let keep_from = t - crate::duration::chrono(plan.regret_window);
-            for timeline in &mut timelines {
+            for timeline in &mut fleet.timelines {
                 timeline.forget_uses_before(keep_from);
                 timeline.forget_builds_before(keep_from);
             }
         }
-        progress(Progress { fetched_until: chunk_end, since, until, workspaces: timelines.len(), series: series.len() });
+        progress(Progress { fetched_until: chunk_end, since, until, workspaces: fleet.timelines.len(), series: series.len() });
         if chunk_end >= until {
             break;
         }
         chunk_end = (chunk_end + chunk_span).min(until);
     }
-    if timelines.is_empty() && !unreadable.is_empty() {
+    if fleet.timelines.is_empty() && !fleet.unreadable.is_empty() {
         return Err(Error::runtime(format!(
             "Coder answered for none of the {} workspaces the history names ({}): check --coder-url and that the token is an owner's",
-            unreadable.len(),
+            fleet.unreadable.len(),
             gaps.first().map_or("", String::as_str)
         )));
     }
@@ -357,7 +352,7 @@ pub async fn run(
         interval: plan.interval,
         regret_window: plan.regret_window,
         passes: last_pass.map_or(0, |l| ((l - since).num_seconds() / plan.interval.as_secs().max(1) as i64 + 1) as u64),
-        workspaces: timelines.len(),
+        workspaces: fleet.timelines.len(),
         gpu_hours_reported,
         upper_bound: connections.is_upper_bound(),
         gpu_source: SourceReport {
@@ -371,32 +366,45 @@ pub async fn run(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn add_timeline(
-    done: Result<(String, Result<WorkspaceTimeline, String>), tokio::task::JoinError>,
-    timelines: &mut Vec<WorkspaceTimeline>,
-    index: &mut HashMap<String, usize>,
-    unreadable: &mut HashSet<String>,
-    by_name: &mut HashMap<(String, String), Vec<usize>>,
-    journal: &Option<JournalHistory>,
-    gaps: &mut Vec<String>,
-) {
-    match done {
-        Ok((id, Ok(mut timeline))) => {
-            if let Some(j) = journal {
-                timeline.uses = j.uses.get(&id).cloned().unwrap_or_default();
-                timeline.uses.sort_by_key(|u| (u.last_used_at, u.seen));
-                timeline.agents = j.agents.get(&id).cloned().unwrap_or_default();
+/// The workspaces read from Coder so far: their timelines, by id and by (owner, name) (how
+/// coderd's gauges name them), and the ids Coder did not answer for (not asked again).
+#[derive(Default)]
+struct Fleet {
+    timelines: Vec<WorkspaceTimeline>,
+    index: HashMap<String, usize>,
+    unreadable: HashSet<String>,
+    by_name: HashMap<(String, String), Vec<usize>>,
+}
+
+impl Fleet {
+    fn knows(&self, id: &str) -> bool {
+        self.index.contains_key(id) || self.unreadable.contains(id)
+    }
+
+    /// One workspace's read, with its moments of use and agent states from the journal.
+    fn add(
+        &mut self,
+        done: Result<(String, Result<WorkspaceTimeline, String>), tokio::task::JoinError>,
+        journal: Option<&JournalHistory>,
+        gaps: &mut Vec<String>,
+    ) {
+        match done {
+            Ok((id, Ok(mut timeline))) => {
+                if let Some(j) = journal {
+                    timeline.uses = j.uses.get(&id).cloned().unwrap_or_default();
+                    timeline.uses.sort_by_key(|u| (u.last_used_at, u.seen));
+                    timeline.agents = j.agents.get(&id).cloned().unwrap_or_default();
+                }
+                let key = (timeline.record.owner_name.clone(), timeline.record.name.clone());
+                self.by_name.entry(key).or_default().push(self.timelines.len());
+                self.index.insert(id, self.timelines.len());
+                self.timelines.push(timeline);
             }
-            let key = (timeline.record.owner_name.clone(), timeline.record.name.clone());
-            by_name.entry(key).or_default().push(timelines.len());
-            index.insert(id, timelines.len());
-            timelines.push(timeline);
+            Ok((id, Err(e))) => {
+                gaps.push(format!("workspace {id}: Coder did not answer for it ({e}): its GPU series are not replayed"));
+                self.unreadable.insert(id);
+            }
+            Err(e) => gaps.push(format!("a Coder read failed: {e}")),
         }
-        Ok((id, Err(e))) => {
-            gaps.push(format!("workspace {id}: Coder did not answer for it ({e}): its GPU series are not replayed"));
-            unreadable.insert(id);
-        }
-        Err(e) => gaps.push(format!("a Coder read failed: {e}")),
     }
 }

@@ -294,8 +294,8 @@ impl Replay {
 
 /// The facts a listed workspace is built from at `t`: `None` when it was not running.
 fn state_key(timeline: &WorkspaceTimeline, t: DateTime<Utc>) -> Option<StateKey> {
-    let build = timeline.running_at(t)?;
-    let b = timeline.builds.iter().position(|x| x.id == build.id)?;
+    let b = timeline.running_index_at(t)?;
+    let build = timeline.builds.get(b)?;
     let uses = timeline.uses_by(t);
     let agents = timeline.agents.partition_point(|(seen, _, _)| *seen <= t);
     let moments = build

@@ -66,15 +66,25 @@ impl WorkspaceTimeline {
         WorkspaceTimeline { record, builds, uses: Vec::new(), agents: Vec::new() }
     }
 
-    /// The build current at `t`: the latest created at or before it.
-    pub fn build_at(&self, t: DateTime<Utc>) -> Option<&WorkspaceBuild> {
-        let i = self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t));
-        i.checked_sub(1).and_then(|i| self.builds.get(i))
+    /// Where in `builds` the build current at `t` is: the latest created at or before it.
+    fn current_at(&self, t: DateTime<Utc>) -> Option<usize> {
+        self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t)).checked_sub(1)
     }
 
-    /// The build that had it running at `t`: a start whose job succeeded by then.
+    /// The build current at `t`.
+    pub fn build_at(&self, t: DateTime<Utc>) -> Option<&WorkspaceBuild> {
+        self.current_at(t).and_then(|i| self.builds.get(i))
+    }
+
+    /// Where in `builds` the build that had it running at `t` is: a start whose job succeeded
+    /// by then.
+    pub fn running_index_at(&self, t: DateTime<Utc>) -> Option<usize> {
+        self.current_at(t).filter(|&i| self.builds.get(i).is_some_and(|b| is_running_by(b, t)))
+    }
+
+    /// The build that had it running at `t`.
     pub fn running_at(&self, t: DateTime<Utc>) -> Option<&WorkspaceBuild> {
-        self.build_at(t).filter(|b| is_running_by(b, t))
+        self.running_index_at(t).and_then(|i| self.builds.get(i))
     }
 
     /// The first start build created after `t` (a stop simulated at `t` lasts until it).
