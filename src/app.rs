@@ -18,8 +18,7 @@ use crate::error::Error;
 use crate::gpu::{SourceContext, Sources};
 use crate::http::SecretFile;
 use crate::pass::accounting::Accounting;
-use crate::pass::actuator::require_permissions;
-use crate::pass::actuator::{Acted, Actuator, Outputs, StopLimits};
+use crate::pass::actuator::{Acted, Actuator, Outputs, StopLimits, acts, require_permissions};
 use crate::pass::evaluate::Evaluator;
 use crate::pass::journal::Journal;
 use crate::pass::metrics::Metrics;
@@ -109,10 +108,16 @@ impl Application {
             metrics.token_expiry.set(exp.timestamp() as f64);
         }
         let state = Arc::new(State::new(metrics.clone(), mode, settings.interval));
-        let limits = StopLimits { interval: settings.interval, stop_timeout: settings.policy.stop_timeout };
+        let limits = StopLimits {
+            interval: settings.interval,
+            stop_timeout: settings.policy.stop_timeout,
+            start_allowance: settings.policy.start_allowance,
+        };
         let actuator = outputs.map(|outputs| {
-            let mut actuator =
-                Actuator::new(mode, CoderActions::new(coder.clone()), metrics, outputs, limits, Some(identity.user_id.clone()));
+            // The capability to write exists in enforce mode only, and makes one attempt per
+            // call: the ledger backs off across passes, a pass never waits on one workspace.
+            let writer = acts(mode).then(|| CoderActions::new(coder.without_retries()));
+            let mut actuator = Actuator::new(mode, writer, metrics, outputs, limits, Some(identity.user_id.clone()));
             actuator.recover(chrono::Utc::now());
             actuator
         });
@@ -179,6 +184,9 @@ impl Application {
 
     async fn pass_in_span(&mut self, shutdown: &watch::Receiver<bool>) -> Result<PassOutcome, CoderError> {
         self.refresh_token().await;
+        if let Some(a) = &self.actuator {
+            self.evaluator.set_serving(a.serving());
+        }
         let eval = match self.evaluator.evaluate().await {
             Ok(e) => e,
             Err((error, failures)) => {

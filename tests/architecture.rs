@@ -513,6 +513,56 @@ fn pure_code(base: &Path) -> Vec<String> {
     breaches
 }
 
+/// The lint attributes of `code` (`#[allow(...)]`, `#![allow(...)]`, `#[expect(...)]`): what is
+/// inside the parentheses.
+fn lint_attributes(code: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for start in ["[allow(", "[expect("] {
+        for (i, _) in code.match_indices(start) {
+            let rest = &code[i + start.len()..];
+            out.push(rest.split(")]").next().unwrap_or(rest));
+        }
+    }
+    out
+}
+
+/// Each `#[derive(...)]` followed by a struct: the derive list and the struct's body.
+fn derived_structs(code: &str) -> Vec<(&str, &str)> {
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("#[derive(") {
+        let rest = &code[i..];
+        let Some(end) = rest.find(")]") else { continue };
+        let after = &rest[end..];
+        let Some(at) = after.find("struct ") else { continue };
+        // Only when the struct is the derive's item (no other item in between).
+        if after[..at].contains(';') || after[..at].contains('}') {
+            continue;
+        }
+        let item = &after[at..];
+        // The body: a tuple struct's up to its `;`, a struct's up to its matching brace.
+        let open = item.find(['{', '(', ';']).unwrap_or(item.len());
+        let close = match item.as_bytes().get(open) {
+            Some(b'{') => {
+                let mut depth = 0usize;
+                item.char_indices()
+                    .skip_while(|(i, _)| *i < open)
+                    .find(|(_, c)| {
+                        match c {
+                            '{' => depth += 1,
+                            '}' => depth -= 1,
+                            _ => {}
+                        }
+                        depth == 0
+                    })
+                    .map_or(item.len(), |(i, _)| i + 1)
+            }
+            _ => item.find(';').map_or(item.len(), |i| i + 1),
+        };
+        out.push((&rest[..end], &item[..close]));
+    }
+    out
+}
+
 /// `needle` at `i` starts a word (`Client::new` but not `CoderClient::new`).
 fn word_at(code: &str, i: usize) -> bool {
     i == 0 || !code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_')
@@ -531,10 +581,21 @@ fn outgoing_http(base: &Path) -> Vec<String> {
                 "{file} allows clippy::disallowed_methods: only http::client and its body reader may build clients and read bodies"
             ));
         }
-        // A group allow lifts the ban too (`disallowed_methods` is a style lint).
+        // A group allow lifts the ban too (`disallowed_methods` is a style lint), and so does
+        // `warnings`, every lint at once.
         for group in ["clippy::style", "clippy::all"] {
             if code.contains(group) {
                 breaches.push(format!("{file} allows {group}: it lifts clippy's bans on clients and whole-body reads"));
+            }
+        }
+        if lint_attributes(&code).iter().any(|a| a.split(|c: char| !c.is_alphanumeric() && c != '_').any(|w| w == "warnings")) {
+            breaches.push(format!("{file} allows warnings: it lifts clippy's bans on clients and whole-body reads"));
+        }
+        // A derived `Default` calls `Client::default()` where clippy does not look (inside the
+        // derive's expansion): a struct holding a client derives no `Default`.
+        for (derive, body) in derived_structs(&code) {
+            if derive.contains("Default") && (body.contains("reqwest::Client") || body.contains(": Client")) {
+                breaches.push(format!("{file} derives Default for a struct holding an HTTP client: its default client follows redirects; build it with http::client"));
             }
         }
         // `Default` is a trait method clippy's list cannot name; the default client follows redirects.
@@ -629,6 +690,20 @@ fn only_the_actuator_acts(base: &Path) -> Vec<String> {
     }
     if code(base, "src/coder/actions.rs").contains("derive(Clone") || code(base, "src/coder/actions.rs").contains("implClone") {
         breaches.push("CoderActions is Clone: a second holder could appear".into());
+    }
+    // `Application::build` makes the capability for `Role::Run` in enforce mode only: `plan` (and
+    // every subcommand but `run` and `demo`) builds as `Role::Plan`, which observes.
+    for file in sources(base)
+        .into_iter()
+        .filter(|f| f.starts_with("src/") && !["src/app.rs", "src/commands/run.rs", "src/commands/demo.rs"].contains(&f.as_str()))
+    {
+        if code(base, &file).contains("Role::Run") {
+            breaches.push(format!("{file} builds the application as Role::Run: only run and demo may act; build as Role::Plan"));
+        }
+    }
+    let app: String = code(base, "src/app.rs").chars().filter(|c| !c.is_whitespace()).collect();
+    if !app.contains("acts(mode).then(||CoderActions::new(") {
+        breaches.push("src/app.rs makes CoderActions without asking actuator::acts(mode): only enforce mode may write".into());
     }
     breaches
 }
@@ -966,6 +1041,20 @@ fn planted_clocks_and_io_in_the_pure_code_are_caught() {
 }
 
 #[test]
+fn planted_plan_that_could_act_is_caught() {
+    fails_on(
+        only_the_actuator_acts,
+        Copy::sources().replace("src/commands/plan.rs", "Role::Plan", "crate::app::Role::Run"),
+        "src/commands/plan.rs builds the application as Role::Run",
+    );
+    fails_on(
+        only_the_actuator_acts,
+        Copy::sources().replace("src/app.rs", "acts(mode).then(|| CoderActions::new(", "Some(CoderActions::new("),
+        "makes CoderActions without asking actuator::acts(mode)",
+    );
+}
+
+#[test]
 fn planted_lifts_of_the_http_fence_are_caught() {
     fails_on(
         outgoing_http,
@@ -986,6 +1075,20 @@ fn planted_lifts_of_the_http_fence_are_caught() {
         outgoing_http,
         Copy::sources().plant("src/gpu/exporter.rs", "\nuse ", "fn f() -> reqwest::Client { reqwest::Client::default() }"),
         "builds an HTTP client (Client::default(",
+    );
+    fails_on(
+        outgoing_http,
+        Copy::sources().plant(
+            "src/gpu/exporter.rs",
+            "\nuse ",
+            "#[allow(warnings)]\nasync fn f(r: reqwest::Response) -> Option<String> { r.text().await.ok() }",
+        ),
+        "src/gpu/exporter.rs allows warnings",
+    );
+    fails_on(
+        outgoing_http,
+        Copy::sources().plant("src/gpu/exporter.rs", "\nuse ", "#[derive(Default)]\nstruct Peer {\n    http: reqwest::Client,\n}"),
+        "derives Default for a struct holding an HTTP client",
     );
 }
 

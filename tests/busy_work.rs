@@ -81,6 +81,28 @@ async fn status_of(svc: &Service, id: Uuid) -> Value {
     reqwest::get(format!("http://{addr}/api/v1/workspaces/{id}")).await.unwrap().json().await.unwrap()
 }
 
+/// A template whose `activity_bump` is 0: no connection moves the deadline (reference coder NOTES
+/// §18), so a busy workspace someone is connected to is extended like an unattended one, read
+/// from `GET /api/v2/templates/{id}`.
+#[tokio::test]
+async fn a_connected_busy_workspace_on_a_template_without_activity_bump_is_extended() {
+    let coder = FakeCoder::start(WorldConfig { activity_bump: Duration::ZERO, ..world(1) }).await.unwrap();
+    let ex = exporter(&coder).await;
+    let train = left_running(&coder, "train", Some(TTL_MS), Load::Matmul).await;
+    coder.with(|w| w.open_connection(train));
+    until(&coder, "its use is recorded", Duration::from_secs(10), |w| {
+        w.ws_index(train).is_some_and(|i| w.now() - w.workspaces[i].last_used_at < chrono::Duration::minutes(2))
+    })
+    .await;
+    let dir = Dir::new("extend_while_busy = true\n");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    svc.wait_event("deadline_extended", Duration::from_secs(10)).await;
+    assert!(deadline(&coder, train).unwrap() > chrono::Utc::now() + chrono::Duration::minutes(59));
+    let reads = coder.requests().iter().filter(|(m, uri)| m == "GET" && uri.starts_with("/api/v2/templates/")).count();
+    assert_eq!(reads, 1, "the template is read once, not every pass");
+    assert_eq!(stops_by(&coder, train, "autostop"), 0);
+}
+
 #[tokio::test]
 async fn a_busy_disconnected_workspace_outlives_its_deadline_and_is_reclaimed_once_it_idles() {
     let coder = FakeCoder::start(world(1)).await.unwrap();

@@ -449,51 +449,42 @@ async fn a_suspended_owner_is_told_to_reactivate_the_account() {
     svc.wait_event("token_accepted", Duration::from_secs(10)).await;
 }
 
-/// A stop no provisioner takes stays pending; meanwhile the old agent still authenticates, and
-/// the user comes back (reference NOTES §16). The service withdraws the stop
-/// (`PATCH .../cancel?expect_status=pending`) instead of letting it run whenever a provisioner
-/// frees up; a refusal of the withdrawal is reported once, not asked every pass.
+/// A stop no provisioner takes yet stays pending, and its workspace's `last_used_at` moves after
+/// the POST (coderd writes the time of its 60-s flush, not of the use: a use just before the stop
+/// reads as after it; reference NOTES §18). Canceling would strand the GPU outside Coder's running
+/// workspaces; the service never does: the stop runs once a provisioner frees up and the
+/// workspace ends `stopped`, never `canceled`.
 #[tokio::test]
-async fn a_pending_stop_is_withdrawn_when_its_user_comes_back() {
-    let coder = FakeCoder::start(world(2)).await.unwrap();
+async fn a_stop_whose_workspace_is_used_while_pending_ends_stopped_never_canceled() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
     let ex = exporter(&coder).await;
     let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
-    let b = coder.with(|w| w.create_workspace("bob", "b", None)).unwrap();
-    until(&coder, "both run", Duration::from_secs(5), |w| running(w, a) && running(w, b)).await;
-    coder.with(|w| {
-        w.stall_next_stop(a);
-        w.stall_next_stop(b);
-    });
-    let dir = TempDir::new("withdraw");
+    until(&coder, "it runs", Duration::from_secs(5), |w| running(w, a)).await;
+    coder.with(|w| w.stall_next_stop(a));
+    let dir = TempDir::new("pending-used");
     let audit = dir.0.join("audit.jsonl");
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--audit-log", audit.to_str().unwrap()]);
-    until_with(&coder, Some(&svc), "both stops are sent", Duration::from_secs(20), |w| {
-        w.stop_builds_by(a, "admin") == 1 && w.stop_builds_by(b, "admin") == 1
+    until_with(&coder, Some(&svc), "the stop is sent", Duration::from_secs(20), |w| w.stop_builds_by(a, "admin") == 1).await;
+    // The usage tracker's flush lands after the POST.
+    coder.with(|w| {
+        let i = w.ws_index(a).unwrap();
+        w.workspaces[i].last_used_at = w.now();
+    });
+    for _ in 0..2 {
+        svc.wait_event("pass", Duration::from_secs(10)).await;
+    }
+    coder.with(|w| w.release_stalled_stop(a));
+    until_with(&coder, Some(&svc), "the stop runs to its end", Duration::from_secs(20), |w| {
+        w.workspaces[w.ws_index(a).unwrap()].latest().is_some_and(|b| b.transition == "stop" && b.job.status == "succeeded")
     })
     .await;
-    // Bob's withdrawal will be refused: as if a provisioner took the job in between.
-    let b_build = coder.with(|w| w.latest_build_id(b)).unwrap();
-    coder.set_fault(
-        &format!("/api/v2/workspacebuilds/{b_build}/cancel"),
-        mocks::Fault { fail_next: 1_000, status: 412, ..Default::default() },
-    );
-    coder.with(|w| {
-        w.open_connection(a);
-        w.open_connection(b);
-    });
-    let withdrawn = svc.wait_event("stop_withdrawn", Duration::from_secs(10)).await;
-    assert_eq!(withdrawn["workspace_id"], a.to_string(), "{withdrawn}");
-    let a_job = coder.with(|w| w.workspaces[w.ws_index(a).unwrap()].latest().unwrap().job.status);
-    assert_eq!(a_job, "canceled", "no provisioner ever runs alice's stop");
-    svc.wait_event("stop_withdraw_refused", Duration::from_secs(10)).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let cancels = |build: Uuid| {
-        let path = format!("/api/v2/workspacebuilds/{build}/cancel?expect_status=pending");
-        coder.requests().iter().filter(|(m, uri)| m == "PATCH" && *uri == path).count()
-    };
-    assert_eq!(cancels(b_build), 1, "a refused withdrawal is not asked again every pass");
-    assert_eq!((stop_posts(&coder, a), stop_posts(&coder, b)), (1, 1), "withdrawn is not sent again");
-    assert_eq!(audit_kinds(&audit, a), ["stop_sending", "stop_sent", "stop_withdrawn"]);
+    svc.wait_event("stop_done", Duration::from_secs(10)).await;
+    let patches = coder.requests().iter().filter(|(m, _)| m == "PATCH").count();
+    assert_eq!((patches, stop_posts(&coder, a)), (0, 1), "never canceled, sent once");
+    let kinds = audit_kinds(&audit, a);
+    assert_eq!(kinds.first().map(String::as_str), Some("stop_sending"), "{kinds:?}");
+    assert_eq!(kinds.last().map(String::as_str), Some("stop_done"), "{kinds:?}");
+    assert!(!kinds.iter().any(|k| k == "stop_canceled" || k == "stop_withdrawn"), "{kinds:?}");
 }
 
 /// coderd matches a job to provisioners by organization and tags (reference NOTES §16): a start

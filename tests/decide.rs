@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Duration, Utc};
-use coder_gpu_reclaimer::coder::types::{JobStatus, Transition, Workspace};
+use coder_gpu_reclaimer::coder::types::{JobStatus, TemplateSchedule, Transition, Workspace};
 use coder_gpu_reclaimer::gpu::signals::{Signal, SignalValues};
 use coder_gpu_reclaimer::gpu::window::{GpuSample, GpuWindow};
 use coder_gpu_reclaimer::gpu::{Attribution, GpuKey};
 use coder_gpu_reclaimer::pass::deadline::{DeadlineAction, Limit};
-use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict, apply_fleet_rules, decide};
+use coder_gpu_reclaimer::pass::decide::{Decision, PassFacts, Reason, Verdict, apply_fleet_rules, decide, decide_with};
 use coder_gpu_reclaimer::pass::policy::{Policy, ReclaimWhen, Rule};
 use proptest::prelude::*;
 
@@ -947,10 +947,24 @@ fn only_work_the_gpu_itself_shows_is_kept_running() {
     let stale = gpu((10..=40).rev().map(|m| (m * 60, values(MATMUL, Fields::All))));
     let d = judge(&soon, &stale, &p);
     assert_eq!((d.verdict, action(&d)), (Verdict::Unknown, None), "{}", d.message);
-    // Connected: Coder's activity bump keeps the deadline itself.
+    // Connected: Coder's activity bump keeps the deadline itself, unless the template's bump is
+    // 0 (reference coder NOTES §18), when nothing moves it but this service.
     let mut connected = soon.clone();
     connected.last_used_at = now() - Duration::seconds(30);
-    assert_eq!(action(&judge(&connected, &steady(MATMUL, Fields::All, 40), &p)), None);
+    let template = |bump: Option<i64>| {
+        let schedule = TemplateSchedule { activity_bump_ms: bump, time_til_autostop_notify_ms: None };
+        PassFacts { gpu_template: true, template: Some(schedule), ..PassFacts::default() }
+    };
+    let g = steady(MATMUL, Fields::All, 40);
+    // (the template as read, the deadline moved)
+    let rows = [(None, false), (Some(template(None)), false), (Some(template(Some(3_600_000))), false), (Some(template(Some(0))), true)];
+    for (facts, extended) in rows {
+        let d = match facts {
+            Some(f) => decide_with(now(), &connected, Some(&g), &p, None, f),
+            None => judge(&connected, &g, &p),
+        };
+        assert_eq!(d.deadline.as_ref().and_then(|p| p.extend_to()).is_some(), extended, "{facts:?}");
+    }
 }
 
 #[test]

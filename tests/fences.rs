@@ -130,13 +130,19 @@ fn clippy_refuses_unbounded_reads_and_hand_built_clients() {
             "\nuse ",
             "async fn breach(r: reqwest::Response) -> Option<serde_json::Value> { r.json().await.ok() }",
         )
-        .plant("src/pass/audit.rs", "\nuse ", "fn breach() -> reqwest::Client { reqwest::Client::new() }");
+        .plant("src/pass/audit.rs", "\nuse ", "fn breach() -> reqwest::Client { reqwest::Client::new() }")
+        .plant(
+            "src/serve.rs",
+            "\nuse ",
+            "async fn breach(b: axum::body::Body) -> Option<bytes::Bytes> { axum::body::to_bytes(b, usize::MAX).await.ok() }",
+        );
     refused(
         copy.cargo("clippy", &["-p", "coder-gpu-reclaimer", "--lib", "--", "-D", "warnings"]),
         &[
             ("src/gpu/exporter.rs", "disallowed method `reqwest::Response::text`"),
             ("src/coder/identity.rs", "disallowed method `reqwest::Response::json`"),
             ("src/pass/audit.rs", "disallowed method `reqwest::Client::new`"),
+            ("src/serve.rs", "disallowed method `axum::body::to_bytes`"),
         ],
     );
 }
@@ -169,6 +175,7 @@ fn clippy_keeps_the_core_crate_away_from_the_environment_files_and_clocks() {
         .plant("core/src/pass/policy.rs", "\nuse ", "fn breach() -> Option<String> { std::env::var(\"IDLE_AFTER\").ok() }")
         .plant("core/src/pass/deadline.rs", "\nuse ", "fn breach() -> std::time::Duration { std::time::Instant::now().elapsed() }")
         .plant("core/src/coder/types.rs", "\nuse ", "fn breach() -> Option<String> { std::fs::read_to_string(\"/etc/hostname\").ok() }")
+        .plant("core/src/ledger/intent.rs", "\nuse ", "fn breach() -> bool { std::path::Path::new(\"/var/log/audit.jsonl\").exists() }")
         .plant(
             "core/src/gpu/window.rs",
             "\nuse ",
@@ -180,6 +187,7 @@ fn clippy_keeps_the_core_crate_away_from_the_environment_files_and_clocks() {
             ("core/src/pass/policy.rs", "disallowed method `std::env::var`"),
             ("core/src/pass/deadline.rs", "disallowed method `std::time::Instant::now`"),
             ("core/src/coder/types.rs", "disallowed method `std::fs::read_to_string`"),
+            ("core/src/ledger/intent.rs", "disallowed method `std::path::Path::exists`"),
             ("core/src/gpu/window.rs", "disallowed macro `std::println`"),
             ("core/src/gpu/window.rs", "disallowed method `std::time::SystemTime::elapsed`"),
         ],

@@ -14,4 +14,5 @@ pub mod duration;
 pub mod gpu;
 pub mod history;
 pub mod json_read;
+pub mod ledger;
 pub mod pass;

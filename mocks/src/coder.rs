@@ -436,10 +436,7 @@ async fn authcheck(State(s): State<CoderState>, req: Request) -> Response {
     let Some(key) = req.extensions().get::<crate::world::ApiToken>().cloned() else {
         return StatusCode::UNAUTHORIZED.into_response();
     };
-    let Ok(bytes) = axum::body::to_bytes(req.into_body(), 1 << 20).await else {
-        return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
-    };
-    let Ok(body) = serde_json::from_slice::<Value>(&bytes) else {
+    let Some(body) = json_body(req).await else {
         return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
     };
     let w = lock(&s.world);
@@ -544,6 +541,14 @@ async fn get_workspace(
 }
 
 /// Coder's 404, whatever the cause (`httpapi.ResourceNotFound`).
+/// A request's JSON body, read up to 1 MiB (coderd's `httpapi.Read` answers 400 for a body that
+/// is not JSON).
+#[allow(clippy::disallowed_methods)] // bounded: the fake reads at most 1 MiB
+async fn json_body(req: Request) -> Option<Value> {
+    let bytes = axum::body::to_bytes(req.into_body(), 1 << 20).await.ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
 fn not_found() -> Response {
     coder_error(ApiError { status: 404, message: NOT_FOUND.into(), detail: String::new() })
 }
@@ -620,10 +625,7 @@ async fn list_builds(
 
 async fn post_build(State(s): State<CoderState>, Path(id): Path<String>, req: Request) -> Response {
     let me = caller(req.extensions());
-    let Ok(bytes) = axum::body::to_bytes(req.into_body(), 1 << 20).await else {
-        return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
-    };
-    let Ok(body) = serde_json::from_slice::<Value>(&bytes) else {
+    let Some(body) = json_body(req).await else {
         return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
     };
     let transition = match body["transition"].as_str() {
@@ -656,6 +658,34 @@ async fn get_build(State(s): State<CoderState>, Path(id): Path<String>) -> Respo
         Some((wi, bi)) => axum::Json(build_json(&w, &w.workspaces[wi], &w.workspaces[wi].builds[bi])).into_response(),
         None => not_found(),
     }
+}
+
+/// `GET /api/v2/templates/{template}` (`coderd/templates.go` `template`): `codersdk.Template`. The
+/// world has one template; its `activity_bump_ms` is the world's activity bump, and
+/// `time_til_autostop_notify_ms` (main only, #26676) is sent only when the world sets a reminder.
+async fn get_template(State(s): State<CoderState>, Path(id): Path<String>) -> Response {
+    let w = lock(&s.world);
+    if Uuid::parse_str(&id).ok() != Some(w.template_id) {
+        return not_found();
+    }
+    let ms = |d: std::time::Duration| d.as_millis() as i64;
+    let (org_id, org_name) = (&w.organizations[0].0, &w.organizations[0].1);
+    let mut body = json!({
+        "id": w.template_id, "name": "gpu-workspace", "display_name": "GPU workspace", "organization_id": org_id,
+        "organization_name": org_name, "organization_display_name": org_name, "organization_icon": "", "provisioner": "terraform",
+        "active_version_id": w.template_version_id, "active_user_count": 1, "build_time_stats": {}, "description": "",
+        "deprecated": false, "deprecation_message": "", "icon": "", "default_ttl_ms": 0, "activity_bump_ms": ms(w.config.activity_bump),
+        "autostop_requirement": {"days_of_week": [], "weeks": 1}, "autostart_requirement": {"days_of_week": []},
+        "created_by_id": w.users[0].id, "created_by_name": w.users[0].username, "allow_user_autostart": true,
+        "allow_user_autostop": true, "allow_user_cancel_workspace_jobs": w.config.allow_user_cancel, "failure_ttl_ms": 0,
+        "time_til_dormant_ms": 0, "time_til_dormant_autodelete_ms": 0, "require_active_version": false, "max_port_share_level": "owner",
+        "cors_behavior": "simple", "use_classic_parameter_flow": false, "disable_module_cache": false, "deleted": false,
+        "created_at": ts(w.now()), "updated_at": ts(w.now())
+    });
+    if let Some(lead) = w.config.autostop_notify {
+        body["time_til_autostop_notify_ms"] = json!(ms(lead));
+    }
+    axum::Json(body).into_response()
 }
 
 #[derive(Deserialize)]
@@ -738,10 +768,7 @@ async fn put_extend(State(s): State<CoderState>, Path(id): Path<String>, req: Re
     if !found {
         return not_found();
     }
-    let Ok(bytes) = axum::body::to_bytes(req.into_body(), 1 << 20).await else {
-        return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
-    };
-    let Ok(body) = serde_json::from_slice::<Value>(&bytes) else {
+    let Some(body) = json_body(req).await else {
         return coder_error(ApiError { status: 400, message: "Request body must be valid JSON.".into(), detail: String::new() });
     };
     let deadline = body["deadline"].as_str().and_then(|d| DateTime::parse_from_rfc3339(d).ok()).map(|d| d.with_timezone(&Utc));
@@ -844,6 +871,7 @@ pub fn router(state: CoderState) -> Router {
         .route("/api/v2/workspaces", get(list_workspaces))
         .route("/api/v2/workspaces/{workspace}", get(get_workspace))
         .route("/api/v2/workspaces/{workspace}/builds", get(list_builds).post(post_build))
+        .route("/api/v2/templates/{template}", get(get_template))
         .route("/api/v2/workspacebuilds/{workspacebuild}", get(get_build))
         .route("/api/v2/workspacebuilds/{workspacebuild}/cancel", patch(cancel_build))
         .route("/api/v2/workspaces/{workspace}/extend", put(put_extend))

@@ -195,6 +195,9 @@ pub struct WorldConfig {
     /// The template's `activity_bump` (default 1 h, `coderd/templates.go`): a connection moves the
     /// deadline to at least now plus this. Wall-clock time, like `ttl_ms`; zero turns it off.
     pub activity_bump: Duration,
+    /// The template's `time_til_autostop_notify_ms` (main only): `None` on a Coder without the
+    /// autostop reminder (the field is absent).
+    pub autostop_notify: Option<Duration>,
     /// A reverse proxy in front of coderd writes the `Date` header from its own clock, off the
     /// real one by this (nginx does not pass the upstream's `Date`: `ngx_http_proxy_module`,
     /// `proxy_pass_header`); `None`: no proxy, coderd's own `Date`.
@@ -222,6 +225,7 @@ impl Default for WorldConfig {
             allow_user_cancel: true,
             max_deadline_after: None,
             activity_bump: Duration::from_secs(60 * 60),
+            autostop_notify: None,
             proxy_clock_offset: None,
         }
     }
@@ -1270,6 +1274,14 @@ impl World {
     pub fn stall_next_stop(&mut self, ws_id: Uuid) {
         if let Some(wi) = self.ws_index(ws_id) {
             self.workspaces[wi].stall_next_stop = true;
+        }
+    }
+
+    /// A provisioner frees up for this workspace's stalled stop: its pending job is taken at the
+    /// next tick, as coderd's `AcquireProvisionerJob` takes the oldest pending job.
+    pub fn release_stalled_stop(&mut self, ws_id: Uuid) {
+        if let Some(b) = self.ws_index(ws_id).and_then(|wi| self.workspaces[wi].builds.last_mut()) {
+            b.stalled = false;
         }
     }
 

@@ -1,5 +1,4 @@
-//! Coder's writes, as a capability: `CoderActions` is the only way to send a stop build, withdraw
-//! one, move an autostop deadline or set a TTL (and every future write). `CoderClient` only
+//! Coder's writes, as a capability: `CoderActions` is the only way to send a stop build, move an autostop deadline or set a TTL (and every future write). `CoderClient` only
 //! reads. `Application::build` makes the one `CoderActions` of a run and moves it into the
 //! actuator; the evaluator, `publish`, `check` and `plan` hold a `CoderClient` and cannot act.
 //! It is not `Clone`, so no second holder appears by accident.
@@ -57,8 +56,8 @@ impl CoderActions {
     }
 
     /// `PUT /api/v2/workspaces/{id}/extend {"deadline": t}` (200 `Deadline updated to <t>.`):
-    /// moves the running start build's autostop deadline. Idempotent, so transient failures are
-    /// retried; a 400 or 409 (less than 30 minutes ahead, past `max_deadline`, not started, manual
+    /// moves the running start build's autostop deadline. One attempt (the actuator's client
+    /// retries nothing: the ledger asks again next pass); a 400 or 409 (less than 30 minutes ahead, past `max_deadline`, not started, manual
     /// shutdown, a prebuild; reference NOTES §16) is final.
     pub async fn extend_deadline(&self, workspace_id: &str, deadline: Time) -> Result<(), CoderError> {
         let path = format!("/api/v2/workspaces/{}/extend", encode_path(workspace_id));
@@ -67,16 +66,6 @@ impl CoderActions {
             .call::<serde::de::IgnoredAny>(Method::PUT, "PUT /api/v2/workspaces/{workspace}/extend", path, Some(&body))
             .await
             .map(|_| ())
-    }
-
-    /// `PATCH /api/v2/workspacebuilds/{id}/cancel?expect_status=pending` (200): withdraws a build
-    /// whose job no provisioner has taken yet. Coder answers 412 once a provisioner took it, 400
-    /// once it completed or was canceled (reference NOTES §16). One attempt: a later pass decides
-    /// again on what the build then is.
-    pub async fn cancel_pending_build(&self, build_id: &str) -> Result<(), CoderError> {
-        let path = format!("/api/v2/workspacebuilds/{}/cancel?expect_status=pending", encode_path(build_id));
-        let endpoint = "PATCH /api/v2/workspacebuilds/{workspacebuild}/cancel";
-        self.client.call_with::<serde::de::IgnoredAny>(RetryPolicy::none(), Method::PATCH, endpoint, path, None::<&()>).await.map(|_| ())
     }
 
     /// `PUT /api/v2/workspaces/{id}/ttl {"ttl_ms": n}` (204). `None` disables autostop.

@@ -229,6 +229,12 @@ impl CoderClient {
         }
     }
 
+    /// The same client making one attempt per call: what the actuator writes and reads with,
+    /// so a pass never waits on one workspace's retries (the ledger backs off across passes).
+    pub fn without_retries(&self) -> Self {
+        CoderClient { retry: RetryPolicy::none(), ..self.clone() }
+    }
+
     pub fn with_observer(mut self, observer: RequestObserver) -> Self {
         self.observer = Some(observer);
         self
@@ -398,6 +404,13 @@ impl CoderClient {
         }
         builds.sort_by_key(|b| b.created_at);
         Ok(builds)
+    }
+
+    /// `GET /api/v2/templates/{id}`: the template's schedule (`activity_bump_ms`, and on Coder
+    /// versions with the autostop reminder, `time_til_autostop_notify_ms`; reference NOTES §18).
+    pub async fn template_schedule(&self, template_id: &str) -> Result<TemplateSchedule, CoderError> {
+        let path = format!("/api/v2/templates/{}", encode_path(template_id));
+        self.call(Method::GET, "GET /api/v2/templates/{template}", path, None::<&()>).await
     }
 
     /// `GET /api/v2/workspacebuilds/{id}`: follow a build until its job is final.

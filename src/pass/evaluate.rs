@@ -18,17 +18,7 @@ use crate::pass::decide::{Decision, FleetOutcome};
 use crate::pass::judge::{Judge, Judgement, PassContext, merge_points, session_starts};
 use crate::pass::policy::Policy;
 
-/// One running workspace as the pass judged it: its listing entry, its decision, and what its
-/// GPUs are.
-#[derive(Debug, Clone)]
-pub struct Judged {
-    pub workspace: Workspace,
-    pub decision: Decision,
-    /// How many GPUs report for it.
-    pub gpus: u64,
-    /// The price of one of its GPU-hours (`gpu_hour_price` for its GPUs' model), when set.
-    pub price: Option<f64>,
-}
+pub use crate::pass::judge::Judged;
 
 /// Everything one evaluation found.
 #[derive(Debug)]
@@ -86,6 +76,19 @@ impl Evaluation {
         self.new_warnings.iter().filter_map(|&i| self.judged.get(i))
     }
 
+    /// The pass as the ledger reads it.
+    pub fn view(&self, shutting_down: bool) -> reclaimer_core::ledger::PassView<'_> {
+        reclaimer_core::ledger::PassView {
+            now: self.now,
+            coder_offset: self.coder_offset,
+            judged: &self.judged,
+            fleet: &self.fleet,
+            new_warnings: &self.new_warnings,
+            currency: self.currency.as_deref(),
+            shutting_down,
+        }
+    }
+
     /// The running workspaces' listing entries.
     pub fn workspaces(&self) -> impl Iterator<Item = &Workspace> {
         self.judged.iter().map(|j| &j.workspace)
@@ -117,7 +120,14 @@ pub struct Evaluator {
     /// Whether the token may stop workspaces, per organization id: asked once per organization
     /// that has running workspaces, forgotten when the token changes.
     may_stop: HashMap<String, bool>,
+    /// When each template's schedule was last read (`learn_templates`).
+    templates_read: HashMap<String, Instant>,
 }
+
+/// The most template schedules read in one pass.
+const MAX_TEMPLATE_READS: usize = 16;
+/// A template's schedule is read again after this.
+const TEMPLATE_REREAD: std::time::Duration = std::time::Duration::from_secs(3600);
 
 impl Evaluator {
     pub fn new(coder: CoderClient, source: Sources, policy: Policy, interval: std::time::Duration) -> Self {
@@ -127,7 +137,35 @@ impl Evaluator {
             source,
             coder_clock_offset: chrono::Duration::zero(),
             may_stop: HashMap::new(),
+            templates_read: HashMap::new(),
         }
+    }
+
+    /// Reads the schedule of the listed workspaces' templates not read within the hour (at most
+    /// `MAX_TEMPLATE_READS` a pass; a failed read is asked again next pass, and meanwhile the
+    /// template counts as bumping, Coder's default, with no reminder).
+    async fn learn_templates(&mut self, workspaces: &[Workspace]) {
+        let due: HashSet<&str> = workspaces
+            .iter()
+            .map(|w| w.template_id.as_str())
+            .filter(|id| !id.is_empty() && self.templates_read.get(*id).is_none_or(|at| at.elapsed() >= TEMPLATE_REREAD))
+            .collect();
+        for id in due.into_iter().take(MAX_TEMPLATE_READS) {
+            match self.coder.template_schedule(id).await {
+                Ok(schedule) => {
+                    self.templates_read.insert(id.to_string(), Instant::now());
+                    self.judge.know_template(id.to_string(), schedule);
+                }
+                Err(e) => {
+                    tracing::warn!(event = "template_unread", template_id = %id, error = %e, "cannot read a template's schedule (activity bump, autostop reminder); asking again next pass")
+                }
+            }
+        }
+    }
+
+    /// The stops already sent that still serve a waiter, per pool (the actuator's ledger says).
+    pub fn set_serving(&mut self, serving: Vec<usize>) {
+        self.judge.set_serving(serving);
     }
 
     /// The token changed (or a day passed): ask again what it may do in each organization.
@@ -248,6 +286,7 @@ impl Evaluator {
         }
         let (workspaces, duplicates) = dedup_by_id(listing.workspaces);
         self.learn_permissions(&workspaces).await;
+        self.learn_templates(&workspaces).await;
         let context = PassContext { coder_offset: self.coder_clock_offset, step: collection.step };
         let mut pass = self.judge.begin(&workspaces, context);
         // Drained as they are merged: a first Prometheus pass's points go as the windows fill.

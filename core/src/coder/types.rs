@@ -30,6 +30,9 @@ pub struct Workspace {
     pub owner_id: String,
     #[serde(default)]
     pub template_name: String,
+    /// Its template's id: the template's schedule (activity bump, autostop reminder) is read by it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub template_id: String,
     /// Permissions are per organization (`rbac/roles.go`): an organization admin may stop
     /// workspaces of its own only.
     #[serde(default)]
@@ -49,6 +52,32 @@ pub struct Workspace {
     /// The Coder Task this workspace backs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+}
+
+/// A template's autostop schedule, the fields of `GET /api/v2/templates/{id}` this service reads
+/// (`codersdk.Template`). `None`: the field is absent (a server that does not have it).
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct TemplateSchedule {
+    /// How far a connection moves the deadline (0: not at all; coderd's default is 1 h,
+    /// `coderd/templates.go`; reference coder NOTES §18).
+    #[serde(default)]
+    pub activity_bump_ms: Option<i64>,
+    /// How long before the deadline Coder reminds the owner that it will stop ("will stop soon",
+    /// main only; 0 or absent: off).
+    #[serde(default)]
+    pub time_til_autostop_notify_ms: Option<i64>,
+}
+
+impl TemplateSchedule {
+    /// Whether a connection moves the deadline (unknown counts as yes: Coder's default).
+    pub fn bumps(&self) -> bool {
+        self.activity_bump_ms.is_none_or(|b| b > 0)
+    }
+
+    /// How long before the deadline the reminder is sent (zero when off or unknown).
+    pub fn reminder_lead(&self) -> chrono::Duration {
+        chrono::Duration::milliseconds(self.time_til_autostop_notify_ms.unwrap_or(0).max(0))
+    }
 }
 
 /// The `prebuilds` system user (`coderd/database/migrations`): its workspaces are prebuilds,
@@ -403,7 +432,7 @@ pub struct UpdateWorkspaceTtlRequest {
 /// JSON shaped as Coder writes it: serde also takes a struct written as an array, and refuses a
 /// malformed member no model holds, which this skips unchecked.
 pub fn read_workspace(r: &mut Reader<'_>) -> Result<Workspace, ReadError> {
-    let (mut id, mut name, mut owner_name, mut owner_id, mut template_name) = (None, None, None, None, None);
+    let (mut id, mut name, mut owner_name, mut owner_id, mut template_name, mut template_id) = (None, None, None, None, None, None);
     let (mut organization_id, mut organization_name, mut created_at, mut last_used_at) = (None, None, None, None);
     let (mut latest_build, mut ttl_ms, mut autostart_schedule, mut is_prebuild, mut task_id) = (None, None, None, None, None);
     r.object(|r, key| match key {
@@ -412,6 +441,7 @@ pub fn read_workspace(r: &mut Reader<'_>) -> Result<Workspace, ReadError> {
         b"owner_name" => set(&mut owner_name, key, text(r)?),
         b"owner_id" => set(&mut owner_id, key, text(r)?),
         b"template_name" => set(&mut template_name, key, text(r)?),
+        b"template_id" => set(&mut template_id, key, text(r)?),
         b"organization_id" => set(&mut organization_id, key, text(r)?),
         b"organization_name" => set(&mut organization_name, key, text(r)?),
         b"created_at" => set(&mut created_at, key, time(r)?),
@@ -429,6 +459,7 @@ pub fn read_workspace(r: &mut Reader<'_>) -> Result<Workspace, ReadError> {
         owner_name: required(owner_name, "owner_name")?,
         owner_id: owner_id.unwrap_or_default(),
         template_name: template_name.unwrap_or_default(),
+        template_id: template_id.unwrap_or_default(),
         organization_id: organization_id.unwrap_or_default(),
         organization_name: organization_name.unwrap_or_default(),
         created_at: required(created_at, "created_at")?,
@@ -654,6 +685,7 @@ mod tests {
             owner_name: "owner".into(),
             owner_id: "owner-id".into(),
             template_name: "tpl".into(),
+            template_id: "tpl-id".into(),
             organization_id: "org".into(),
             organization_name: "org-name".into(),
             created_at: t(5),

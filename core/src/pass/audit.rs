@@ -36,9 +36,9 @@ pub enum AuditKind {
     StopReaped,
     /// A person canceled the stop build: not sent again in this idle episode.
     StopCanceled,
-    /// The workspace was used after its stop was sent and no provisioner had taken the stop yet:
-    /// this service withdrew it (sent again after 30 minutes unless the workspace is started
-    /// again).
+    /// Written by earlier versions, which withdrew a pending stop when its workspace was used
+    /// again; read back (recovery, `report`), never written: a stop once sent is never canceled
+    /// (reference coder NOTES §18).
     StopWithdrawn,
     /// Every attempt to stop failed; nothing more is tried until the workspace's next build.
     StopAbandoned,

@@ -124,7 +124,45 @@ pub fn plan(
     Some(DeadlinePlan { deadline, action, limit, limited_by, evidence })
 }
 
+/// The thresholds and lead for a template that reminds its owners `lead` before autostop: an
+/// extension is due while the deadline is still the policy's margin (`extend_when_within` past
+/// Coder's 30 minutes: two pass intervals) outside that window, so a pass sends it before the
+/// window opens, and moves the deadline at least that margin beyond the new lead, so the
+/// reminder is not due right after. Without a reminder, as the policy says.
+pub fn ahead_of_reminder(t: &Thresholds, within: std::time::Duration, lead: Option<Duration>) -> (Thresholds, std::time::Duration) {
+    let Some(lead) = lead.filter(|l| *l > Duration::zero()).and_then(|l| l.to_std().ok()) else { return (t.clone(), within) };
+    let margin = within.saturating_sub(CODER_MIN_AHEAD);
+    let within = within.max(lead + margin);
+    let extend_by = t.extend_by.max(within + margin);
+    (Thresholds { extend_by, ..t.clone() }, within)
+}
+
 /// A time without its fraction of a second (never later than it was).
 fn whole_seconds(t: DateTime<Utc>) -> DateTime<Utc> {
     t - Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pass::policy::Policy;
+
+    fn minutes(m: u64) -> std::time::Duration {
+        std::time::Duration::from_secs(m * 60)
+    }
+
+    #[test]
+    fn an_extension_comes_before_coders_reminder_window_and_moves_the_deadline_past_it() {
+        // A 60 s pass: extensions are due 32 minutes ahead (Coder's 30 plus two passes), and move
+        // the deadline an hour (`extend_by`).
+        let policy = Policy::defaults(std::time::Duration::from_secs(60));
+        let t = policy.thresholds.clone();
+        // (the template's reminder lead, due while closer than, moved to now plus)
+        let rows: [(Option<i64>, u64, u64); 5] =
+            [(None, 32, 60), (Some(0), 32, 60), (Some(15), 32, 60), (Some(60), 62, 64), (Some(120), 122, 124)];
+        for (lead, within, extend_by) in rows {
+            let (th, w) = ahead_of_reminder(&t, policy.extend_when_within, lead.map(Duration::minutes));
+            assert_eq!((w, th.extend_by), (minutes(within), minutes(extend_by)), "lead {lead:?} min");
+        }
+    }
 }

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use crate::coder::types::{AgentStatus, JobStatus, Transition, Workspace};
+use crate::coder::types::{AgentStatus, JobStatus, TemplateSchedule, Transition, Workspace};
 use crate::duration::{chrono as dur, human};
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
@@ -397,6 +397,9 @@ pub struct PassFacts {
     /// `max_gpus_per_workspace` (`Windows::refused_at`): within the idle window it is judged on
     /// none of its series, never on a subset.
     pub gpu_series_refused_at: Option<DateTime<Utc>>,
+    /// Its template's schedule, when read (`GET /api/v2/templates/{id}`): whether a connection
+    /// moves the deadline, and how long before it Coder sends its autostop reminder.
+    pub template: Option<TemplateSchedule>,
 }
 
 /// `decide`, with what the pass knows (`PassFacts`).
@@ -408,7 +411,7 @@ pub fn decide_with(
     prior_stop_at: Option<DateTime<Utc>>,
     facts: PassFacts,
 ) -> Decision {
-    let PassFacts { coder_offset, gpu_template, step, gpu_series_refused_at } = facts;
+    let PassFacts { coder_offset, gpu_template, step, gpu_series_refused_at, template } = facts;
     let coder_now = now + coder_offset;
     let windows: Vec<&GpuWindow> = gpus.map(|g| g.iter().filter(|w| !w.samples.is_empty()).collect()).unwrap_or_default();
     let (th, exempt) = policy.for_workspace(ws);
@@ -484,16 +487,20 @@ pub fn decide_with(
     }
     // Keeping busy work running: only what the GPU itself shows computing in the latest sample
     // (never a power veto alone), on readings that would be enough to judge it idle (enough
-    // samples, no gap), and only with nobody connected (Coder bumps a connected one).
+    // samples, no gap), and only with nobody connected where the template bumps (Coder moves a
+    // connected one's deadline itself; with `activity_bump` 0 nothing does, reference coder
+    // NOTES §18). Where the template reminds the owner before autostop, the extension comes
+    // before that reminder's window opens, so a kept-alive workspace never gets "will stop soon".
     let span_start = now - dur(th.idle_after);
+    let bumps = template.is_none_or(|t| t.bumps());
     if th.extend_while_busy
         && d.reason == Reason::GpuActive
-        && d.connection_idle >= CONNECTED_WITHIN
+        && (d.connection_idle >= CONNECTED_WITHIN || !bumps)
         && computes_by_its_readings(&windows, policy)
         && enough_readings(&windows, policy, span_start, now)
     {
-        d.deadline =
-            deadline::plan(coder_now, &ws.latest_build, &th, policy.extend_when_within, evidence(&windows, span_start)).map(Box::new);
+        let (th, within) = deadline::ahead_of_reminder(&th, policy.extend_when_within, template.map(|t| t.reminder_lead()));
+        d.deadline = deadline::plan(coder_now, &ws.latest_build, &th, within, evidence(&windows, span_start)).map(Box::new);
     }
     if d.is_stop_eligible() && !th.grace.is_zero() {
         let stop_at = prior_stop_at.unwrap_or(now + dur(th.grace));
@@ -821,6 +828,13 @@ pub struct PoolCounts {
 
 /// Applies contention (per pool), the breaker and the caps to a pass's decisions.
 pub fn apply_fleet_rules(decisions: &mut [Decision], policy: &Policy) -> FleetOutcome {
+    fleet_rules_serving(decisions, policy, &[])
+}
+
+/// `apply_fleet_rules` with the stops already sent that still serve a waiter, per pool (an index
+/// into `Policy::pools`): in `contended` mode each counts against one waiter of its pool, so one
+/// waiter costs one stop however long its GPU takes to reach it (the ledger says how many).
+pub fn fleet_rules_serving(decisions: &mut [Decision], policy: &Policy, serving: &[usize]) -> FleetOutcome {
     let pools = policy.pools.len().max(1);
     let pool_of = |d: &Decision| d.pool.min(pools - 1);
     let mut waiting_in = vec![0usize; pools];
@@ -838,15 +852,20 @@ pub fn apply_fleet_rules(decisions: &mut [Decision], policy: &Policy) -> FleetOu
         let mut given = vec![0usize; pools];
         for i in by_idle_desc(decisions, &|d| d.is_stop_eligible()) {
             let p = pool_of(&decisions[i]);
-            if given[p] < waiting_in[p] {
+            let sent = serving.get(p).copied().unwrap_or(0);
+            if given[p] + sent < waiting_in[p] {
                 given[p] += 1;
                 continue;
             }
             let d = &mut decisions[i];
             let whose = if pools > 1 { format!(" in its pool {:?}", policy.pools[p]) } else { String::new() };
-            d.message = match waiting_in[p] {
-                0 => format!("{}; kept: no workspace is waiting for a GPU{whose}", d.message),
-                n => format!("{}; kept: the {n} waiting for a GPU{whose} are served by longer-idle workspaces", d.message),
+            d.message = match (waiting_in[p], sent) {
+                (0, _) => format!("{}; kept: no workspace is waiting for a GPU{whose}", d.message),
+                (n, 0) => format!("{}; kept: the {n} waiting for a GPU{whose} are served by longer-idle workspaces", d.message),
+                (n, _) => format!(
+                    "{}; kept: the {n} waiting for a GPU{whose} are served by longer-idle workspaces and {sent} stop(s) already sent",
+                    d.message
+                ),
             };
             d.verdict = Verdict::Keep;
             d.reason = Reason::NoContention;

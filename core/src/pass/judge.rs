@@ -8,11 +8,11 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use crate::coder::types::Workspace;
+use crate::coder::types::{TemplateSchedule, Workspace};
 use crate::gpu::window::Windows;
 use crate::gpu::{GpuSeries, Point};
 
-use super::decide::{Decision, FleetOutcome, PassFacts, Verdict, apply_fleet_rules, decide_with, without_stop_permission};
+use super::decide::{Decision, FleetOutcome, PassFacts, Verdict, decide_with, fleet_rules_serving, without_stop_permission};
 use super::policy::Policy;
 
 /// How long a template counts as a GPU template after the last of its workspaces that had a GPU
@@ -33,6 +33,23 @@ pub struct Judge {
     /// While `gpu_templates` is unset: templates one of whose workspaces had a GPU series, and
     /// when that was last seen (`LEARNED_TEMPLATE_MEMORY`).
     gpu_templates_seen: HashMap<String, DateTime<Utc>>,
+    /// Stops already sent that still serve a waiter, per pool (`Ledger::serving`): set before a
+    /// pass by whoever acts.
+    serving: Vec<usize>,
+    /// Templates' schedules by template id, as Coder last answered (`know_template`).
+    templates: HashMap<String, TemplateSchedule>,
+}
+
+/// One running workspace as a pass judged it: its listing entry, its decision, and what its
+/// GPUs are.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    pub workspace: Workspace,
+    pub decision: Decision,
+    /// How many GPUs report for it.
+    pub gpus: u64,
+    /// The price of one of its GPU-hours (`gpu_hour_price` for its GPUs' model), when set.
+    pub price: Option<f64>,
 }
 
 /// What one pass decided: a decision per listed workspace (listing order), the fleet rules'
@@ -72,7 +89,19 @@ impl Judge {
             warnings: HashMap::new(),
             sessions: HashMap::new(),
             gpu_templates_seen: HashMap::new(),
+            serving: Vec::new(),
+            templates: HashMap::new(),
         }
+    }
+
+    /// A template's schedule as Coder answered it (its activity bump, its autostop reminder).
+    pub fn know_template(&mut self, template_id: String, schedule: TemplateSchedule) {
+        self.templates.insert(template_id, schedule);
+    }
+
+    /// The stops already sent that still serve a waiter, per pool, for the next `decide`.
+    pub fn set_serving(&mut self, serving: Vec<usize>) {
+        self.serving = serving;
     }
 
     pub fn policy(&self) -> &Policy {
@@ -195,6 +224,7 @@ impl JudgePass<'_> {
                     gpu_template: judge.is_gpu_template(&ws.template_name),
                     step: context.step,
                     gpu_series_refused_at: judge.windows.refused_at(&ws.id),
+                    template: judge.templates.get(&ws.template_id).copied(),
                 };
                 decide_with(now, ws, judge.windows.get(&ws.id), &judge.policy, prior, facts)
             })
@@ -204,7 +234,7 @@ impl JudgePass<'_> {
                 without_stop_permission(d, &ws.organization_name);
             }
         }
-        let fleet = apply_fleet_rules(&mut decisions, &judge.policy);
+        let fleet = fleet_rules_serving(&mut decisions, &judge.policy, &judge.serving);
         let new_warnings = (0..decisions.len())
             .filter(|&i| decisions[i].verdict == Verdict::Warn && !judge.warnings.contains_key(&decisions[i].workspace_id))
             .collect();

@@ -1,6 +1,9 @@
 //! The mode: observe (report only) or enforce (send stop builds), and the texts phrased by it.
-//! Whether to act is decided from it in the actuator alone (`actuator::acts`); here the mode
-//! only chooses words, so that observe mode promises nothing.
+//! Whether to act is decided from it in one place, the service's `actuator::acts`:
+//! `Application::build` makes the capability to write only where that holds, so observe mode and
+//! `plan` hold none (a type fact from there on; who calls `acts` is a text check in
+//! `tests/architecture.rs`). Here the mode only chooses words, so that observe mode promises
+//! nothing.
 
 use chrono::{DateTime, Duration, Utc};
 
@@ -19,7 +22,7 @@ pub fn limit_reached(coder_deadline: DateTime<Utc>, limited_by: &str) -> String 
 
 /// Observe (report only) or enforce (send stop builds).
 // No `PartialEq`: comparing modes does not compile, so the one place that decides by the mode
-// (`actuator::acts`) matches on it, and the architecture scan finds every match.
+// (`actuator::acts`) matches on it, and the architecture scan (a text check) finds every match.
 #[derive(Debug, Clone, Copy)]
 pub enum Mode {
     Observe,
