@@ -226,3 +226,70 @@ async fn behind_prometheus_only_real_demand_in_the_same_pool_stops_an_idle_gpu()
     assert_eq!((stops(&coder, idle), all_stops), (1, 1), "exactly one stop");
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// One waiter, one stop (issue 41): three idle workspaces and one waiter, and stop builds that run
+/// 3 s (180 Coder seconds: the GPU takes several passes to reach the waiter). Every pass sees the
+/// waiter still waiting; the stop already sent serves it, and the other idle workspaces are kept.
+/// (The job reaper fails a build hung 300 Coder seconds: 180 stays under it.) `source` is the GPU source's flags (`None`: the exporter, scraped directly).
+async fn one_waiter_costs_one_stop(source: Option<&std::path::Path>) {
+    let coder = FakeCoder::start(mocks::WorldConfig { build_run: Duration::from_secs(180), ..world(3) }).await.unwrap();
+    let ex = exporter(&coder).await;
+    let idle: Vec<Uuid> =
+        ["gpu-a", "gpu-b", "gpu-c"].iter().map(|n| coder.with(|w| w.create_workspace("alice", n, None)).unwrap()).collect();
+    until(&coder, "the three hold a GPU", Duration::from_secs(30), |w| idle.iter().all(|id| holds_gpu(w, *id) && running(w, *id))).await;
+    coder.with(|w| {
+        for id in &idle {
+            let i = w.ws_index(*id).unwrap();
+            w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
+        }
+    });
+    let prom = match source {
+        Some(prometheus) => {
+            let target = ex.url().trim_start_matches("http://").trim_end_matches("/metrics").to_string();
+            let config = format!(
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: nvidia-dcgm-exporter\n    static_configs:\n      - targets: [\"{target}\"]\n"
+            );
+            Some(crate::prometheus_world::Prometheus::start(prometheus, crate::prometheus_world::Prometheus::folder(), &config).await)
+        }
+        None => None,
+    };
+    let (dir, policy) = policy_file("one-waiter", "exporter_collect_interval = \"1s\"\n");
+    let mut args = vec!["--reclaim-when", "contended", "--config", &policy];
+    let exporters = match &prom {
+        Some(p) => {
+            args.extend(["--prometheus-url", p.url.as_str(), "--interval", "2s", "--idle-after", "10s"]);
+            vec![]
+        }
+        None => vec![ex.url()],
+    };
+    let svc = Service::start(&coder, &exporters, &coder.owner_token(), &args);
+    let reclaimable = std::time::Instant::now();
+    loop {
+        let doc = get(&svc, "/api/v1/workspaces").await;
+        let kept = doc["workspaces"].as_array().map_or(0, |ws| ws.iter().filter(|w| w["reason"] == "no-contention").count());
+        if kept == 3 {
+            break;
+        }
+        assert!(reclaimable.elapsed() < Duration::from_secs(40), "the idle workspaces never became reclaimable: {doc}\n{}", svc.raw());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let waiter = coder.with(|w| w.create_workspace("orgadmin", "gpu-waiter", None)).unwrap();
+    until_with(&coder, Some(&svc), "the waiter gets a GPU", Duration::from_secs(40), |w| holds_gpu(w, waiter)).await;
+    for _ in 0..2 {
+        svc.wait_event("pass", Duration::from_secs(10)).await;
+    }
+    let stopped: Vec<usize> = idle.iter().map(|id| stops(&coder, *id)).collect();
+    assert_eq!(stopped.iter().sum::<usize>(), 1, "one waiter, one stop: {stopped:?}\n{}", svc.raw());
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn one_waiter_costs_one_stop_while_its_gpu_is_on_the_way() {
+    one_waiter_costs_one_stop(None).await;
+}
+
+#[tokio::test]
+async fn behind_prometheus_one_waiter_costs_one_stop_while_its_gpu_is_on_the_way() {
+    let Some((prometheus, _)) = crate::common::installed_or_skip(crate::prometheus_world::installed(), "prometheus") else { return };
+    one_waiter_costs_one_stop(Some(&prometheus)).await;
+}

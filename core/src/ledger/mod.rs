@@ -24,9 +24,11 @@
 mod deadlines;
 mod intent;
 mod recovery;
+mod serving;
 mod stops;
 #[cfg(test)]
 mod tests;
+mod tracked;
 
 use chrono::{DateTime, Utc};
 
@@ -35,7 +37,7 @@ pub use intent::{
     STOPPED_MEMORY, StopAnswer, StopCall, StopFailure, Who, needs_at_least, stop_backoff,
 };
 pub use recovery::Recovered;
-pub use stops::{NoProvisioner, StuckStop};
+pub use tracked::{NoProvisioner, StuckStop};
 
 use crate::pass::audit::AuditRecord;
 

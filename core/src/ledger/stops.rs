@@ -16,128 +16,13 @@ use super::intent::{
     StopCall, StopFailure, needs_at_least, stop_backoff,
 };
 use super::recovery::{OpenStop, Recovered, open_stops};
+use super::serving::Serving;
+use super::tracked::{Candidate, NoProvisioner, StuckStop, TrackedStop, expects_use, stop_event};
 use crate::coder::types::{JobStatus, JobTags, Transition, WorkspaceBuild};
 use crate::duration::human;
 use crate::pass::audit::{AuditEvent, AuditKind, AuditRecord, gpu_seconds_given_back};
-use crate::pass::decide::Reason;
 use crate::pass::judge::Judged;
 use crate::pass::stop_lifecycle::{JobChange, StopState, job_change, provisioners_answer};
-
-/// A stop the ledger follows.
-#[derive(Debug, Clone)]
-pub(super) struct TrackedStop {
-    pub(super) event: AuditEvent,
-    /// When the current state began (for a stop in flight: when it was sent).
-    pub(super) since: DateTime<Utc>,
-    /// The build the stop was decided on (the running start build): a different latest build
-    /// in the listing means a new session, and tracking starts afresh.
-    pub(super) session: String,
-    pub(super) organization: String,
-    /// Its GPU pool (an index into `Policy::pools`).
-    pub(super) pool: usize,
-    /// `last_used_at` when the stop was decided: a later one means the workspace was used since.
-    pub(super) last_used_at: DateTime<Utc>,
-    /// Stop POSTs so far, sent or refused (a succeeded stop ends tracking).
-    pub(super) attempts: u32,
-    /// `stop_stuck` was written this idle episode.
-    pub(super) stuck_reported: bool,
-    /// A reaped stop was sent again this idle episode.
-    pub(super) resent_after_reap: bool,
-    /// Since the reap, a provisioner listing (or, without one, a build completed in the
-    /// organization) said a provisioner answers: the reaped stop may be sent again.
-    pub(super) provisioner_answered: bool,
-    /// The provisioner tags its build needs (the start's, until Coder answered with the stop's).
-    pub(super) tags: JobTags,
-    /// Since when no provisioner matching `tags` is available for it: it is not sent again
-    /// meanwhile, nor is any new stop that needs the same tags.
-    pub(super) no_provisioner_since: Option<DateTime<Utc>>,
-    pub(super) state: StopState,
-}
-
-impl TrackedStop {
-    /// A stop a previous run sent, read back from the audit log: followed as any stop in flight;
-    /// its session is unknown, so a listed running build ends it once its job is final.
-    pub(super) fn recovered(event: AuditEvent, state: StopState) -> Self {
-        TrackedStop {
-            since: event.time,
-            session: String::new(),
-            organization: String::new(),
-            pool: 0,
-            last_used_at: event.time,
-            attempts: 1,
-            stuck_reported: false,
-            resent_after_reap: false,
-            provisioner_answered: false,
-            tags: JobTags::default(),
-            no_provisioner_since: None,
-            state,
-            event,
-        }
-    }
-
-    fn change(&self, kind: AuditKind, now: DateTime<Utc>) -> AuditEvent {
-        AuditEvent { event: kind, time: now, attempts: Some(self.attempts), ..self.event.clone() }
-    }
-}
-
-/// One stop planned this pass, as `observe` needs it to track the answer.
-#[derive(Debug, Clone)]
-pub(super) struct Candidate {
-    event: AuditEvent,
-    pool: usize,
-    session: String,
-    organization: String,
-    last_used_at: DateTime<Utc>,
-    tags: JobTags,
-}
-
-/// Stops that wait for a provisioner matching their tags (status document, `check`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct NoProvisioner {
-    pub organization_id: String,
-    pub tags: JobTags,
-    pub since: DateTime<Utc>,
-    /// How many tracked stops wait for these tags.
-    pub stops: usize,
-}
-
-impl NoProvisioner {
-    /// "no provisioner for tags {...} since <time>: ...", as the page and the plan show it.
-    pub fn words(&self) -> String {
-        format!(
-            "no provisioner for tags {} since {}: {} stop(s) wait, and new stops that need these tags are held; check the provisioner daemons in Coder",
-            self.tags,
-            self.since.format("%Y-%m-%d %H:%M:%S UTC"),
-            self.stops
-        )
-    }
-}
-
-/// A stop build that has stayed pending longer than `stop_timeout`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct StuckStop {
-    pub workspace_id: String,
-    pub workspace: String,
-    pub owner: String,
-    pub build_id: String,
-    pub pending_since: DateTime<Utc>,
-}
-
-/// The audit event of a stop (or would-stop) of a judged workspace: its decision, how many GPUs
-/// it holds and what one of its GPU-hours costs.
-pub(super) fn stop_event(kind: AuditKind, view: &PassView, mode: &'static str, j: &Judged) -> AuditEvent {
-    AuditEvent {
-        gpus: Some(j.gpus),
-        gpu_hour_price: j.price,
-        currency: j.price.and(view.currency.map(str::to_string)),
-        ..AuditEvent::new(kind, view.now, mode, &j.workspace, &j.decision)
-    }
-}
-
-/// Stops decided while someone is connected expect use: their guard checks the build only.
-fn expects_use(reason: &str) -> bool {
-    reason == Reason::ConnectedButGpuIdle.as_str() || reason == Reason::MaxLifetime.as_str()
-}
 
 /// The stops the ledger tracks, and what it remembers of stops done and reported.
 #[derive(Debug)]
@@ -152,24 +37,12 @@ pub(super) struct Stops {
     reported: HashSet<String>,
     /// Stops whose `stop_sending` line a previous run left without an outcome.
     unconfirmed: HashMap<String, AuditEvent>,
-    /// Stops sent that still serve a waiter of their pool: from the POST until a waiter of the
-    /// pool stops waiting, or `start_allowance` after the stop succeeded (one waiter, one stop).
-    serving: Vec<Serving>,
-    /// Each pool's waiting workspaces at the last pass.
-    last_waiting: Vec<usize>,
+    /// Stops sent that still serve a waiter of their pool (one waiter, one stop).
+    serving: Serving,
     /// This pass, between `plan` and `observe`.
     pending: Pending,
     /// What this pass did to stops.
     pub(super) acted: Acted,
-}
-
-/// A stop sent for its pool's waiters.
-#[derive(Debug, Clone, PartialEq)]
-struct Serving {
-    workspace_id: String,
-    pool: usize,
-    /// When its build succeeded (this machine's clock).
-    done_at: Option<DateTime<Utc>>,
 }
 
 /// What `plan` leaves for `observe`.
@@ -193,8 +66,7 @@ impl Stops {
             stopped: HashMap::new(),
             reported: HashSet::new(),
             unconfirmed: HashMap::new(),
-            serving: Vec::new(),
-            last_waiting: Vec::new(),
+            serving: Serving::default(),
             pending: Pending::default(),
             acted: Acted::default(),
         }
@@ -206,32 +78,7 @@ impl Stops {
 
     /// Stops that still serve a waiter, per pool.
     pub(super) fn serving(&self) -> Vec<usize> {
-        let mut out = vec![0; self.serving.iter().map(|s| s.pool + 1).max().unwrap_or(0)];
-        for s in &self.serving {
-            out[s.pool] += 1;
-        }
-        out
-    }
-
-    /// Retires the stops that no longer serve a waiter: `start_allowance` after their build
-    /// succeeded, or one per waiter its pool lost since the last pass (a waiter whose pod got its
-    /// GPU, or whose agent connected), those done first, the oldest first.
-    fn retire_served(&mut self, view: &PassView) {
-        let allowance = self.config.start_allowance;
-        self.serving.retain(|s| s.done_at.is_none_or(|done| view.now - done < allowance));
-        let waiting: Vec<usize> = view.fleet.pools.iter().map(|p| p.waiting).collect();
-        for (pool, before) in std::mem::take(&mut self.last_waiting).into_iter().enumerate() {
-            let mut gone = before.saturating_sub(waiting.get(pool).copied().unwrap_or(0));
-            while gone > 0 {
-                let oldest = (0..self.serving.len())
-                    .filter(|&i| self.serving[i].pool == pool)
-                    .min_by_key(|&i| (self.serving[i].done_at.is_none(), self.serving[i].done_at));
-                let Some(i) = oldest else { break };
-                self.serving.remove(i);
-                gone -= 1;
-            }
-        }
-        self.last_waiting = waiting;
+        self.serving.counts()
     }
 
     /// A pass begins: what the last one left for `observe` is dropped.
@@ -244,7 +91,7 @@ impl Stops {
     /// stop in flight followed, tracking reconciled with the listing, provisioners asked for
     /// reaped stops, and (unless shutting down) the stops to send.
     pub(super) fn plan(&mut self, view: &PassView, plan: &mut Plan) {
-        self.retire_served(view);
+        self.serving.retire(view, self.config.start_allowance);
         self.resumed(view, plan);
         let mut settle: Vec<&String> = self.unconfirmed.keys().collect();
         settle.sort();
@@ -585,8 +432,7 @@ impl Stops {
         t.state = StopState::Sent { build_id: build_id.to_string() };
         t.event = AuditEvent { event: AuditKind::StopSent, time: now, build_id: Some(build_id.to_string()), ..t.event.clone() };
         let (event, attempts, pool) = (t.event.clone(), t.attempts, t.pool);
-        self.serving.retain(|s| s.workspace_id != id);
-        self.serving.push(Serving { workspace_id: id.to_string(), pool, done_at: None });
+        self.serving.sent(id, pool);
         let count = Count::Stop { reason: event.reason, mode: self.config.mode };
         let note = Note::new(Level::Info, "stop_sent", event.message.clone()).build(build_id).fact(Fact::Attempt, attempts);
         notes.push(note.fact(Fact::ReplyLost, lost_reply).announce(event).count(count));
@@ -720,7 +566,7 @@ impl Stops {
         let Some(change) = job_change(&t.state, &build.job, now - t.since, stop_timeout, t.stuck_reported) else { return };
         // A stop that ends without stopping frees no GPU: it serves no waiter.
         if matches!(change, JobChange::Canceled | JobChange::Reaped | JobChange::Failed) {
-            self.serving.retain(|s| s.workspace_id != id);
+            self.serving.ended(id);
         }
         let Some(t) = self.stops.get_mut(id) else { return };
         let error = build.job.error.clone().unwrap_or_default();
@@ -749,9 +595,7 @@ impl Stops {
                 notes.push(Note::new(Level::Info, "stop_done", text).build(build_id).audit(done.clone()));
                 self.stopped.insert(id.to_string(), (done, at));
                 self.acted.stops_done.push(id.to_string());
-                if let Some(s) = self.serving.iter_mut().find(|s| s.workspace_id == id) {
-                    s.done_at = Some(now);
-                }
+                self.serving.done(id, now);
             }
             JobChange::Canceled => {
                 t.state = StopState::Canceled;
