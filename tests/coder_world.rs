@@ -282,7 +282,8 @@ async fn a_reaped_stop_sent_again_stops_the_workspace() {
 /// A new session (started again, idle again) may be stopped.
 #[tokio::test]
 async fn a_stop_a_person_canceled_is_not_sent_again() {
-    let coder = FakeCoder::start(world(1)).await.unwrap();
+    // The template lets users cancel their builds (`allow_user_cancel_workspace_jobs`).
+    let coder = FakeCoder::start(WorldConfig { allow_user_cancel: true, ..world(1) }).await.unwrap();
     let ex = exporter(&coder).await;
     let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
     until(&coder, "A runs", Duration::from_secs(5), |w| running(w, a)).await;
@@ -298,6 +299,19 @@ async fn a_stop_a_person_canceled_is_not_sent_again() {
     assert_eq!(stop_posts(&coder, a), 1, "{}", svc.raw());
     assert!(coder.with(|w| holds_gpu(w, a)));
     assert_eq!(audit_kinds(&audit, a), ["stop_sending", "stop_sent", "stop_canceled"]);
+    // Its pod keeps the GPU while Coder lists it `canceled`, not running (reference NOTES §18):
+    // the service says so where people look, and does not stop it again.
+    let held = svc.wait_event("gpu_held_outside_coder", Duration::from_secs(10)).await;
+    assert_eq!(held["workspace_id"], a.to_string(), "{held}");
+    let doc: Value = reqwest::get(format!("http://{}/api/v1/workspaces", svc.addr().await)).await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (doc["held_outside"][0]["workspace_id"].as_str(), doc["held_outside"][0]["job_status"].as_str()),
+        (Some(a.to_string().as_str()), Some("canceled")),
+        "{doc}"
+    );
+    let metrics = reqwest::get(format!("http://{}/metrics", svc.addr().await)).await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l == "coder_gpu_reclaimer_gpus_held_outside_coder 1"), "{metrics}");
+    assert_eq!(stop_posts(&coder, a), 1, "held outside is reported, not stopped again");
     // Started again by its owner: a new session, idle again, may be stopped.
     coder.with(|w| w.create_build(a, "start", 1, "cli")).unwrap();
     until_with(&coder, Some(&svc), "A's new session is stopped", Duration::from_secs(25), |w| !holds_gpu(w, a)).await;

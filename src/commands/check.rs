@@ -8,10 +8,10 @@ use std::time::Duration;
 use crate::app::{coder_client, gpu_source};
 use crate::coder::CoderClient;
 use crate::coder::identity::connect;
-use crate::coder::types::Workspace;
+use crate::coder::types::{JobStatus, Transition, Workspace};
 use crate::config::Settings;
 use crate::error::Error;
-use crate::gpu::{GpuKey, GpuSeries, GpuSource};
+use crate::gpu::{Collection, GpuKey, GpuSeries, GpuSource};
 use crate::pass::metrics::Metrics;
 use crate::retry::RetryPolicy;
 
@@ -170,11 +170,45 @@ pub async fn run(settings: Result<Settings, Error>) -> bool {
                 let (ok, detail) = coverage(&collection.series, &ws, &settings);
                 line(ok, "coverage", &detail);
                 line(true, "gpu templates", &gpu_templates(&collection.series, &ws, &settings.policy));
+                held_outside(&coder, &collection, &ws, &mut line).await;
             }
             Err(e) => line(false, "coverage", &format!("cannot list workspaces: {e}")),
         }
     }
     all_ok
+}
+
+/// One `check` line: workspaces whose pods report a GPU while Coder does not list them running
+/// (a canceled, failed or stuck stop), read from Coder (the first few): nobody sees them in
+/// Coder's list and no autostop stops them. `run` reports them after two intervals.
+async fn held_outside(coder: &CoderClient, collection: &Collection, workspaces: &[Workspace], line: &mut impl FnMut(bool, &str, &str)) {
+    let listed: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+    let mut unlisted: Vec<&str> = collection.unlisted.iter().map(String::as_str).collect();
+    unlisted.extend(collection.series.iter().filter_map(|s| s.workspace_id.as_deref()).filter(|id| !listed.contains(id)));
+    unlisted.sort_unstable();
+    unlisted.dedup();
+    let mut held = Vec::new();
+    for id in unlisted.into_iter().take(crate::pass::outside::MAX_READS_PER_PASS) {
+        let Ok(ws) = coder.workspace(id).await else { continue };
+        let b = &ws.latest_build;
+        // A build in progress, or one that ended within two minutes (its pod terminating), is on
+        // its way: `run` waits two intervals before it reports one too.
+        let settled = b.job.completed_at.is_some_and(|t| chrono::Utc::now() - t > chrono::Duration::minutes(2));
+        if (b.transition != Transition::Start || b.job.status != JobStatus::Succeeded) && !b.job.status.is_active() && settled {
+            held.push(format!("{}/{} (latest build: {}, {})", ws.owner_name, ws.name, b.transition.as_str(), b.job.status.as_str()));
+        }
+    }
+    match held.as_slice() {
+        [] => line(true, "held outside coder", "no pod reports a GPU for a workspace Coder does not list running"),
+        _ => line(
+            false,
+            "held outside coder",
+            &format!(
+                "{}: their pods still report a GPU while Coder does not list them running, so nobody sees them and no autostop stops them; start and stop each in Coder, or delete its pod",
+                held.join(", ")
+            ),
+        ),
+    }
 }
 
 /// One `check` line: whether a provisioner daemon answers (seen within 90 s) for the tags every

@@ -38,6 +38,10 @@ pub struct Collection {
     pub twin_count: usize,
     /// HTTP requests made (the benchmark checks this does not grow with the fleet).
     pub requests: usize,
+    /// Workspaces whose GPU series the source saw at its latest step but did not hold, because
+    /// the listing did not name them (behind Prometheus; the first few): they may hold a GPU
+    /// outside Coder's running workspaces. An exporter's scrape holds every series instead.
+    pub unlisted: Vec<String>,
     /// Set when each point is a finished sample of its own step (Prometheus history: the
     /// highest raw sample in the step ending at its time), not one more reading to merge into
     /// the pass's sample (an exporter scrape).

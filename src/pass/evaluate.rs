@@ -10,12 +10,13 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 
 use crate::coder::types::Workspace;
-use crate::coder::{CoderClient, CoderError};
+use crate::coder::{CoderClient, CoderError, ErrorKind};
 use crate::gpu::window::Windows;
 use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
 use crate::pass::deadline::DeadlinePlan;
 use crate::pass::decide::{Decision, FleetOutcome};
 use crate::pass::judge::{Judge, Judgement, PassContext, merge_points, session_starts};
+use crate::pass::outside::{self, HeldOutside, Outside};
 use crate::pass::policy::Policy;
 
 pub use crate::pass::judge::Judged;
@@ -48,6 +49,8 @@ pub struct Evaluation {
     pub coder_offset: chrono::Duration,
     /// The currency of the prices, when GPU time is priced.
     pub currency: Option<String>,
+    /// Workspaces whose pods report a GPU while Coder does not list them running.
+    pub held_outside: Vec<HeldOutside>,
 }
 
 impl Evaluation {
@@ -122,6 +125,11 @@ pub struct Evaluator {
     may_stop: HashMap<String, bool>,
     /// When each template's schedule was last read (`learn_templates`).
     templates_read: HashMap<String, Instant>,
+    interval: std::time::Duration,
+    /// Workspaces GPU series name that the listing does not hold (`held_outside`).
+    outside: Outside,
+    /// Those already logged as holding a GPU outside Coder (logged once while they do).
+    said_outside: HashSet<String>,
 }
 
 /// The most template schedules read in one pass.
@@ -138,6 +146,9 @@ impl Evaluator {
             coder_clock_offset: chrono::Duration::zero(),
             may_stop: HashMap::new(),
             templates_read: HashMap::new(),
+            interval,
+            outside: Outside::default(),
+            said_outside: HashSet::new(),
         }
     }
 
@@ -289,13 +300,23 @@ impl Evaluator {
         self.learn_templates(&workspaces).await;
         let context = PassContext { coder_offset: self.coder_clock_offset, step: collection.step };
         let mut pass = self.judge.begin(&workspaces, context);
+        // GPU series naming a workspace the listing does not hold: it may hold a GPU outside
+        // Coder's running workspaces (`outside`). Behind Prometheus the source names them.
+        let listed: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+        let mut unlisted: Vec<String> = std::mem::take(&mut collection.unlisted);
         // Drained as they are merged: a first Prometheus pass's points go as the windows fill.
         for series in collection.series.drain(..) {
+            if let Some(id) = series.workspace_id.as_deref().filter(|id| !listed.contains(id)) {
+                if unlisted.len() < outside::MAX_FOLLOWED && !unlisted.iter().any(|u| u == id) {
+                    unlisted.push(id.to_string());
+                }
+            }
             pass.merge(&series, &series.points);
         }
         let failed: HashSet<&str> = collection.failures.iter().map(|f| f.source.as_str()).collect();
         let may_stop = &self.may_stop;
         let Judgement { decisions, fleet, new_warnings } = pass.decide(now, &failed, |ws| may_stop.get(&ws.organization_id).copied());
+        let held_outside = self.held_outside(now, &unlisted).await;
         let windows = self.judge.windows();
         let policy = self.judge.policy();
         let judged = workspaces
@@ -321,7 +342,32 @@ impl Evaluator {
             coder_clock_offset: listing.clock_offset,
             coder_offset: self.coder_clock_offset,
             currency: policy.prices_gpu_time().then(|| policy.currency.clone()),
+            held_outside,
         })
+    }
+
+    /// Follows the workspaces GPU series name that the listing does not hold, reads the ones
+    /// seen for more than two intervals from Coder (a few a pass), and says which hold a GPU
+    /// outside Coder's running workspaces.
+    async fn held_outside(&mut self, now: DateTime<Utc>, unlisted: &[String]) -> Vec<HeldOutside> {
+        let interval = crate::duration::chrono(self.interval);
+        for id in self.outside.pass(now, interval, unlisted) {
+            let answer = match self.coder.workspace(&id).await {
+                Ok(ws) => Ok(Some(ws)),
+                Err(e) if matches!(e.kind, ErrorKind::NoPermission | ErrorKind::Status(404 | 410)) => Ok(None),
+                Err(e) => {
+                    tracing::warn!(event = "unlisted_unread", workspace_id = %id, error = %e, "cannot read a workspace whose pod reports a GPU while Coder does not list it running; asking again next pass");
+                    Err(())
+                }
+            };
+            self.outside.read(now, &id, answer.as_ref().map(Option::as_ref).map_err(|_| ()));
+        }
+        let held = self.outside.held();
+        for h in held.iter().filter(|h| !self.said_outside.contains(&h.workspace_id)) {
+            tracing::warn!(event = "gpu_held_outside_coder", workspace_id = %h.workspace_id, owner = %h.owner, template = %h.template, "{}", h.words());
+        }
+        self.said_outside = held.iter().map(|h| h.workspace_id.clone()).collect();
+        held
     }
 }
 

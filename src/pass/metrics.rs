@@ -184,6 +184,7 @@ pub struct Metrics {
     pub last_pass: Gauge<f64, AtomicU64>,
     pub coder_clock_offset: Gauge<f64, AtomicU64>,
     pub stuck_stops: Gauge,
+    pub held_outside: Gauge,
     pub gpu_series_twins: Gauge,
     pub audit_write_failures: Counter,
     pub gpu_idle_seconds: Family<TemplateLabels, Counter<f64, AtomicU64>>,
@@ -221,6 +222,7 @@ impl Metrics {
             last_pass: Gauge::default(),
             coder_clock_offset: Gauge::default(),
             stuck_stops: Gauge::default(),
+            held_outside: Gauge::default(),
             gpu_series_twins: Gauge::default(),
             audit_write_failures: Counter::default(),
             gpu_idle_seconds: Family::default(),
@@ -268,6 +270,11 @@ impl Metrics {
             m.coder_clock_offset.clone(),
         );
         registry.register("stuck_stops", "Stop builds whose job has stayed pending longer than stop_timeout", m.stuck_stops.clone());
+        registry.register(
+            "gpus_held_outside_coder",
+            "Workspaces whose pods report a GPU while Coder does not list them running (a canceled, failed or stuck stop)",
+            m.held_outside.clone(),
+        );
         registry.register(
             "audit_write_failures",
             "Audit lines that could not be written (a full or read-only volume); no stop is sent without its line",

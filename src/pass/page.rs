@@ -187,6 +187,9 @@ h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-
     for n in &doc.no_provisioner {
         let _ = write!(out, r#"<div class="breaker no-provisioner"><b>Stops wait:</b> {}</div>"#, escape(&n.words()));
     }
+    for h in &doc.held_outside {
+        let _ = write!(out, r#"<div class="breaker held-outside"><b>GPU held outside Coder:</b> {}</div>"#, escape(&h.words()));
+    }
     if let Some(b) = &doc.breaker {
         let _ = write!(out, r#"<div class="breaker" id="breaker"><b>Circuit breaker open:</b> {}</div>"#, escape(b));
     }

@@ -248,6 +248,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
     accounting.autostops_averted(eval.now, acted.autostops_averted.len());
     metrics.account(&inc, &policy.currency);
     metrics.gpu_series_twins.set(eval.twin_count as i64);
+    metrics.held_outside.set(eval.held_outside.len() as i64);
     if let Some(offset) = eval.coder_clock_offset {
         metrics.coder_clock_offset.set(offset.num_milliseconds() as f64 / 1000.0);
     }
@@ -265,6 +266,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
         accounting: accounting.summary(eval.now),
         stuck_stops: stuck_stops.clone(),
         no_provisioner: without_provisioner.clone(),
+        held_outside: eval.held_outside.clone(),
         pools: policy
             .pools
             .iter()

@@ -14,6 +14,7 @@ use crate::pass::actuator::{NoProvisioner, StuckStop};
 use crate::pass::deadline::{DeadlineAction, DeadlinePlan};
 use crate::pass::decide::{Decision, Reason, SampleContext, SampleState, Verdict, classify};
 use crate::pass::mode::{Mode, limit_reached};
+use crate::pass::outside::HeldOutside;
 use crate::pass::policy::Policy;
 
 /// The latest reading of one GPU.
@@ -74,6 +75,10 @@ pub struct StatusDocument {
     /// are not sent again meanwhile, nor are new stops that need the same tags.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub no_provisioner: Vec<NoProvisioner>,
+    /// Workspaces whose pods report a GPU while Coder does not list them running (a canceled,
+    /// failed or stuck stop): nobody sees them in Coder and no autostop stops them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_outside: Vec<HeldOutside>,
     /// Per GPU pool (the config's `pool` keys; one, `default`, without them): who waits there and
     /// who is idle there. In `contended` mode only a pool's own idle workspaces are stopped for
     /// its waiters.
@@ -222,6 +227,7 @@ impl StatusDocument {
             accounting: AccountingSummary::default(),
             stuck_stops: Vec::new(),
             no_provisioner: Vec::new(),
+            held_outside: Vec::new(),
             pools: Vec::new(),
             twins: Vec::new(),
             notes: Vec::new(),
@@ -285,6 +291,9 @@ impl StatusDocument {
         }
         for n in &self.no_provisioner {
             out.push_str(&format!("\n{}\n", n.words()));
+        }
+        for h in &self.held_outside {
+            out.push_str(&format!("\n{}\n", h.words()));
         }
         for s in &self.stuck_stops {
             out.push_str(&format!("\nstuck stop: {}/{} build {} pending since {}\n", s.owner, s.workspace, s.build_id, s.pending_since));

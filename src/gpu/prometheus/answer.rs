@@ -293,6 +293,8 @@ pub(super) struct Fold {
     pub(super) instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>,
     /// The workspaces whose series are held (the pass's listing); `None`: every one.
     pub(super) wanted: Option<Arc<HashSet<String>>>,
+    /// Workspaces the listing does not name whose series have a point at the latest step.
+    pub(super) unlisted: Vec<String>,
     /// The steps asked for (unix seconds): points outside are dropped, so no answer can grow a
     /// series past the steps of the pass.
     pub(super) span: (i64, i64),
@@ -317,7 +319,11 @@ impl Fold {
                 // Not serde's message: it quotes the peer's text (up to a whole piece of it).
                 let labels: Labels<'_> =
                     serde_json::from_slice(metric).map_err(|_| "a series' labels are not a map of strings".to_string())?;
-                let known = self.gpu_of(&labels, per_process).map(|i| {
+                let held = self.gpu_of(&labels, per_process);
+                if held.is_none() {
+                    self.note_unlisted(&labels, points);
+                }
+                let known = held.map(|i| {
                     let real_pod_uid = labels.get("pod_uid").is_some_and(|u| !u.is_empty());
                     // A copy without a target label is a target of its own (a remote write).
                     (i, real_pod_uid, Arc::from(labels.get("instance").unwrap_or("(no instance)")))
@@ -377,6 +383,21 @@ impl Fold {
             }
         }
         Ok(())
+    }
+
+    /// A workload series of a workspace the listing does not name, with a point at the latest
+    /// step: its pod reports a GPU now (`Collection::unlisted`, the first `outside::MAX_FOLLOWED`).
+    fn note_unlisted(&mut self, labels: &Labels<'_>, points: &[(f64, Option<f64>)]) {
+        let Some(wanted) = &self.wanted else { return };
+        if self.unlisted.len() >= crate::pass::outside::MAX_FOLLOWED {
+            return;
+        }
+        let Some(key) = GpuKey::from_labels(|k| labels.get(k), &self.ownership) else { return };
+        let (Some(_), (Some(id), _)) = (key.pod, self.ownership.owner(|k| labels.get(k))) else { return };
+        let latest = points.iter().any(|(t, v)| v.is_some() && *t == self.span.1 as f64);
+        if latest && !wanted.contains(&id) && !self.unlisted.contains(&id) {
+            self.unlisted.push(id);
+        }
     }
 
     /// The GPU a label set names (its place in `series`, made when new), if any. A series of no

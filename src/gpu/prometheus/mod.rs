@@ -421,6 +421,7 @@ impl GpuSource for PrometheusSource {
             per_pod: PerPod::default(),
             instances: HashMap::new(),
             wanted,
+            unlisted: Vec::new(),
             step_secs: step as i64,
             slice: (start, end),
             points_left: MAX_POINTS_BYTES / POINT_BYTES
@@ -478,10 +479,13 @@ impl GpuSource for PrometheusSource {
             let instances = std::mem::take(&mut f.instances);
             twins_in(&f.series, instances, step as i64, &mut self.co_reported.lock().unwrap_or_else(|p| p.into_inner()))
         };
-        let mut series = std::mem::take(&mut fold.lock().unwrap_or_else(|p| p.into_inner()).series);
+        let (mut series, unlisted) = {
+            let mut f = fold.lock().unwrap_or_else(|p| p.into_inner());
+            (std::mem::take(&mut f.series), std::mem::take(&mut f.unlisted))
+        };
         merge_device_level(&mut series);
         series.sort_by(|a, b| a.key.cmp(&b.key));
-        Collection { series, failures, twins, twin_count, requests, step: Some(self.step) }
+        Collection { series, failures, twins, twin_count, requests, step: Some(self.step), unlisted }
     }
 }
 
@@ -566,6 +570,7 @@ mod tests {
             per_pod: PerPod::default(),
             instances: HashMap::new(),
             wanted: None,
+            unlisted: Vec::new(),
             step_secs: 1,
             slice: (0, i64::MAX),
             points_left: usize::MAX,
