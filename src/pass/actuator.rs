@@ -185,7 +185,8 @@ impl Actuator {
 
     /// One pass: the ledger plans, the calls are made once each, the ledger observes.
     pub async fn act(&mut self, eval: &Evaluation, shutdown: &watch::Receiver<bool>) -> Acted {
-        let plan = self.ledger.plan(&eval.view(*shutdown.borrow()));
+        let listed = eval.listed();
+        let plan = self.ledger.plan(&eval.view(&listed, *shutdown.borrow()));
         self.write_all(plan.notes);
         let mut outcomes = Vec::with_capacity(plan.calls.len());
         // Stops of this pass that Coder answered with a build no provisioner matches.

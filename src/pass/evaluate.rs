@@ -18,6 +18,7 @@ use crate::pass::decide::{Decision, FleetOutcome};
 use crate::pass::judge::{Judge, Judgement, PassContext, merge_points, session_starts};
 use crate::pass::outside::{self, HeldOutside, Outside};
 use crate::pass::policy::Policy;
+use reclaimer_core::ledger::{Listed, PassView};
 
 pub use crate::pass::judge::Judged;
 
@@ -79,12 +80,17 @@ impl Evaluation {
         self.new_warnings.iter().filter_map(|&i| self.judged.get(i))
     }
 
-    /// The pass as the ledger reads it.
-    pub fn view(&self, shutting_down: bool) -> reclaimer_core::ledger::PassView<'_> {
-        reclaimer_core::ledger::PassView {
+    /// The listed workspaces as the ledger reads them (`view`).
+    pub fn listed(&self) -> Vec<Listed<'_>> {
+        self.judged.iter().map(Listed::from).collect()
+    }
+
+    /// The pass as the ledger reads it, over `listed` (`listed()`).
+    pub fn view<'a>(&'a self, listed: &'a [Listed<'a>], shutting_down: bool) -> PassView<'a> {
+        PassView {
             now: self.now,
             coder_offset: self.coder_offset,
-            judged: &self.judged,
+            judged: listed,
             fleet: &self.fleet,
             new_warnings: &self.new_warnings,
             currency: self.currency.as_deref(),

@@ -1,6 +1,7 @@
 //! The replay: one policy judged pass by pass over a fetched history, through the same `Judge`
-//! `run` uses (decide, then the fleet rules: stop cap, breaker, contention, pools). A simulated
-//! stop changes the future: the workspace counts as stopped until its next real start build, and
+//! `run` uses (decide, then the fleet rules: stop cap, breaker, contention, pools), and its stops
+//! planned through the same `Ledger` (stops in flight, the waiters they serve, provisioner holds,
+//! back-off), answered as a Coder whose stops always succeed. A simulated stop changes the future: the workspace counts as stopped until its next real start build, and
 //! the GPU time it really held until then is given back. A stop is regretted when, within the
 //! regret window after it, the real history shows a connection, GPU compute, or a start by its
 //! owner. Pure: time, history and readings come in as values.
@@ -10,10 +11,12 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::coder::types::Workspace;
+use crate::coder::types::{BuildReason, JobStatus, JobTags, ProvisionerJob, Transition, Workspace, WorkspaceBuild, WorkspaceStatus};
 use crate::gpu::GpuSeries;
+use crate::ledger::{Call, Ledger, LedgerConfig, Listed, Outcome, PassView, StopAnswer};
 use crate::pass::decide::{SampleContext, SampleState, classify};
 use crate::pass::judge::{Judge, PassContext};
+use crate::pass::mode::Mode;
 use crate::pass::policy::Policy;
 
 use super::timeline::WorkspaceTimeline;
@@ -90,6 +93,8 @@ pub struct SimulatedStop {
 pub struct Replay {
     pub label: String,
     judge: Judge,
+    /// What `run`'s actuator remembers between passes; it plans the stops.
+    ledger: Ledger,
     regret_window: chrono::Duration,
     /// Per timeline index: stopped by the simulation until this time (`None`: to the end).
     stopped: HashMap<usize, Option<DateTime<Utc>>>,
@@ -114,8 +119,16 @@ type StateKey = (usize, usize, usize, usize);
 
 impl Replay {
     pub fn new(label: String, policy: Policy, interval: std::time::Duration, regret_window: std::time::Duration) -> Self {
+        let config = LedgerConfig {
+            mode: Mode::Enforce.as_str(),
+            enforce: true,
+            interval: crate::duration::chrono(interval),
+            stop_timeout: crate::duration::chrono(policy.stop_timeout),
+            start_allowance: crate::duration::chrono(policy.start_allowance),
+        };
         Replay {
             label,
+            ledger: Ledger::new(config, None),
             judge: Judge::new(policy, interval),
             regret_window: crate::duration::chrono(regret_window),
             stopped: HashMap::new(),
@@ -158,6 +171,7 @@ impl Replay {
         self.check_regret(now, timelines, chunk, &in_pass);
         let failed_now = chunk.failed.filter(|f| f.after.is_none_or(|after| now > after));
         let failed: HashSet<&str> = failed_now.map(|f| f.source).into_iter().collect();
+        self.judge.set_serving(self.ledger.serving());
         let mut pass = self.judge.begin(&self.listing, PassContext { coder_offset: chrono::Duration::zero(), step: Some(step) });
         if failed_now.is_none() {
             for ws in &self.listing {
@@ -176,11 +190,57 @@ impl Replay {
             self.breaker_passes += 1;
         }
         self.deferred += judgement.fleet.deferred as u64;
-        for &i in &judgement.fleet.stop_order {
-            let (Some(d), Some(&t)) = (judgement.decisions.get(i), self.owner.get(i)) else { continue };
+        // The stops, as `run`'s ledger plans them, and Coder's answers: every stop is queued and
+        // succeeds by the next pass.
+        let windows = self.judge.windows();
+        let listed: Vec<Listed> = self
+            .listing
+            .iter()
+            .zip(&judgement.decisions)
+            .map(|(workspace, decision)| {
+                let gpus = windows.get(&workspace.id).map_or(0, |g| g.len() as u64);
+                Listed { workspace, decision, gpus, price: None }
+            })
+            .collect();
+        let view = PassView {
+            now,
+            coder_offset: chrono::Duration::zero(),
+            judged: &listed,
+            fleet: &judgement.fleet,
+            new_warnings: &judgement.new_warnings,
+            currency: None,
+            shutting_down: false,
+        };
+        let plan = self.ledger.plan(&view);
+        let mut outcomes = Vec::new();
+        let mut stopped = Vec::new();
+        for call in plan.calls {
+            match call {
+                Call::Stop(stop) => {
+                    let id = stop.event.workspace_id.clone();
+                    let pos = self.listing.iter().position(|w| w.id == id);
+                    if let Some(t) = pos.and_then(|p| self.owner.get(p)).copied() {
+                        stopped.push((t, stop.event.reason, stop.event.gpus.unwrap_or(0)));
+                    }
+                    let build = simulated_stop_build(&id, now);
+                    outcomes.push(Outcome::Stop { workspace_id: id, answer: StopAnswer::Queued(Box::new(build)) });
+                }
+                Call::FollowStop { workspace_id, build_id } => {
+                    let answer = Ok(WorkspaceBuild { id: build_id.clone(), ..simulated_stop_build(&workspace_id, now) });
+                    outcomes.push(Outcome::FollowStop { workspace_id, build_id, answer });
+                }
+                Call::ListProvisioners { organization, tags } => {
+                    outcomes.push(Outcome::ListProvisioners { organization, tags, answer: Ok(true) })
+                }
+                Call::Extend { workspace_id, .. } => outcomes.push(Outcome::Extend { workspace_id, answer: Ok(()) }),
+                Call::RestoreTtl { workspace_id, .. } => outcomes.push(Outcome::RestoreTtl { workspace_id, answer: Ok(()) }),
+                Call::Settle { workspace_id } => outcomes.push(Outcome::Settle { workspace_id, answer: Ok(None) }),
+            }
+        }
+        self.ledger.observe(outcomes);
+        for (t, reason, gpus) in stopped {
             let Some(timeline) = timelines.get(t) else { continue };
-            let gpus = self.judge.windows().get(&d.workspace_id).map_or(0, |g| g.len() as u64);
-            let stop = self.simulate_stop(timeline, now, d.reason.as_str(), gpus, end);
+            let stop = self.simulate_stop(timeline, now, reason, gpus, end);
             self.stopped.insert(t, stop.stopped_until);
             self.open.push((self.stops.len(), t));
             self.stops.push(stop);
@@ -289,6 +349,31 @@ impl Replay {
             }
             now < stop.at + window
         });
+    }
+}
+
+/// The stop build a simulated Coder answers with: queued, and done at once.
+fn simulated_stop_build(workspace_id: &str, now: DateTime<Utc>) -> WorkspaceBuild {
+    WorkspaceBuild {
+        id: format!("simulated-stop-{workspace_id}-{}", now.timestamp()),
+        created_at: Some(now),
+        transition: Transition::Stop,
+        status: WorkspaceStatus::Stopped,
+        job: ProvisionerJob {
+            id: String::new(),
+            status: JobStatus::Succeeded,
+            completed_at: Some(now),
+            error: None,
+            canceled_at: None,
+            tags: JobTags::default(),
+        },
+        initiator_id: None,
+        template_version_id: None,
+        reason: BuildReason::Initiator,
+        resources: Vec::new(),
+        deadline: None,
+        max_deadline: None,
+        matched_provisioners: None,
     }
 }
 

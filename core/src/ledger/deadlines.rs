@@ -9,11 +9,10 @@ use chrono::{DateTime, Utc};
 
 use std::collections::{HashMap, HashSet};
 
-use super::intent::{Acted, Call, Count, Fact, Failure, LedgerConfig, Level, Note, PassView, Plan, Who};
+use super::intent::{Acted, Call, Count, Fact, Failure, LedgerConfig, Level, Listed, Note, PassView, Plan, Who};
 use crate::pass::audit::{AuditEvent, AuditKind, Extension};
 use crate::pass::deadline::{DeadlineAction, DeadlinePlan};
 use crate::pass::decide::Verdict;
-use crate::pass::judge::Judged;
 
 /// A build whose deadline this service moved.
 #[derive(Debug, Clone)]
@@ -42,7 +41,7 @@ fn extension_event(
     kind: AuditKind,
     now: DateTime<Utc>,
     mode: &'static str,
-    j: &Judged,
+    j: &Listed,
     plan: &DeadlinePlan,
     to: DateTime<Utc>,
 ) -> AuditEvent {
@@ -57,13 +56,13 @@ fn extension_event(
             sm_active_peak: plan.evidence.sm_active_peak,
             gr_engine_active_peak: plan.evidence.gr_engine_active_peak,
         }),
-        ..AuditEvent::new(kind, now, mode, ws, &j.decision)
+        ..AuditEvent::new(kind, now, mode, ws, j.decision)
     }
 }
 
 /// The workspaces whose deadline is due to be extended, soonest first, each with its plan and
 /// the deadline to send.
-fn extend_order<'a>(view: &PassView<'a>) -> impl Iterator<Item = (&'a Judged, &'a DeadlinePlan, DateTime<Utc>)> {
+fn extend_order<'a>(view: &PassView<'a>) -> impl Iterator<Item = (&'a Listed<'a>, &'a DeadlinePlan, DateTime<Utc>)> {
     let judged = view.judged;
     view.fleet.extend_order.iter().filter_map(move |&i| {
         let j = judged.get(i)?;
@@ -134,7 +133,7 @@ impl Deadlines {
         for j in view.judged {
             if let Some(ttl) = j.decision.restore_ttl_ms {
                 let mut note = Note::new(Level::Info, "would_restore_ttl", "would set the autostop TTL back").fact(Fact::TtlMs, ttl);
-                note.who = Some(Who::of_workspace(&j.workspace));
+                note.who = Some(Who::of_workspace(j.workspace));
                 plan.notes.push(note);
             }
         }
@@ -155,7 +154,7 @@ impl Deadlines {
                     .fact(Fact::Deadline, p.deadline)
                     .fact(Fact::Limit, p.limit)
                     .fact(Fact::LimitedBy, limited_by);
-                note.who = Some(Who::of_workspace(&j.workspace));
+                note.who = Some(Who::of_workspace(j.workspace));
                 plan.notes.push(note);
             }
         }

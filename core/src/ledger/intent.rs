@@ -6,7 +6,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use crate::coder::types::{JobTags, Workspace, WorkspaceBuild};
 use crate::pass::audit::AuditEvent;
-use crate::pass::decide::FleetOutcome;
+use crate::pass::decide::{Decision, FleetOutcome};
 use crate::pass::judge::Judged;
 
 /// How many times a stop is tried before it is abandoned (until the workspace's next build).
@@ -33,6 +33,24 @@ pub struct LedgerConfig {
     pub start_allowance: Duration,
 }
 
+/// One listed workspace as the ledger reads it, borrowed from the pass (`run`'s `Judged`, or the
+/// backtest's listing and decisions).
+#[derive(Debug, Clone, Copy)]
+pub struct Listed<'a> {
+    pub workspace: &'a Workspace,
+    pub decision: &'a Decision,
+    /// How many GPUs report for it.
+    pub gpus: u64,
+    /// The price of one of its GPU-hours, when set.
+    pub price: Option<f64>,
+}
+
+impl<'a> From<&'a Judged> for Listed<'a> {
+    fn from(j: &'a Judged) -> Self {
+        Listed { workspace: &j.workspace, decision: &j.decision, gpus: j.gpus, price: j.price }
+    }
+}
+
 /// One pass as judged: the ledger's input.
 #[derive(Debug, Clone, Copy)]
 pub struct PassView<'a> {
@@ -41,7 +59,7 @@ pub struct PassView<'a> {
     /// Coder's clock minus this machine's.
     pub coder_offset: Duration,
     /// The running workspaces, in listing order, each with its decision.
-    pub judged: &'a [Judged],
+    pub judged: &'a [Listed<'a>],
     /// The fleet rules' outcome; its indices are into `judged`.
     pub fleet: &'a FleetOutcome,
     /// Indices into `judged` of the workspaces whose warning began this pass.

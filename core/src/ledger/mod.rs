@@ -33,7 +33,7 @@ mod tracked;
 use chrono::{DateTime, Utc};
 
 pub use intent::{
-    Acted, Call, Count, Fact, Failure, LedgerConfig, Level, MAX_STOP_ATTEMPTS, MAX_STOP_BACKOFF, Note, Outcome, PassView, Plan,
+    Acted, Call, Count, Fact, Failure, LedgerConfig, Level, Listed, MAX_STOP_ATTEMPTS, MAX_STOP_BACKOFF, Note, Outcome, PassView, Plan,
     STOPPED_MEMORY, StopAnswer, StopCall, StopFailure, Who, needs_at_least, stop_backoff,
 };
 pub use recovery::Recovered;

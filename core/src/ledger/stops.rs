@@ -12,8 +12,8 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Duration, Utc};
 
 use super::intent::{
-    Acted, Call, Count, Fact, Failure, LedgerConfig, Level, MAX_STOP_ATTEMPTS, Note, Outcome, PassView, Plan, STOPPED_MEMORY, StopAnswer,
-    StopCall, StopFailure, needs_at_least, stop_backoff,
+    Acted, Call, Count, Fact, Failure, LedgerConfig, Level, Listed, MAX_STOP_ATTEMPTS, Note, Outcome, PassView, Plan, STOPPED_MEMORY,
+    StopAnswer, StopCall, StopFailure, needs_at_least, stop_backoff,
 };
 use super::recovery::{OpenStop, Recovered, open_stops};
 use super::serving::Serving;
@@ -21,7 +21,6 @@ use super::tracked::{Candidate, NoProvisioner, StuckStop, TrackedStop, expects_u
 use crate::coder::types::{JobStatus, JobTags, Transition, WorkspaceBuild};
 use crate::duration::human;
 use crate::pass::audit::{AuditEvent, AuditKind, AuditRecord, gpu_seconds_given_back};
-use crate::pass::judge::Judged;
 use crate::pass::stop_lifecycle::{JobChange, StopState, job_change, provisioners_answer};
 
 /// The stops the ledger tracks, and what it remembers of stops done and reported.
@@ -148,7 +147,7 @@ impl Stops {
     pub(super) fn warnings(&mut self, view: &PassView, plan: &mut Plan) {
         let kind = if self.config.enforce { AuditKind::Warn } else { AuditKind::WouldWarn };
         for j in view.new_warnings.iter().filter_map(|&i| view.judged.get(i)) {
-            let event = AuditEvent::new(kind, view.now, self.config.mode, &j.workspace, &j.decision);
+            let event = AuditEvent::new(kind, view.now, self.config.mode, j.workspace, j.decision);
             let stop_at = event.stop_at;
             let note = Note::new(Level::Info, kind.as_str(), event.text()).notify_only(event);
             plan.notes.push(match stop_at {
@@ -160,7 +159,7 @@ impl Stops {
 
     /// Observe mode: each would-stop once per idle episode.
     pub(super) fn would_stop(&mut self, view: &PassView, plan: &mut Plan) {
-        let order: Vec<&Judged> = view.fleet.stop_order.iter().filter_map(|&i| view.judged.get(i)).collect();
+        let order: Vec<&Listed> = view.fleet.stop_order.iter().filter_map(|&i| view.judged.get(i)).collect();
         let current: HashSet<&str> = order.iter().map(|j| j.workspace.id.as_str()).collect();
         self.reported.retain(|id| current.contains(id.as_str()));
         for j in order {

@@ -126,8 +126,9 @@ fn fleet(order: &[usize], slots: usize) -> FleetOutcome {
 
 /// One pass: the plan at `now` over `listed` with `fleet`.
 fn plan(ledger: &mut Ledger, now: DateTime<Utc>, listed: &[Judged], fleet: &FleetOutcome) -> Plan {
+    let listed: Vec<Listed> = listed.iter().map(Listed::from).collect();
     let view =
-        PassView { now, coder_offset: Duration::zero(), judged: listed, fleet, new_warnings: &[], currency: None, shutting_down: false };
+        PassView { now, coder_offset: Duration::zero(), judged: &listed, fleet, new_warnings: &[], currency: None, shutting_down: false };
     ledger.plan(&view)
 }
 
@@ -386,7 +387,8 @@ fn observe_mode_plans_no_call_and_reports_each_would_stop_once_per_idle_episode(
 #[test]
 fn shutdown_plans_no_write() {
     let mut l = ledger();
-    let listed = [idle("a", "start-1")];
+    let judged = [idle("a", "start-1")];
+    let listed: Vec<Listed> = judged.iter().map(Listed::from).collect();
     let order = fleet(&[0], 10);
     let view = PassView {
         now: at(0),

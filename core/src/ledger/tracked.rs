@@ -3,11 +3,10 @@
 
 use chrono::{DateTime, Utc};
 
-use super::intent::PassView;
+use super::intent::{Listed, PassView};
 use crate::coder::types::JobTags;
 use crate::pass::audit::{AuditEvent, AuditKind};
 use crate::pass::decide::Reason;
-use crate::pass::judge::Judged;
 use crate::pass::stop_lifecycle::StopState;
 
 /// A stop the ledger follows.
@@ -112,12 +111,12 @@ pub struct StuckStop {
 
 /// The audit event of a stop (or would-stop) of a judged workspace: its decision, how many GPUs
 /// it holds and what one of its GPU-hours costs.
-pub(super) fn stop_event(kind: AuditKind, view: &PassView, mode: &'static str, j: &Judged) -> AuditEvent {
+pub(super) fn stop_event(kind: AuditKind, view: &PassView, mode: &'static str, j: &Listed) -> AuditEvent {
     AuditEvent {
         gpus: Some(j.gpus),
         gpu_hour_price: j.price,
         currency: j.price.and(view.currency.map(str::to_string)),
-        ..AuditEvent::new(kind, view.now, mode, &j.workspace, &j.decision)
+        ..AuditEvent::new(kind, view.now, mode, j.workspace, j.decision)
     }
 }
 
