@@ -325,7 +325,8 @@ async fn a_stop_a_person_canceled_is_not_sent_again() {
 #[tokio::test]
 async fn a_stop_canceled_while_running_that_then_fails_is_not_sent_again() {
     // Builds run 5 s here (300 Coder seconds), long enough to cancel one while it runs.
-    let config = WorldConfig { build_run: Duration::from_secs(300), reaper_hung: Duration::from_secs(3600), ..world(1) };
+    let config =
+        WorldConfig { build_run: Duration::from_secs(300), reaper_hung: Duration::from_secs(3600), allow_user_cancel: true, ..world(1) };
     let coder = FakeCoder::start(config).await.unwrap();
     let ex = exporter(&coder).await;
     let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();

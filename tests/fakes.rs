@@ -282,17 +282,39 @@ async fn organizations_the_reaper_cancel_and_suspension_behave_as_coderd_does() 
     assert_eq!(reaped["job"]["error"], "Coder: Build has been detected as pending for 10 minutes and has been terminated by the reaper.");
     assert!(c.with(|w| w.gpu_holders.contains(&Some(a))), "a reaped stop leaves the pod and its GPU");
 
-    // A pending stop canceled by its owner ends `canceled` at once; a second cancel is a 400.
+    // On a template that does not allow user cancels (coderd's default), only a site owner may
+    // cancel, a pending build included: the handler lets `expect_status=pending` through, then
+    // dbauthz refuses with a 500 (reference NOTES §18). A pending stop canceled ends `canceled`
+    // at once; a second cancel is a 400.
     let stop: Value =
         post(format!("/api/v2/workspaces/{b}/builds"), &owner, json!({"transition": "stop"})).await.unwrap().json().await.unwrap();
-    let cancel = || {
-        http.patch(format!("{}/api/v2/workspacebuilds/{}/cancel", c.url(), stop["id"].as_str().unwrap()))
-            .header("Coder-Session-Token", c.with(|w| w.token_of("bob")).unwrap())
+    let cancel = |who: &str, query: &str| {
+        http.patch(format!("{}/api/v2/workspacebuilds/{}/cancel{query}", c.url(), stop["id"].as_str().unwrap()))
+            .header("Coder-Session-Token", c.with(|w| w.token_of(who)).unwrap())
             .send()
     };
-    assert_eq!(cancel().await.unwrap().status(), StatusCode::OK);
+    c.with(|w| w.grant("orgadmin", research, mocks::OrgRole::Admin));
+    // (who, query, status)
+    for (who, query, status) in [
+        ("bob", "", StatusCode::FORBIDDEN),
+        ("orgadmin", "?expect_status=pending", StatusCode::INTERNAL_SERVER_ERROR),
+        ("admin", "?expect_status=pending", StatusCode::OK),
+        ("admin", "", StatusCode::BAD_REQUEST),
+    ] {
+        assert_eq!(cancel(who, query).await.unwrap().status(), status, "{who} {query}");
+    }
     assert_eq!(c.with(|w| w.ws_index(b).and_then(|i| w.workspaces[i].latest().map(|l| l.job.status))), Some("canceled"));
-    assert_eq!(cancel().await.unwrap().status(), StatusCode::BAD_REQUEST);
+    // A template that allows user cancels lets the workspace's owner cancel.
+    c.with(|w| w.config.allow_user_cancel = true);
+    let stop: Value =
+        post(format!("/api/v2/workspaces/{a}/builds"), &owner, json!({"transition": "stop"})).await.unwrap().json().await.unwrap();
+    let by_alice = http
+        .patch(format!("{}/api/v2/workspacebuilds/{}/cancel", c.url(), stop["id"].as_str().unwrap()))
+        .header("Coder-Session-Token", c.with(|w| w.token_of("alice")).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_alice.status(), StatusCode::OK);
 
     // A suspended user's token: 401 "User is not active", whatever the token.
     c.with(|w| w.set_user_status("bob", "suspended"));
@@ -358,4 +380,34 @@ async fn build_history_and_deleted_workspaces_answer_as_coderd_does() {
     assert_eq!((body["owner_name"].as_str(), body["latest_build"]["transition"].as_str()), (Some("alice"), Some("delete")));
     let (status, body) = status_of(format!("/api/v2/workspaces/{a}?include_deleted=maybe")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
+/// While a stop is pending, coderd closes the old agent's stats connection every 15 s
+/// (`checkBuildIsLatest`) and `coder ssh` refuses the workspace (reference NOTES §18): a
+/// connection opened then moves neither `last_used_at` nor the deadline.
+#[tokio::test]
+async fn a_pending_stops_agent_reports_no_use() {
+    let c = fake(fast(1)).await;
+    let a = c.with(|w| w.create_workspace("alice", "a", Some(3_600_000))).unwrap();
+    crate::common::service::until(&c, "A runs", Duration::from_secs(5), |w| crate::common::service::running(w, a)).await;
+    c.with(|w| {
+        w.stall_next_stop(a);
+        w.create_build(a, "stop", 0, "initiator").unwrap();
+        w.open_connection(a);
+    });
+    let (used, deadline) = c.with(|w| {
+        let i = w.ws_index(a).unwrap();
+        (w.workspaces[i].last_used_at, w.workspaces[i].builds.iter().rev().find(|b| b.transition == "start").and_then(|b| b.deadline))
+    });
+    let t0 = c.with(|w| w.now());
+    // Three of the usage tracker's 60-s flushes, on the fake's clock.
+    crate::common::service::until(&c, "three Coder minutes pass", Duration::from_secs(5), |w| {
+        w.now() > t0 + chrono::Duration::from_std(w.real(Duration::from_secs(180))).unwrap_or_default()
+    })
+    .await;
+    let (now_used, now_deadline) = c.with(|w| {
+        let i = w.ws_index(a).unwrap();
+        (w.workspaces[i].last_used_at, w.workspaces[i].builds.iter().rev().find(|b| b.transition == "start").and_then(|b| b.deadline))
+    });
+    assert_eq!((now_used, now_deadline), (used, deadline), "no use reaches coderd while the stop is pending");
 }

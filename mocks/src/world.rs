@@ -124,11 +124,15 @@ impl Load {
     }
 }
 
-/// Whether the workspace's agent may report stats (`GetAuthenticatedWorkspaceAgentAndBuildByAuthToken`,
-/// NOTES §16): the latest build is a start, or a stop whose job is pending or running. Once that
-/// stop is canceled, failed or reaped, the old agent cannot authenticate, and no usage is seen.
-fn agent_authenticates(ws: &Workspace) -> bool {
-    ws.latest().is_some_and(|b| b.transition == "start" || (b.transition == "stop" && matches!(b.job.status, "pending" | "running")))
+/// Whether the workspace's agent reports stats, which carry its connections (and so move
+/// `last_used_at` and the deadline): only while its build is the latest, a start. While a stop is
+/// pending or running the old agent may still authenticate (for shutdown scripts), but coderd
+/// closes its dRPC connection every 15 s once its build is not the latest (`checkBuildIsLatest`,
+/// `coderd/workspaceagentsrpc.go`) and `coder ssh` refuses such a workspace (`cli/ssh.go`); once
+/// that stop is canceled, failed or reaped the agent cannot authenticate at all
+/// (`GetAuthenticatedWorkspaceAgentAndBuildByAuthToken`). Reference coder NOTES §16, §18.
+fn agent_reports_stats(ws: &Workspace) -> bool {
+    ws.latest().is_some_and(|b| b.transition == "start")
 }
 
 /// Coder's activity bump (`ActivityBumpWorkspace`, NOTES §16) on an agent-stats report with
@@ -182,8 +186,9 @@ pub struct WorldConfig {
     /// 5 min; this world's jobs send no updates while running) is marked failed. Coder time.
     pub reaper_pending: Duration,
     pub reaper_hung: Duration,
-    /// The template's `allow_user_cancel_workspace_jobs`: without it only site owners may cancel a
-    /// build without `expect_status=pending` (`verifyUserCanCancelWorkspaceBuilds`, NOTES §16).
+    /// The template's `allow_user_cancel_workspace_jobs` (false by default, `coderd/templates.go`):
+    /// without it only site owners may cancel a build; the handler lets `expect_status=pending`
+    /// through (`verifyUserCanCancelWorkspaceBuilds`) and dbauthz then answers 500 (NOTES §16, §18).
     pub allow_user_cancel: bool,
     /// The template lets users set their own autostop TTL (`UserAutostopEnabled`); when not,
     /// `PUT .../ttl` answers 400 (`coderd/workspaces.go` `putWorkspaceTTL`).
@@ -222,7 +227,8 @@ impl Default for WorldConfig {
             reaper_pending: Duration::from_secs(30 * 60),
             reaper_hung: Duration::from_secs(5 * 60),
             allow_user_autostop: true,
-            allow_user_cancel: true,
+            // coderd's default (`coderd/templates.go`): only site owners may cancel.
+            allow_user_cancel: false,
             max_deadline_after: None,
             activity_bump: Duration::from_secs(60 * 60),
             autostop_notify: None,
@@ -981,7 +987,7 @@ impl World {
         if now_real >= self.next_refresh {
             self.next_refresh = now_real + self.real(USAGE_REFRESH);
             let bump = chrono::Duration::from_std(self.config.activity_bump).unwrap_or_default();
-            for ws in self.workspaces.iter_mut().filter(|ws| agent_authenticates(ws)) {
+            for ws in self.workspaces.iter_mut().filter(|ws| agent_reports_stats(ws)) {
                 if ws.connections > 0 {
                     activity_bump(ws, now, bump);
                     self.pending_usage.insert(ws.id);
@@ -1074,12 +1080,15 @@ impl World {
             return Err(api_error(404, NOT_FOUND));
         }
         // The handler: anyone with expect_status=pending; otherwise the template's
-        // allow_user_cancel_workspace_jobs or a site owner. Then dbauthz needs `update`, whose
-        // refusal the handler turns into a 500 (NOTES §16).
-        if expect != Some("pending") && !self.config.allow_user_cancel && !self.users[by].owner {
+        // allow_user_cancel_workspace_jobs or a site owner. Then dbauthz
+        // (`UpdateProvisionerJobWithCancelByID`) repeats that check for every status and needs
+        // `update` on the workspace; its refusal is a 500 (NOTES §16, §18): an organization
+        // admin cannot cancel a pending build on a template that does not allow it.
+        let (site_owner, allowed) = (self.users[by].owner, self.config.allow_user_cancel);
+        if expect != Some("pending") && !allowed && !site_owner {
             return Err(api_error(403, "User is not allowed to cancel workspace builds. Owner role is required."));
         }
-        if !self.may_act_on(by, &self.workspaces[wi]) {
+        if !self.may_act_on(by, &self.workspaces[wi]) || (!allowed && !site_owner) {
             return Err(api_error(500, "Internal error updating provisioner job."));
         }
         let now = self.now();
