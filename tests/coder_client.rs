@@ -454,3 +454,34 @@ async fn a_deleted_workspace_is_read_with_include_deleted() {
     let got = client(&server, RetryPolicy::none()).workspace_including_deleted(WS_ID).await.unwrap();
     assert_eq!(got.id, WS_ID);
 }
+
+/// The actuator's client (`without_retries`) makes one attempt per call, whatever the client it
+/// comes from retries: a `PUT /extend` Coder answers 500 (a token without `update`, reference
+/// NOTES §16) is asked once this pass, and again only in a later one (the ledger's back-off), so
+/// one workspace never holds a pass up. The listing's client still retries.
+#[tokio::test]
+async fn the_actuators_client_makes_one_attempt_per_call() {
+    let server = MockServer::start().await;
+    Mock::given(method("PUT"))
+        .and(path(format!("/api/v2/workspaces/{WS_ID}/extend")))
+        .respond_with(coder_error(500, "Failed to extend workspace deadline.", ""))
+        .expect(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(format!("/api/v2/workspaces/{WS_ID}")))
+        .respond_with(coder_error(503, "unavailable", ""))
+        .mount(&server)
+        .await;
+    let gets = || async { server.received_requests().await.unwrap().iter().filter(|r| r.method.as_str() == "GET").count() };
+    let retrying = client(&server, RetryPolicy { max_elapsed: Duration::from_millis(300), ..quick_retry() });
+    let once = CoderActions::new(retrying.without_retries());
+    let deadline = chrono::DateTime::parse_from_rfc3339("2026-12-09T22:00:00Z").unwrap().with_timezone(&chrono::Utc);
+    let err = once.extend_deadline(WS_ID, deadline).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Status(500), "{err}");
+    assert!(once.workspace(WS_ID).await.is_err());
+    assert_eq!(gets().await, 1, "one attempt");
+    // The client it came from retries the same read within its budget.
+    assert!(retrying.workspace(WS_ID).await.is_err());
+    assert!(gets().await > 2, "the listing's client retries");
+}

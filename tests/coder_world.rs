@@ -213,46 +213,6 @@ fn stop_posts(coder: &FakeCoder, id: Uuid) -> usize {
     coder.requests().iter().filter(|(m, p)| m == "POST" && *p == path).count()
 }
 
-/// coderd's job reaper fails a stop no provisioner took (pending 30 minutes; 6 here) and the
-/// workspace leaves `status:running` with its pod still holding the GPU (reference NOTES §15).
-/// The stop is sent once more when a build in its organization completes again, and never a
-/// third time: a second reap abandons it. Each change of state is one audit line.
-#[tokio::test]
-async fn a_stop_coders_reaper_fails_is_sent_once_more_when_provisioners_answer_again() {
-    let coder = FakeCoder::start(WorldConfig { reaper_pending: Duration::from_secs(6 * 60), ..world(3) }).await.unwrap();
-    let ex = exporter(&coder).await;
-    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
-    until(&coder, "A runs", Duration::from_secs(5), |w| running(w, a)).await;
-    coder.with(|w| w.provisioners_down = true);
-    let dir = TempDir::new("reaped");
-    let config = dir.file("policy.toml", "stop_timeout = \"3s\"\n");
-    let audit = dir.0.join("audit.jsonl");
-    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--config", &config, "--audit-log", audit.to_str().unwrap()]);
-    let reaped = svc.wait_event("stop_reaped", Duration::from_secs(30)).await;
-    assert!(reaped["error"].as_str().unwrap().contains("terminated by the reaper"), "{reaped}");
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(stop_posts(&coder, a), 1, "no provisioner answers yet: not sent again\n{}", svc.raw());
-    assert!(coder.with(|w| holds_gpu(w, a)), "a reaped stop leaves the pod running");
-    // Provisioners answer again: another workspace's start completes. The next stop of A stays
-    // pending too (no provisioner matches it) and is reaped again.
-    coder.with(|w| {
-        w.stall_next_stop(a);
-        w.provisioners_down = false;
-    });
-    let b = coder.with(|w| w.create_workspace("bob", "b", None)).unwrap();
-    until(&coder, "B runs", Duration::from_secs(5), |w| running(w, b)).await;
-    svc.wait_event("stop_abandoned", Duration::from_secs(30)).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(stop_posts(&coder, a), 2, "one new stop per idle episode after a reap, then no more\n{}", svc.raw());
-    assert_eq!(svc.events("stop_stuck").len(), 1, "stuck is reported once per episode, not per attempt");
-    assert_eq!(
-        audit_kinds(&audit, a),
-        ["stop_sending", "stop_sent", "stop_stuck", "stop_reaped", "stop_sending", "stop_sent", "stop_reaped", "stop_abandoned"],
-        "{}",
-        svc.raw()
-    );
-}
-
 #[tokio::test]
 async fn a_reaped_stop_sent_again_stops_the_workspace() {
     let coder = FakeCoder::start(WorldConfig { reaper_pending: Duration::from_secs(5 * 60), ..world(3) }).await.unwrap();
@@ -316,36 +276,6 @@ async fn a_stop_a_person_canceled_is_not_sent_again() {
     coder.with(|w| w.create_build(a, "start", 1, "cli")).unwrap();
     until_with(&coder, Some(&svc), "A's new session is stopped", Duration::from_secs(25), |w| !holds_gpu(w, a)).await;
     assert_eq!(stop_posts(&coder, a), 2);
-}
-
-/// A stop canceled while its job runs, whose job then ends in an error (the provisioner's force
-/// cancel, "Cancel timed out"), reads `failed` in Coder with `canceled_at` set: coderd's
-/// `job_status` tests the error first (reference NOTES §16). It is still a person's cancel: never
-/// sent again after a back-off.
-#[tokio::test]
-async fn a_stop_canceled_while_running_that_then_fails_is_not_sent_again() {
-    // Builds run 5 s here (300 Coder seconds), long enough to cancel one while it runs.
-    let config =
-        WorldConfig { build_run: Duration::from_secs(300), reaper_hung: Duration::from_secs(3600), allow_user_cancel: true, ..world(1) };
-    let coder = FakeCoder::start(config).await.unwrap();
-    let ex = exporter(&coder).await;
-    let a = coder.with(|w| w.create_workspace("alice", "a", None)).unwrap();
-    until(&coder, "A runs", Duration::from_secs(10), |w| running(w, a)).await;
-    coder.with(|w| w.fail_next_stop(a));
-    let dir = TempDir::new("canceled-running");
-    let audit = dir.0.join("audit.jsonl");
-    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--audit-log", audit.to_str().unwrap()]);
-    let sent = svc.wait_event("stop_sent", Duration::from_secs(20)).await;
-    let build = sent["build_id"].as_str().unwrap().to_string();
-    let job_status = |w: &mocks::World| w.ws_index(a).and_then(|i| w.workspaces[i].latest()).map(|b| b.job.status).unwrap_or_default();
-    until(&coder, "the stop's job runs", Duration::from_secs(5), |w| job_status(w) == "running").await;
-    assert_eq!(cancel_as(&coder, "alice", &build).await, 200);
-    until(&coder, "the canceled job ends failed", Duration::from_secs(10), |w| job_status(w) == "failed").await;
-    svc.wait_event("stop_canceled", Duration::from_secs(5)).await;
-    tokio::time::sleep(Duration::from_secs(6)).await; // a failed stop would have been retried by now
-    assert_eq!(stop_posts(&coder, a), 1, "{}", svc.raw());
-    assert!(svc.events("stop_retry_scheduled").is_empty());
-    assert_eq!(audit_kinds(&audit, a), ["stop_sending", "stop_sent", "stop_canceled"]);
 }
 
 /// Permissions are per organization (reference NOTES §15): a token that is organization admin

@@ -385,12 +385,10 @@ impl Note {
     }
 
     /// The event is sent to the webhook only (a warning).
-    pub fn notify_only(mut self, event: AuditEvent) -> Self {
-        self.reason = Some(event.reason);
-        self.who = Some(Who::of(&event));
-        self.record = Some(event);
-        self.notify = true;
-        self
+    pub fn notify_only(self, event: AuditEvent) -> Self {
+        let mut n = self.audit(event);
+        (n.audit, n.notify) = (false, true);
+        n
     }
 
     pub fn count(mut self, count: Count) -> Self {

@@ -474,6 +474,15 @@ fn an_autostop_averted_counts_against_the_deadline_coder_reported_with_its_bumps
         assert_eq!(events(&p.notes).contains(&"autostop_averted"), want, "minute {minute}");
     }
     assert_eq!(l.acted(false).autostops_averted, Vec::<String>::new(), "once per build");
+    // Extended again and again on the same build: still one autostop averted.
+    for minute in [60, 90, 120] {
+        let again = busy("a", at(minute + 20), at(minute + 60));
+        let p = plan(&mut l, at(minute), std::slice::from_ref(&again), &extending(&[0], 5));
+        assert_eq!(p.calls.len(), 1, "minute {minute}: {:?}", p.calls);
+        assert!(!events(&p.notes).contains(&"autostop_averted"), "minute {minute}");
+        let notes = l.observe(vec![extended("a", Ok(()))]);
+        assert_eq!(audited(&notes), ["deadline_extended"], "one audit line per extension");
+    }
 }
 
 #[test]
