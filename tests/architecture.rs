@@ -1252,7 +1252,7 @@ fn planted_code_map_drift_is_caught() {
     fails_on(code_map, copy, "does not list src/unlisted.rs");
     fails_on(
         code_map,
-        Copy::sources().replace("core/src/pass/decide.rs", "pub fn apply_fleet_rules", "pub fn fleet_rules"),
+        Copy::sources().replace("core/src/pass/fleet.rs", "pub fn apply_fleet_rules", "pub fn fleet_rules"),
         "holds `apply_fleet_rules()`",
     );
     fails_on(

@@ -11,7 +11,8 @@ use coder_gpu_reclaimer::gpu::signals::{Signal, SignalValues};
 use coder_gpu_reclaimer::gpu::window::{GpuSample, GpuWindow};
 use coder_gpu_reclaimer::gpu::{Attribution, GpuKey};
 use coder_gpu_reclaimer::pass::deadline::{DeadlineAction, Limit};
-use coder_gpu_reclaimer::pass::decide::{Decision, PassFacts, Reason, Verdict, apply_fleet_rules, decide, decide_with};
+use coder_gpu_reclaimer::pass::decide::{Decision, PassFacts, Reason, Verdict, decide, decide_with};
+use coder_gpu_reclaimer::pass::fleet::apply_fleet_rules;
 use coder_gpu_reclaimer::pass::policy::{Policy, ReclaimWhen, Rule};
 use proptest::prelude::*;
 
@@ -275,7 +276,7 @@ fn restore_autostop_reports_the_ttl_to_set_back() {
     assert_eq!(judge(&fine, &g, &p).restore_ttl_ms, None);
 }
 
-fn fleet(idles: &[i64], waiting: usize, p: &Policy) -> (Vec<Decision>, coder_gpu_reclaimer::pass::decide::FleetOutcome) {
+fn fleet(idles: &[i64], waiting: usize, p: &Policy) -> (Vec<Decision>, coder_gpu_reclaimer::pass::fleet::FleetOutcome) {
     let mut ds: Vec<Decision> = idles
         .iter()
         .enumerate()

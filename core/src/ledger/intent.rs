@@ -6,7 +6,8 @@ use chrono::{DateTime, Duration, Utc};
 
 use crate::coder::types::{JobTags, Workspace, WorkspaceBuild};
 use crate::pass::audit::AuditEvent;
-use crate::pass::decide::{Decision, FleetOutcome};
+use crate::pass::decide::Decision;
+use crate::pass::fleet::FleetOutcome;
 use crate::pass::judge::Judged;
 
 /// How many times a stop is tried before it is abandoned (until the workspace's next build).

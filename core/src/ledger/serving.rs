@@ -2,7 +2,7 @@
 //! its pool from its POST until a waiter of the pool stops waiting (its pod got a GPU, or its
 //! agent connected) or `start_allowance` after the stop succeeded; a stop that ends without
 //! stopping (failed, reaped, canceled) frees no GPU and stops counting. The fleet rules read the
-//! counts (`decide::fleet_rules_serving`).
+//! counts (`fleet::fleet_rules_serving`).
 
 use chrono::{DateTime, Duration, Utc};
 

@@ -10,7 +10,8 @@ use crate::coder::types::{
 };
 use crate::pass::audit::AuditRecord;
 use crate::pass::deadline::{DeadlineAction, DeadlinePlan, GpuEvidence, Limit};
-use crate::pass::decide::{Decision, FleetOutcome, Reason, Verdict};
+use crate::pass::decide::{Decision, Reason, Verdict};
+use crate::pass::fleet::FleetOutcome;
 use crate::pass::judge::Judged;
 use crate::pass::mode::Mode;
 
@@ -546,7 +547,7 @@ fn a_stop_done_is_followed_by_its_resumed_line_with_the_gpu_time_given_back() {
 
 #[test]
 fn one_waiter_costs_one_stop_while_its_gpu_is_on_the_way() {
-    use crate::pass::decide::fleet_rules_serving;
+    use crate::pass::fleet::fleet_rules_serving;
     use crate::pass::policy::{Policy, ReclaimWhen};
     let policy = Policy { reclaim_when: ReclaimWhen::Contended, ..Policy::defaults(std::time::Duration::from_secs(60)) };
     let waiter = || judged(workspace("w", "start-w", at(0)), Verdict::Waiting, Reason::WaitingForGpu);
@@ -591,7 +592,7 @@ fn one_waiter_costs_one_stop_while_its_gpu_is_on_the_way() {
 #[test]
 fn a_done_stop_serves_its_waiter_for_start_allowance_at_most() {
     let mut l = ledger();
-    let fleet_waiting = |n: usize| FleetOutcome { pools: vec![crate::pass::decide::PoolCounts { waiting: n, idle: 0 }], ..fleet(&[0], 10) };
+    let fleet_waiting = |n: usize| FleetOutcome { pools: vec![crate::pass::fleet::PoolCounts { waiting: n, idle: 0 }], ..fleet(&[0], 10) };
     plan(&mut l, at(0), &[idle("a", "start-a")], &fleet_waiting(1));
     l.observe(vec![queued("a", stop_build("stop-a", JobStatus::Pending))]);
     plan(&mut l, at(1), &[], &fleet_waiting(1));

@@ -12,7 +12,8 @@ use crate::coder::types::{TemplateSchedule, Workspace};
 use crate::gpu::window::Windows;
 use crate::gpu::{GpuSeries, Point};
 
-use super::decide::{Decision, FleetOutcome, PassFacts, Verdict, decide_with, fleet_rules_serving, without_stop_permission};
+use super::decide::{Decision, PassFacts, Verdict, decide_with, without_stop_permission};
+use super::fleet::{FleetOutcome, fleet_rules_serving};
 use super::policy::Policy;
 
 /// How long a template counts as a GPU template after the last of its workspaces that had a GPU

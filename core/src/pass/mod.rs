@@ -6,6 +6,7 @@
 pub mod audit;
 pub mod deadline;
 pub mod decide;
+pub mod fleet;
 pub mod judge;
 pub mod mode;
 pub mod outside;
