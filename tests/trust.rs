@@ -260,7 +260,8 @@ async fn a_body_of_bad_lines_costs_no_memory() {
     until(&coder, "A holds its GPU", Duration::from_secs(5), |w| holds_gpu(w, a)).await;
     // Each line fails at its first byte (no metric name), the cheapest error a peer can cause.
     ex.set(|c| c.extra = Arc::from("{\n".repeat(7_000_000)));
-    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--interval", "5s", "--sample-interval", "5s"]);
+    // A 10 s interval: the debug build parses 14 MB a pass while other tests run beside it.
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--interval", "10s", "--sample-interval", "10s"]);
     for _ in 0..300 {
         if svc.events("pass").len() >= 3 {
             break;
@@ -270,7 +271,7 @@ async fn a_body_of_bad_lines_costs_no_memory() {
     let passes = svc.events("pass");
     assert!(passes.len() >= 3, "{}", svc.raw());
     let slowest = passes.iter().filter_map(|p| p["duration_ms"].as_u64()).max().unwrap_or(0);
-    assert!(slowest < 5_000, "a pass within its interval: {slowest} ms");
+    assert!(slowest < 10_000, "a pass within its interval: {slowest} ms");
     let peak = peak_rss_kib(svc.pid());
     assert!(peak < 128 * 1024, "peak RSS {peak} KiB");
     let malformed = svc.events("scrape_malformed_lines");
