@@ -272,6 +272,10 @@ async fn a_stop_a_person_canceled_is_not_sent_again() {
     let metrics = reqwest::get(format!("http://{}/metrics", svc.addr().await)).await.unwrap().text().await.unwrap();
     assert!(metrics.lines().any(|l| l == "coder_gpu_reclaimer_gpus_held_outside_coder 1"), "{metrics}");
     assert_eq!(stop_posts(&coder, a), 1, "held outside is reported, not stopped again");
+    let args = ["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url(), "--interval", "1s"];
+    let (code, out) = crate::common::service::exit_of(&args, &coder.owner_token()).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("FAIL held outside coder: alice/a (latest build: stop, canceled)"), "{out}");
     // Started again by its owner: a new session, idle again, may be stopped.
     coder.with(|w| w.create_build(a, "start", 1, "cli")).unwrap();
     until_with(&coder, Some(&svc), "A's new session is stopped", Duration::from_secs(25), |w| !holds_gpu(w, a)).await;

@@ -170,7 +170,7 @@ pub async fn run(settings: Result<Settings, Error>) -> bool {
                 let (ok, detail) = coverage(&collection.series, &ws, &settings);
                 line(ok, "coverage", &detail);
                 line(true, "gpu templates", &gpu_templates(&collection.series, &ws, &settings.policy));
-                held_outside(&coder, &collection, &ws, &mut line).await;
+                held_outside(&coder, &collection, &ws, settings.interval * 2, &mut line).await;
             }
             Err(e) => line(false, "coverage", &format!("cannot list workspaces: {e}")),
         }
@@ -180,8 +180,15 @@ pub async fn run(settings: Result<Settings, Error>) -> bool {
 
 /// One `check` line: workspaces whose pods report a GPU while Coder does not list them running
 /// (a canceled, failed or stuck stop), read from Coder (the first few): nobody sees them in
-/// Coder's list and no autostop stops them. `run` reports them after two intervals.
-async fn held_outside(coder: &CoderClient, collection: &Collection, workspaces: &[Workspace], line: &mut impl FnMut(bool, &str, &str)) {
+/// Coder's list and no autostop stops them. As `run`, only once their latest build has been over
+/// for `settled` (two intervals: a pod terminating after a stop is on its way).
+async fn held_outside(
+    coder: &CoderClient,
+    collection: &Collection,
+    workspaces: &[Workspace],
+    settled: Duration,
+    line: &mut impl FnMut(bool, &str, &str),
+) {
     let listed: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
     let mut unlisted: Vec<&str> = collection.unlisted.iter().map(String::as_str).collect();
     unlisted.extend(collection.series.iter().filter_map(|s| s.workspace_id.as_deref()).filter(|id| !listed.contains(id)));
@@ -191,10 +198,10 @@ async fn held_outside(coder: &CoderClient, collection: &Collection, workspaces: 
     for id in unlisted.into_iter().take(crate::pass::outside::MAX_READS_PER_PASS) {
         let Ok(ws) = coder.workspace(id).await else { continue };
         let b = &ws.latest_build;
-        // A build in progress, or one that ended within two minutes (its pod terminating), is on
-        // its way: `run` waits two intervals before it reports one too.
-        let settled = b.job.completed_at.is_some_and(|t| chrono::Utc::now() - t > chrono::Duration::minutes(2));
-        if (b.transition != Transition::Start || b.job.status != JobStatus::Succeeded) && !b.job.status.is_active() && settled {
+        // A build in progress, or one that ended within `settled` (its pod terminating), is on
+        // its way.
+        let over = b.job.completed_at.is_some_and(|t| chrono::Utc::now() - t > crate::duration::chrono(settled));
+        if (b.transition != Transition::Start || b.job.status != JobStatus::Succeeded) && !b.job.status.is_active() && over {
             held.push(format!("{}/{} (latest build: {}, {})", ws.owner_name, ws.name, b.transition.as_str(), b.job.status.as_str()));
         }
     }

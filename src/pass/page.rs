@@ -320,6 +320,27 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_held_outside_coder_is_a_banner_in_words_people_can_act_on() {
+        let mut doc = StatusDocument::empty("enforce");
+        doc.held_outside.push(crate::pass::outside::HeldOutside {
+            workspace_id: "w".into(),
+            workspace: "train<1>".into(),
+            owner: "alice".into(),
+            template: "gpu".into(),
+            transition: "stop",
+            job_status: "canceled",
+            since: DateTime::UNIX_EPOCH,
+        });
+        let page = render(&doc, DateTime::UNIX_EPOCH);
+        assert!(
+            page.contains("<b>GPU held outside Coder:</b> alice/train&lt;1&gt; holds a GPU outside Coder&#39;s running workspaces"),
+            "{page}"
+        );
+        assert!(page.contains("(latest build: stop, canceled)") && page.contains("start and stop it in Coder"), "{page}");
+        assert!(!render(&StatusDocument::empty("enforce"), DateTime::UNIX_EPOCH).contains("held outside"));
+    }
+
+    #[test]
     fn sparklines_scale_to_the_box() {
         let s = sparkline(&[0, 100]);
         assert!(s.contains("points=\"0.0,23.0 132.0,1.0\""), "{s}");
