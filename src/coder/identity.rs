@@ -93,6 +93,6 @@ pub async fn connect(coder: &CoderClient) -> Result<Identity, Error> {
             );
         }
     }
-    tracing::info!(event = "coder_connected", coder_version = %info.version, user = %me.username, may_stop = permissions.stop, token_expires_at = ?token_expires_at, "connected to Coder");
+    tracing::info!(event = "coder_connected", coder_version = %info.version, user = %me.username, may_stop = permissions.stop, token_expires_at = %token_expires_at.map_or_else(|| "unknown".to_string(), |t| t.to_rfc3339()), "connected to Coder");
     Ok(Identity { coder_version: info.version, user_id: me.id, username: me.username, token_expires_at, permissions })
 }

@@ -190,3 +190,21 @@ fn pools_are_named_and_listed_once_the_default_first() {
         policy("pool = \"a10g\"\n[[rule]]\ntemplate = \"big-*\"\npool = \"h100\"\n[[rule]]\ntemplate = \"x\"\npool = \"a10g\"\n").unwrap();
     assert_eq!(p.pools, ["a10g", "h100"], "the default first, then each rule's once");
 }
+
+#[test]
+fn a_long_interval_starts_with_an_extend_by_that_outlasts_it() {
+    // (interval, extend_by when not set): an hour, or 30 minutes plus four intervals; stop_timeout
+    // is at least the interval. A pass every 15 minutes failed at start on both before (issue 42).
+    for (minutes, want) in [(1, 60), (10, 70), (15, 90), (30, 150)] {
+        let interval = Duration::from_secs(minutes * 60);
+        let p = build_policy(&args(), &FileConfig::default(), interval).unwrap_or_else(|e| panic!("{minutes}m: {e}"));
+        assert_eq!(p.thresholds.extend_by, Duration::from_secs(want * 60), "{minutes}m");
+    }
+    // The whole settings, as `run --interval 15m` resolves them.
+    let a = CommonArgs { interval: Some(Duration::from_secs(15 * 60)), ..args() };
+    let s = resolve(&a, token()).unwrap_or_else(|e| panic!("--interval 15m: {e}"));
+    assert_eq!((s.policy.stop_timeout, s.policy.thresholds.extend_by), (Duration::from_secs(900), Duration::from_secs(90 * 60)));
+    let short = FileConfig::parse("extend_by = \"1h\"\n").unwrap();
+    let e = build_policy(&args(), &short, Duration::from_secs(15 * 60)).unwrap_err().to_string();
+    assert!(e.contains("extend_by must be at least 30m plus three intervals"), "{e}");
+}

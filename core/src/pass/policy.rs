@@ -159,7 +159,9 @@ impl Policy {
                 connected_idle_after: None,
                 max_lifetime: None,
                 extend_while_busy: false,
-                extend_by: Duration::from_secs(60 * 60),
+                // An hour, or longer when passes are so far apart that an hour would not outlast
+                // the passes until the next extension (30 minutes plus three intervals).
+                extend_by: Duration::from_secs(60 * 60).max(CODER_MIN_AHEAD + interval * 4),
                 extend_limit: Duration::from_secs(24 * 60 * 60),
                 pool: 0,
             },
@@ -186,7 +188,7 @@ impl Policy {
             extend_when_within: CODER_MIN_AHEAD + interval * 2,
             max_idle_fraction: 0.5,
             reclaim_tasks: false,
-            stop_timeout: Duration::from_secs(10 * 60),
+            stop_timeout: Duration::from_secs(10 * 60).max(interval),
             start_allowance: Duration::from_secs(10 * 60),
             agent_lost_after: Duration::from_secs(60 * 60),
             rules: Vec::new(),
