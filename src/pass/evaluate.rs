@@ -130,8 +130,9 @@ pub struct Evaluator {
     /// Whether the token may stop workspaces, per organization id: asked once per organization
     /// that has running workspaces, forgotten when the token changes.
     may_stop: HashMap<String, bool>,
-    /// When each template's schedule was last read (`learn_templates`).
-    templates_read: HashMap<String, Instant>,
+    /// When each template's schedule was last asked for, and whether Coder answered
+    /// (`learn_templates`).
+    templates_read: HashMap<String, (Instant, bool)>,
     interval: std::time::Duration,
     /// Workspaces GPU series name that the listing does not hold (`held_outside`).
     outside: Outside,
@@ -143,6 +144,8 @@ pub struct Evaluator {
 const MAX_TEMPLATE_READS: usize = 16;
 /// A template's schedule is read again after this.
 const TEMPLATE_REREAD: std::time::Duration = std::time::Duration::from_secs(3600);
+/// A template read that failed is asked again after this (not every pass).
+const TEMPLATE_RETRY: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl Evaluator {
     pub fn new(coder: CoderClient, source: Sources, policy: Policy, interval: std::time::Duration) -> Self {
@@ -160,22 +163,29 @@ impl Evaluator {
     }
 
     /// Reads the schedule of the listed workspaces' templates not read within the hour (at most
-    /// `MAX_TEMPLATE_READS` a pass; a failed read is asked again next pass, and meanwhile the
-    /// template counts as bumping, Coder's default, with no reminder).
+    /// `MAX_TEMPLATE_READS` a pass, one attempt each: a pass never waits on retries; a failed read
+    /// is asked again after `TEMPLATE_RETRY`, and meanwhile the template counts as bumping,
+    /// Coder's default, with no reminder).
     async fn learn_templates(&mut self, workspaces: &[Workspace]) {
         let due: HashSet<&str> = workspaces
             .iter()
             .map(|w| w.template_id.as_str())
-            .filter(|id| !id.is_empty() && self.templates_read.get(*id).is_none_or(|at| at.elapsed() >= TEMPLATE_REREAD))
+            .filter(|id| {
+                !id.is_empty()
+                    && self
+                        .templates_read
+                        .get(*id)
+                        .is_none_or(|(at, ok)| at.elapsed() >= if *ok { TEMPLATE_REREAD } else { TEMPLATE_RETRY })
+            })
             .collect();
+        let once = self.coder.without_retries();
         for id in due.into_iter().take(MAX_TEMPLATE_READS) {
-            match self.coder.template_schedule(id).await {
-                Ok(schedule) => {
-                    self.templates_read.insert(id.to_string(), Instant::now());
-                    self.judge.know_template(id.to_string(), schedule);
-                }
+            let answer = once.template_schedule(id).await;
+            self.templates_read.insert(id.to_string(), (Instant::now(), answer.is_ok()));
+            match answer {
+                Ok(schedule) => self.judge.know_template(id.to_string(), schedule),
                 Err(e) => {
-                    tracing::warn!(event = "template_unread", template_id = %id, error = %e, "cannot read a template's schedule (activity bump, autostop reminder); asking again next pass")
+                    tracing::warn!(event = "template_unread", template_id = %id, error = %e, "cannot read a template's schedule (activity bump, autostop reminder); asking again in 10 minutes")
                 }
             }
         }
@@ -358,8 +368,10 @@ impl Evaluator {
     /// outside Coder's running workspaces.
     async fn held_outside(&mut self, now: DateTime<Utc>, unlisted: &[String]) -> Vec<HeldOutside> {
         let interval = crate::duration::chrono(self.interval);
+        // One attempt each: a pass never waits on retries (`Outside` asks again next pass).
+        let once = self.coder.without_retries();
         for id in self.outside.pass(now, interval, unlisted) {
-            let answer = match self.coder.workspace(&id).await {
+            let answer = match once.workspace(&id).await {
                 Ok(ws) => Ok(Some(ws)),
                 Err(e) if matches!(e.kind, ErrorKind::NoPermission | ErrorKind::Status(404 | 410)) => Ok(None),
                 Err(e) => {
