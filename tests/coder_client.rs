@@ -485,3 +485,31 @@ async fn the_actuators_client_makes_one_attempt_per_call() {
     assert!(retrying.workspace(WS_ID).await.is_err());
     assert!(gets().await > 2, "the listing's client retries");
 }
+
+/// `GET /api/v2/workspacebuilds/{id}/parameters` (reference NOTES §19): one request, the values
+/// as Coder stores them; a 404 is final.
+#[tokio::test]
+async fn reads_a_builds_parameters() {
+    let server = MockServer::start().await;
+    let build = "6f1d5a8e-2b7c-4e3f-9a0d-1c2b3e4f5a6b";
+    Mock::given(method("GET"))
+        .and(path(format!("/api/v2/workspacebuilds/{build}/parameters")))
+        .and(header("Coder-Session-Token", TOKEN))
+        .respond_with(ResponseTemplate::new(200).set_body_json(fixture_json("coder/build_parameters.json")))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let params = client(&server, RetryPolicy::none()).build_parameters(build).await.unwrap();
+    let pairs: Vec<(&str, &str)> = params.iter().map(|p| (p.name.as_str(), p.value.as_str())).collect();
+    assert_eq!(pairs, vec![("cpu", "4"), ("memory", "8"), ("home_disk_size", "10"), ("gpu_count", "0")]);
+    let missing = "0d4c3b2a-1f0e-4d9c-8b7a-6f5e4d3c2b1a";
+    Mock::given(method("GET"))
+        .and(path(format!("/api/v2/workspacebuilds/{missing}/parameters")))
+        .respond_with(coder_error(404, "Resource not found or you do not have access to this resource", ""))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let e = client(&server, quick_retry()).build_parameters(missing).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NoPermission, "Coder's 404 is also what a token that may not read says: {e}");
+    assert_eq!(server.received_requests().await.unwrap().len(), 2, "a 404 is not retried");
+}

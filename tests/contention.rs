@@ -293,3 +293,85 @@ async fn behind_prometheus_one_waiter_costs_one_stop_while_its_gpu_is_on_the_way
     let Some((prometheus, _)) = crate::common::installed_or_skip(crate::prometheus_world::installed(), "prometheus") else { return };
     one_waiter_costs_one_stop(Some(&prometheus)).await;
 }
+
+/// Waits until the service keeps `n` idle workspaces only for want of a waiter (`no-contention`).
+async fn until_kept_for_no_contention(svc: &Service, n: usize) {
+    let since = std::time::Instant::now();
+    loop {
+        let doc = get(svc, "/api/v1/workspaces").await;
+        let kept = doc["workspaces"].as_array().map_or(0, |ws| ws.iter().filter(|w| w["reason"] == "no-contention").count());
+        if kept == n {
+            return;
+        }
+        assert!(since.elapsed() < Duration::from_secs(40), "never reclaimable: {doc}\n{}", svc.raw());
+        svc.wait_event("pass", Duration::from_secs(10)).await;
+    }
+}
+
+/// A first start whose pod waits for its volume (issue 47; the official template's home PVC,
+/// `wait_until_bound = false`, on a `WaitForFirstConsumer` class): for 3 s (180 Coder seconds)
+/// its pod is not scheduled and reports no GPU, though a GPU is free. It is `starting`, not a
+/// waiter, so the idle workspace is kept. (With `bind_allowance = "0s"` it read as waiting from
+/// its second pass on, and the idle GPU was stopped for a start that had a free GPU coming.)
+/// The agent's `connection_timeout` is 10 real seconds here (600 Coder seconds): a `timeout`
+/// agent is a waiter at once.
+#[tokio::test]
+async fn a_first_start_binding_its_volume_is_no_demand() {
+    let coder = FakeCoder::start(mocks::WorldConfig { connection_timeout_seconds: 600, ..world(2) }).await.unwrap();
+    let ex = exporter(&coder).await;
+    let idle = idle_on_a_gpu(&coder, "alice", "idle").await;
+    coder.with(|w| w.config.volume_bind = Duration::from_secs(180));
+    let (dir, policy) = policy_file("binding", "bind_allowance = \"6s\"\n");
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended", "--config", &policy]);
+    until_kept_for_no_contention(&svc, 1).await;
+    let new = coder.with(|w| w.create_workspace("bob", "first-start", None)).unwrap();
+    until(&coder, "its start succeeds, its pod binding", Duration::from_secs(5), |w| running(w, new)).await;
+    let s = get(&svc, &format!("/api/v1/workspaces/{new}")).await;
+    assert_ne!(s["verdict"], "waiting", "{s}");
+    until_with(&coder, Some(&svc), "its pod gets the free GPU once bound", Duration::from_secs(15), |w| holds_gpu(w, new)).await;
+    for _ in 0..3 {
+        svc.wait_event("pass", Duration::from_secs(10)).await;
+    }
+    assert_eq!(stops(&coder, idle), 0, "a start whose volume binds is no demand:\n{:?}\n{}", coder.with(|w| w.events.clone()), svc.raw());
+    let waited: Vec<Value> = svc.events("pass").iter().filter(|p| p["waiting"].as_u64().unwrap_or(0) > 0).cloned().collect();
+    assert!(waited.is_empty(), "no pass counted a waiter: {waited:?}");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// One template with a GPU variant and a CPU variant (`gpu_count` a build parameter, issue 47):
+/// the GPU variant's series teach the template; the CPU variant's start, whose agent never
+/// connects (a long image pull), is `skip`/`no-gpu` after one parameter read, and the idle GPU
+/// stays. A GPU variant's start of the same template is demand and gets it.
+#[tokio::test]
+async fn a_templates_cpu_variant_starting_is_no_demand() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let idle = coder.with(|w| w.create_workspace_variant("alice", "ml-gpu", "ml", &[("gpu_count", "1")], true)).unwrap();
+    until(&coder, "the GPU variant holds the GPU", Duration::from_secs(5), |w| holds_gpu(w, idle) && running(w, idle)).await;
+    coder.with(|w| {
+        let i = w.ws_index(idle).unwrap();
+        w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
+    });
+    let cpu = coder.with(|w| {
+        let id = w.create_workspace_variant("bob", "ml-cpu", "ml", &[("cpu", "4"), ("gpu_count", "0")], false)?;
+        w.agent_never_connects(id);
+        Ok::<_, mocks::world::ApiError>(id)
+    });
+    let cpu = cpu.unwrap();
+    until(&coder, "the CPU variant runs", Duration::from_secs(5), |w| running(w, cpu)).await;
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended"]);
+    until_kept_for_no_contention(&svc, 1).await;
+    for _ in 0..2 {
+        svc.wait_event("pass", Duration::from_secs(10)).await;
+    }
+    assert_eq!(stops(&coder, idle), 0, "a CPU variant starting waits for no GPU:\n{}", svc.raw());
+    let s = get(&svc, &format!("/api/v1/workspaces/{cpu}")).await;
+    assert_eq!((s["verdict"].as_str(), s["reason"].as_str()), (Some("skip"), Some("no-gpu")), "{s}");
+    assert!(s["message"].as_str().unwrap().contains("\"gpu_count\" = \"0\""), "{s}");
+    let reads = |coder: &FakeCoder| coder.requests().iter().filter(|(m, uri)| m == "GET" && uri.ends_with("/parameters")).count();
+    assert_eq!(reads(&coder), 1, "one read per build, not one per pass");
+    let waiter = coder.with(|w| w.create_workspace_variant("orgadmin", "ml-gpu-2", "ml", &[("gpu_count", "1")], true)).unwrap();
+    until_with(&coder, Some(&svc), "the GPU variant's start gets the idle GPU", Duration::from_secs(20), |w| holds_gpu(w, waiter)).await;
+    assert_eq!((stops(&coder, idle), stops(&coder, cpu)), (1, 0));
+    assert_eq!(reads(&coder), 2, "the waiter's build was read too (a GPU variant)");
+}

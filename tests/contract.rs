@@ -171,6 +171,10 @@ fn every_fixture_fits_its_schema() {
         ("coder/error_409_build_active.json", "codersdk.Response"),
         ("coder/error_401.json", "codersdk.Response"),
     ];
+    for p in fixture_json("coder/build_parameters.json").as_array().unwrap() {
+        let errors = check(&spec, "codersdk.WorkspaceBuildParameter", p);
+        assert!(errors.is_empty(), "build_parameters.json: {p} does not fit: {errors:?}");
+    }
     for (file, def) in cases {
         let errors = check(&spec, def, &fixture_json(file));
         assert!(errors.is_empty(), "{file} does not fit {def}:\n{}", errors.join("\n"));
@@ -192,6 +196,7 @@ fn every_path_the_client_calls_is_in_the_spec() {
         ("get", "/api/v2/workspaces"),
         ("post", "/api/v2/workspaces/{workspace}/builds"),
         ("get", "/api/v2/workspacebuilds/{workspacebuild}"),
+        ("get", "/api/v2/workspacebuilds/{workspacebuild}/parameters"),
         ("put", "/api/v2/workspaces/{workspace}/ttl"),
         ("put", "/api/v2/workspaces/{workspace}/extend"),
         ("patch", "/api/v2/workspacebuilds/{workspacebuild}/cancel"),
@@ -362,4 +367,46 @@ async fn the_fake_coder_answers_in_the_spec_shapes() {
         .unwrap();
     assert_eq!(canceled.status().as_u16(), 200);
     assert!(check(&spec, "codersdk.Response", &canceled.json::<Value>().await.unwrap()).is_empty());
+}
+
+/// The fake's build parameters (reference NOTES §19): the values each build was made with, in
+/// the spec's shape; a later build copies them; 400 for an id that is no UUID, 404 for a build
+/// that does not exist or that the caller may not read.
+#[tokio::test]
+async fn the_fake_coder_serves_build_parameters_as_coderd_does() {
+    let spec = spec();
+    let fake = mocks::FakeCoder::start(mocks::WorldConfig { scale: 600.0, gpus: 1, ..mocks::WorldConfig::default() }).await.unwrap();
+    let id = fake.with(|w| w.create_workspace_variant("bob", "cpu", "ml", &[("gpu_count", "0"), ("cpu", "4")], false)).unwrap();
+    let http = reqwest::Client::new();
+    let get = |build: String, token: String| {
+        let (http, url) = (http.clone(), fake.url());
+        async move {
+            http.get(format!("{url}/api/v2/workspacebuilds/{build}/parameters")).header("Coder-Session-Token", token).send().await.unwrap()
+        }
+    };
+    let first = fake.with(|w| w.latest_build_id(id)).unwrap();
+    let resp = get(first.to_string(), fake.owner_token()).await;
+    assert_eq!(resp.status().as_u16(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body, serde_json::json!([{"name": "gpu_count", "value": "0"}, {"name": "cpu", "value": "4"}]));
+    for p in body.as_array().unwrap() {
+        assert!(check(&spec, "codersdk.WorkspaceBuildParameter", p).is_empty(), "{p}");
+    }
+    let op = &spec["paths"]["/api/v2/workspacebuilds/{workspacebuild}/parameters"]["get"]["responses"]["200"]["schema"];
+    assert_eq!(op["items"]["$ref"], "#/definitions/codersdk.WorkspaceBuildParameter");
+    crate::common::service::until(&fake, "the start succeeds", Duration::from_secs(5), |w| crate::common::service::running(w, id)).await;
+    let stop = fake.with(|w| w.create_build(id, "stop", 0, "initiator")).unwrap();
+    let copied: Value = get(stop.to_string(), fake.owner_token()).await.json().await.unwrap();
+    assert_eq!(copied, body, "a new build copies the previous build's values");
+    let alice = fake.with(|w| w.token_of("alice")).unwrap();
+    for (build, token, status) in [
+        ("not-a-uuid".to_string(), fake.owner_token(), 400),
+        (uuid::Uuid::new_v4().to_string(), fake.owner_token(), 404),
+        (first.to_string(), alice, 404),
+    ] {
+        let resp = get(build.clone(), token).await;
+        assert_eq!(resp.status().as_u16(), status, "{build}");
+        let body: Value = resp.json().await.unwrap();
+        assert!(check(&spec, "codersdk.Response", &body).is_empty(), "{body}");
+    }
 }

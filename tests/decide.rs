@@ -369,14 +369,7 @@ proptest! {
 /// `pending_workspace` whose agent was created `ago` and whose template says
 /// `connection_timeout` (seconds).
 fn starting_workspace(ago: Duration, connection_timeout: i64) -> Workspace {
-    use coder_gpu_reclaimer::coder::types::AgentStatus;
-    let mut w = pending_workspace(WS_ID);
-    for a in w.latest_build.resources.iter_mut().flat_map(|r| r.agents.iter_mut()) {
-        a.created_at = Some(now() - ago);
-        a.connection_timeout_seconds = connection_timeout;
-        a.status = if ago.num_seconds() > connection_timeout { AgentStatus::Timeout } else { AgentStatus::Connecting };
-    }
-    w
+    crate::common::never_connected_workspace(now() - ago, connection_timeout, ago.num_seconds() > connection_timeout)
 }
 
 #[test]

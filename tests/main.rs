@@ -29,5 +29,6 @@ mod pipeline;
 mod prometheus_world;
 mod readings;
 mod sources;
+mod starts;
 mod status_schema;
 mod trust;

@@ -660,6 +660,25 @@ async fn get_build(State(s): State<CoderState>, Path(id): Path<String>) -> Respo
     }
 }
 
+/// `GET /api/v2/workspacebuilds/{id}/parameters` (`coderd/workspacebuilds.go`
+/// `workspaceBuildParameters`, reference NOTES §19): `[{"name","value"}]` as the build stored
+/// them; 400 for an id that is no UUID (`httpmw.ParseUUIDParam`), 404 for a build that does not
+/// exist or whose workspace the caller may not read (`ExtractWorkspaceParam`, dbauthz).
+async fn get_build_parameters(State(s): State<CoderState>, Path(id): Path<String>, req: Request) -> Response {
+    let w = lock(&s.world);
+    let Ok(build_id) = Uuid::parse_str(&id) else {
+        return coder_error(ApiError { status: 400, message: format!("Invalid UUID {id:?}."), detail: "invalid UUID length".into() });
+    };
+    match w.find_build(build_id).filter(|(wi, _)| w.may_read(caller(req.extensions()), &w.workspaces[*wi])) {
+        Some((wi, bi)) => {
+            let values: Vec<Value> =
+                w.workspaces[wi].builds[bi].parameters.iter().map(|(name, value)| json!({"name": name, "value": value})).collect();
+            axum::Json(Value::Array(values)).into_response()
+        }
+        None => not_found(),
+    }
+}
+
 /// `GET /api/v2/templates/{template}` (`coderd/templates.go` `template`): `codersdk.Template`. The
 /// world has one template; its `activity_bump_ms` is the world's activity bump, and
 /// `time_til_autostop_notify_ms` (main only, #26676) is sent only when the world sets a reminder.
@@ -874,6 +893,7 @@ pub fn router(state: CoderState) -> Router {
         .route("/api/v2/templates/{template}", get(get_template))
         .route("/api/v2/workspacebuilds/{workspacebuild}", get(get_build))
         .route("/api/v2/workspacebuilds/{workspacebuild}/cancel", patch(cancel_build))
+        .route("/api/v2/workspacebuilds/{workspacebuild}/parameters", get(get_build_parameters))
         .route("/api/v2/workspaces/{workspace}/extend", put(put_extend))
         .route("/api/v2/workspaces/{workspace}/ttl", put(put_ttl))
         .route("/api/v2/organizations/{organization}/provisionerdaemons", get(provisioner_daemons))

@@ -207,6 +207,12 @@ pub struct WorldConfig {
     /// real one by this (nginx does not pass the upstream's `Date`: `ngx_http_proxy_module`,
     /// `proxy_pass_header`); `None`: no proxy, coderd's own `Date`.
     pub proxy_clock_offset: Option<chrono::Duration>,
+    /// A first start's pod waits this long (Coder time) for its volume before it can be
+    /// scheduled: the official Kubernetes template creates the home PVC with
+    /// `wait_until_bound = false`, and a `WaitForFirstConsumer` storage class provisions the
+    /// volume only once the pod is scheduled (5-60 s). The start build has succeeded by then
+    /// (`wait_for_rollout = false`), its agent `connecting`. Zero: bound at once.
+    pub volume_bind: Duration,
 }
 
 impl Default for WorldConfig {
@@ -233,6 +239,7 @@ impl Default for WorldConfig {
             activity_bump: Duration::from_secs(60 * 60),
             autostop_notify: None,
             proxy_clock_offset: None,
+            volume_bind: Duration::ZERO,
         }
     }
 }
@@ -374,6 +381,8 @@ pub struct Build {
     fail: bool,
     /// No provisioner takes this job: it stays `pending` (`reference/coder/NOTES.md` section 14).
     stalled: bool,
+    /// The parameter values it was made with (`GET /api/v2/workspacebuilds/{id}/parameters`).
+    pub parameters: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone)]
@@ -382,6 +391,8 @@ pub struct Pod {
     pub gpu: Option<usize>,
     pub created_at: DateTime<Utc>,
     connect_at: Option<Instant>,
+    /// Until then its volume binds: it is not scheduled, and gets no GPU (`volume_bind`).
+    bound_at: Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -417,6 +428,9 @@ pub struct Workspace {
     pub agent_never_connects: bool,
     /// The provisioner tags its builds' jobs need (its template version's; untagged at first).
     pub job_tags: BTreeMap<String, String>,
+    /// The build parameters its next build is made with (`wsbuilder` copies the previous
+    /// build's values; reference NOTES §19).
+    pub parameters: Vec<(String, String)>,
 }
 
 /// The template of workspaces made with `create_workspace`.
@@ -724,6 +738,7 @@ impl World {
             needs_gpu: true,
             agent_never_connects: false,
             job_tags: untagged(),
+            parameters: Vec::new(),
         });
         self.create_build(id, "start", owner_idx, "initiator")?;
         Ok(id)
@@ -736,6 +751,28 @@ impl World {
         if let Some(wi) = self.ws_index(id) {
             self.workspaces[wi].template = template.into();
             self.workspaces[wi].needs_gpu = needs_gpu;
+        }
+        Ok(id)
+    }
+
+    /// A workspace of a template with a GPU and a CPU variant, chosen by build parameters (e.g.
+    /// `gpu_count`): its pod asks for a GPU when `needs_gpu`. Its first build, still pending,
+    /// is made with `parameters`, and so is every later one (Coder copies them).
+    pub fn create_workspace_variant(
+        &mut self,
+        owner: &str,
+        name: &str,
+        template: &str,
+        parameters: &[(&str, &str)],
+        needs_gpu: bool,
+    ) -> Result<Uuid, ApiError> {
+        let id = self.create_workspace_of(owner, name, template, needs_gpu)?;
+        if let Some(wi) = self.ws_index(id) {
+            let values: Vec<(String, String)> = parameters.iter().map(|(n, v)| ((*n).to_string(), (*v).to_string())).collect();
+            for b in &mut self.workspaces[wi].builds {
+                b.parameters.clone_from(&values);
+            }
+            self.workspaces[wi].parameters = values;
         }
         Ok(id)
     }
@@ -869,6 +906,7 @@ impl World {
             queued_real: Instant::now(),
             fail,
             stalled,
+            parameters: ws.parameters.clone(),
         });
         let name = ws.name.clone();
         let who = self.users[by].username.clone();
@@ -1182,10 +1220,15 @@ impl World {
                     None => {
                         let rs = &Uuid::new_v4().simple().to_string()[..10];
                         let suffix = &Uuid::new_v4().simple().to_string()[..5];
-                        // A CPU template's pod is scheduled at once; a GPU one waits for a GPU.
-                        let connect_at =
-                            (!ws.needs_gpu).then(|| Instant::now() + self.config.agent_connect.div_f64(self.config.scale.max(0.001)));
-                        ws.pod = Some(Pod { name: format!("coder-{}-{rs}-{suffix}", ws.id), gpu: None, created_at: now, connect_at });
+                        // A first start's volume binds first (`volume_bind`); then a CPU template's
+                        // pod is scheduled at once, and a GPU one waits for a GPU.
+                        let scale = self.config.scale.max(0.001);
+                        let first_start = ws.builds.iter().filter(|b| b.transition == "start").count() == 1;
+                        let bind = if first_start { self.config.volume_bind.div_f64(scale) } else { Duration::ZERO };
+                        let bound_at = Instant::now() + bind;
+                        let connect_at = (!ws.needs_gpu).then(|| bound_at + self.config.agent_connect.div_f64(scale));
+                        let name = format!("coder-{}-{rs}-{suffix}", ws.id);
+                        ws.pod = Some(Pod { name, gpu: None, created_at: now, connect_at, bound_at });
                     }
                 }
                 self.log(&name, "build_succeeded", "start: the Deployment exists (wait_for_rollout = false)".into());
@@ -1209,8 +1252,12 @@ impl World {
     fn schedule_pods(&mut self) {
         loop {
             let Some(free) = (0..self.gpu_holders.len()).find(|&g| self.gpu_holders[g].is_none() && !self.cordoned[g]) else { return };
+            let now_real = Instant::now();
             let mut waiting: Vec<usize> = (0..self.workspaces.len())
-                .filter(|&i| self.workspaces[i].needs_gpu && self.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none()))
+                .filter(|&i| {
+                    self.workspaces[i].needs_gpu
+                        && self.workspaces[i].pod.as_ref().is_some_and(|p| p.gpu.is_none() && p.bound_at <= now_real)
+                })
                 .collect();
             if waiting.is_empty() {
                 return;

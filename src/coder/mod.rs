@@ -413,6 +413,14 @@ impl CoderClient {
         self.call(Method::GET, "GET /api/v2/templates/{template}", path, None::<&()>).await
     }
 
+    /// `GET /api/v2/workspacebuilds/{id}/parameters`: the values the build was made with (a new
+    /// build copies the previous build's; reference NOTES §19). Readable with read on the
+    /// workspace; 404 for a build that does not exist or cannot be read.
+    pub async fn build_parameters(&self, build_id: &str) -> Result<Vec<BuildParameter>, CoderError> {
+        let path = format!("/api/v2/workspacebuilds/{}/parameters", encode_path(build_id));
+        self.call(Method::GET, "GET /api/v2/workspacebuilds/{workspacebuild}/parameters", path, None::<&()>).await
+    }
+
     /// `GET /api/v2/workspacebuilds/{id}`: follow a build until its job is final.
     pub async fn workspace_build(&self, build_id: &str) -> Result<WorkspaceBuild, CoderError> {
         let path = format!("/api/v2/workspacebuilds/{}", encode_path(build_id));

@@ -118,6 +118,10 @@ pub struct FileConfig {
     #[serde(default, with = "crate::duration::opt")]
     pub start_allowance: Option<Duration>,
     #[serde(default, with = "crate::duration::opt")]
+    pub bind_allowance: Option<Duration>,
+    /// Build parameters whose value `0`, `false`, `none` or empty marks a CPU variant.
+    pub gpu_parameters: Option<Vec<String>>,
+    #[serde(default, with = "crate::duration::opt")]
     pub agent_lost_after: Option<Duration>,
     #[serde(default, with = "crate::duration::opt")]
     pub exporter_collect_interval: Option<Duration>,
@@ -526,6 +530,7 @@ pub const SWEEP_KEYS: &[&str] = &[
     "stale_after",
     "frozen_after",
     "start_allowance",
+    "bind_allowance",
     "agent_lost_after",
 ];
 
@@ -567,6 +572,7 @@ pub fn swept_policies(args: &CommonArgs, sweep: &str, interval: Duration) -> Res
             "stale_after" => &mut file.stale_after,
             "frozen_after" => &mut file.frozen_after,
             "start_allowance" => &mut file.start_allowance,
+            "bind_allowance" => &mut file.bind_allowance,
             _ => &mut file.agent_lost_after,
         };
         *slot = Some(d);
@@ -684,6 +690,13 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
         return err("stop_timeout must be at least the interval: a stop build is looked at once a pass");
     }
     p.start_allowance = file.start_allowance.unwrap_or(p.start_allowance);
+    p.bind_allowance = file.bind_allowance.unwrap_or(p.bind_allowance);
+    if p.bind_allowance > Duration::from_secs(3600) {
+        return err("bind_allowance is how long a first start's volume may take to bind, at most 1h, e.g. bind_allowance = \"30s\"");
+    }
+    if let Some(names) = &file.gpu_parameters {
+        p.gpu_parameters = gpu_parameters(names)?;
+    }
     p.agent_lost_after = file.agent_lost_after.unwrap_or(p.agent_lost_after);
     if p.agent_lost_after < interval {
         return err("agent_lost_after must be at least the interval: an agent is looked at once a pass, e.g. agent_lost_after = \"1h\"");
@@ -696,6 +709,25 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     p.rules = file.rules.clone();
     p.pools = pools(file)?;
     Ok(p)
+}
+
+/// The most names `gpu_parameters` may list.
+const MAX_GPU_PARAMETERS: usize = 32;
+
+/// `gpu_parameters`: build parameter names (Coder's are identifiers; matched without case).
+fn gpu_parameters(names: &[String]) -> Result<Vec<String>, Error> {
+    if names.len() > MAX_GPU_PARAMETERS {
+        return err(format!("gpu_parameters lists {} names: at most {MAX_GPU_PARAMETERS}", names.len()));
+    }
+    for name in names {
+        let ok = (1..=128).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
+        if !ok {
+            return err(format!(
+                "gpu_parameters {name:?}: a build parameter's name (letters, digits, '-', '_'), e.g. gpu_parameters = [\"gpu_count\", \"gpu_type\"]; [] turns CPU variants off"
+            ));
+        }
+    }
+    Ok(names.to_vec())
 }
 
 /// The most pools: each is a label value of `waiting_workspaces`.

@@ -138,8 +138,12 @@ pub struct Evaluator {
     outside: Outside,
     /// Those already logged as holding a GPU outside Coder (logged once while they do).
     said_outside: HashSet<String>,
+    /// Builds whose parameters could not be read, already logged (asked again each pass).
+    said_parameters_unread: HashSet<String>,
 }
 
+/// The most build parameter reads in one pass (a start that may wait for a GPU, once per build).
+const MAX_PARAMETER_READS: usize = 16;
 /// The most template schedules read in one pass.
 const MAX_TEMPLATE_READS: usize = 16;
 /// A template's schedule is read again after this.
@@ -159,6 +163,7 @@ impl Evaluator {
             interval,
             outside: Outside::default(),
             said_outside: HashSet::new(),
+            said_parameters_unread: HashSet::new(),
         }
     }
 
@@ -330,6 +335,20 @@ impl Evaluator {
             }
             pass.merge(&series, &series.points);
         }
+        // A start that may wait for a GPU: its build's parameters say whether it is a template's
+        // CPU variant (one attempt each; a failed read leaves it waiting and is asked next pass).
+        let once = self.coder.without_retries();
+        for build in pass.parameters_wanted(now).into_iter().take(MAX_PARAMETER_READS) {
+            match once.build_parameters(&build).await {
+                Ok(parameters) => pass.know_build_parameters(&build, &parameters),
+                Err(e) => {
+                    if self.said_parameters_unread.insert(build.clone()) {
+                        tracing::warn!(event = "build_parameters_unread", build_id = %build, error = %e, "cannot read a starting workspace's build parameters (is it a CPU variant?): it counts as waiting for a GPU; asking again next pass");
+                    }
+                }
+            }
+        }
+        self.said_parameters_unread.retain(|b| workspaces.iter().any(|w| &w.latest_build.id == b));
         let failed: HashSet<&str> = collection.failures.iter().map(|f| f.source.as_str()).collect();
         let may_stop = &self.may_stop;
         let Judgement { decisions, fleet, new_warnings } = pass.decide(now, &failed, |ws| may_stop.get(&ws.organization_id).copied());

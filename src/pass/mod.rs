@@ -16,4 +16,4 @@ pub mod page;
 pub mod publish;
 pub mod status;
 
-pub use reclaimer_core::pass::{deadline, decide, fleet, judge, mode, outside, policy, stop_lifecycle};
+pub use reclaimer_core::pass::{deadline, decide, fleet, judge, mode, outside, policy, starts, stop_lifecycle};

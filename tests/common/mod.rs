@@ -57,6 +57,19 @@ pub fn pending_workspace(id: &str) -> Workspace {
     serde_json::from_value(v).unwrap()
 }
 
+/// A workspace whose start succeeded and whose agent, created at `created`, never connected:
+/// `timeout` once Coder says so (past `connection_timeout` seconds), else `connecting`.
+pub fn never_connected_workspace(created: chrono::DateTime<chrono::Utc>, connection_timeout: i64, timeout: bool) -> Workspace {
+    use coder_gpu_reclaimer::coder::types::AgentStatus;
+    let mut w = pending_workspace(WS_ID);
+    for a in w.latest_build.resources.iter_mut().flat_map(|r| r.agents.iter_mut()) {
+        a.created_at = Some(created);
+        a.connection_timeout_seconds = connection_timeout;
+        a.status = if timeout { AgentStatus::Timeout } else { AgentStatus::Connecting };
+    }
+    w
+}
+
 /// Readings are stored as f32: compare within its precision. `None` must match `None`.
 #[track_caller]
 pub fn assert_close(got: Option<f64>, want: Option<f64>, context: impl std::fmt::Debug) {

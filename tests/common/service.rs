@@ -17,6 +17,36 @@ pub fn world(gpus: usize) -> WorldConfig {
     WorldConfig { gpus, scale: 60.0, ..WorldConfig::default() }
 }
 
+/// The story's clock for the policy keys that have no flag: the fake exporter collects at every
+/// scrape and a fake pod is bound at once unless a test says otherwise, so a start is demand a
+/// second after its agent was created, not a minute (`exporter_collect_interval` plus
+/// `bind_allowance`). Keys the test's own `--config` sets are left as they are.
+const STORY_POLICY: [(&str, &str); 2] = [("exporter_collect_interval", "\"1s\""), ("bind_allowance", "\"0s\"")];
+
+/// `extra` with `--config` pointing at the test's file (or none) with `STORY_POLICY` added in
+/// front of its own keys.
+fn with_story_policy(extra: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    let given = out.iter().position(|a| a == "--config").and_then(|i| out.get(i + 1).cloned().map(|p| (i + 1, p)));
+    let own = given.as_ref().map(|(_, p)| std::fs::read_to_string(p).unwrap_or_default()).unwrap_or_default();
+    let mut text: String = STORY_POLICY
+        .iter()
+        .filter(|(key, _)| !own.lines().any(|l| l.trim_start().starts_with(key)))
+        .map(|(key, value)| format!("{key} = {value}\n"))
+        .collect();
+    text.push_str(&own);
+    let dir = std::env::temp_dir().join(format!("cgr-story-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("policy.toml");
+    std::fs::write(&path, text).unwrap();
+    let path = path.to_string_lossy().into_owned();
+    match given {
+        Some((i, _)) => out[i] = path,
+        None => out.extend(["--config".to_string(), path]),
+    }
+    out
+}
+
 pub struct Service {
     child: Child,
     logs: Arc<Mutex<Vec<Value>>>,
@@ -50,7 +80,8 @@ impl Service {
         for e in exporters {
             cmd.args(["--dcgm-exporter", e]);
         }
-        cmd.args(extra)
+        let extra = with_story_policy(extra);
+        cmd.args(&extra)
             .env("CODER_SESSION_TOKEN", token)
             .env_remove("CODER_URL")
             .env_remove("DCGM_EXPORTER_URLS")

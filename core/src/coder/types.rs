@@ -80,6 +80,17 @@ impl TemplateSchedule {
     }
 }
 
+/// One of a build's parameter values (`codersdk.WorkspaceBuildParameter`, from
+/// `GET /api/v2/workspacebuilds/{id}/parameters`; every build stores the values it was built
+/// with, a new build copying the previous build's: reference coder NOTES §19).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct BuildParameter {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+}
+
 /// The `prebuilds` system user (`coderd/database/migrations`): its workspaces are prebuilds,
 /// also on servers older than the `is_prebuild` field.
 pub const PREBUILDS_USER_ID: &str = "c42fdf75-3097-471c-8c33-fb52454d81c0";

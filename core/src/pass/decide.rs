@@ -6,13 +6,14 @@
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use crate::coder::types::{AgentStatus, JobStatus, TemplateSchedule, Transition, Workspace};
+use crate::coder::types::{BuildParameter, JobStatus, TemplateSchedule, Transition, Workspace};
 use crate::duration::{chrono as dur, human};
 use crate::gpu::signals::{Signal, SignalValues};
 use crate::gpu::window::{GpuSample, GpuWindow};
 use crate::gpu::{Attribution, GpuKey, GpuSeries};
 use crate::pass::deadline::{self, CONNECTED_WITHIN, DeadlinePlan, GpuEvidence};
 use crate::pass::policy::{Policy, Thresholds};
+use crate::pass::starts::{Absent, StartFacts, absent, agent_never_connected};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -308,45 +309,6 @@ impl Builder<'_> {
     }
 }
 
-/// Every agent connected once and is now `disconnected`: the pod was evicted or rescheduled,
-/// or lost for good. Returns since when the last of them was last seen.
-fn agent_lost(ws: &Workspace) -> Option<DateTime<Utc>> {
-    let mut agents = ws.latest_build.agents().peekable();
-    agents.peek()?;
-    let mut since: Option<DateTime<Utc>> = None;
-    for a in agents {
-        if a.first_connected_at.is_none() || a.status != AgentStatus::Disconnected {
-            return None;
-        }
-        let seen = a.disconnected_at.or(a.last_connected_at).or(a.first_connected_at);
-        since = since.max(seen);
-    }
-    since
-}
-
-/// Build succeeded, but no agent has ever connected: the pod is Pending (no GPU for it), or
-/// still starting (image pull, container start). Returns when the newest agent was created.
-fn agent_never_connected(ws: &Workspace) -> Option<DateTime<Utc>> {
-    let build = &ws.latest_build;
-    let mut agents = build.agents().peekable();
-    agents.peek()?;
-    let mut created: Option<DateTime<Utc>> = None;
-    for a in agents {
-        if a.first_connected_at.is_some() || !matches!(a.status, AgentStatus::Connecting | AgentStatus::Timeout) {
-            return None;
-        }
-        created = created.max(a.created_at);
-    }
-    created.or(build.job.completed_at).or(build.created_at).or(Some(ws.created_at))
-}
-
-/// How long a start may take before a never-connected agent means a pod waiting for a GPU:
-/// the policy's `start_allowance`, or the agents' `connection_timeout` when that is longer.
-fn start_allowance(ws: &Workspace, policy: &Policy) -> Duration {
-    let timeout = ws.latest_build.agents().map(|a| a.connection_timeout_seconds).max().unwrap_or(0);
-    dur(policy.start_allowance).max(Duration::seconds(timeout.max(0)))
-}
-
 /// The token may not stop workspaces in this workspace's organization: it is not judged (no
 /// stop would be accepted), but a waiting one still counts as demand (GPUs are the cluster's,
 /// not an organization's), and one that is not running stays as it was.
@@ -381,7 +343,7 @@ pub fn decide(
 
 /// What a pass knows besides a workspace's record and its GPU windows.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PassFacts {
+pub struct PassFacts<'a> {
     /// Coder's clock minus this machine's (negative: behind). `last_used_at` and build times
     /// are Coder's, so they are judged against `now + coder_offset`; GPU samples are this
     /// machine's, judged against `now`.
@@ -400,6 +362,9 @@ pub struct PassFacts {
     /// Its template's schedule, when read (`GET /api/v2/templates/{id}`): whether a connection
     /// moves the deadline, and how long before it Coder sends its autostop reminder.
     pub template: Option<TemplateSchedule>,
+    /// The parameter of its latest build that says it has no GPU (`Policy::cpu_variant`), when
+    /// its parameters were read: it never waits for a GPU, and without GPU series it is `no-gpu`.
+    pub cpu_variant: Option<&'a BuildParameter>,
 }
 
 /// `decide`, with what the pass knows (`PassFacts`).
@@ -409,9 +374,9 @@ pub fn decide_with(
     gpus: Option<&[GpuWindow]>,
     policy: &Policy,
     prior_stop_at: Option<DateTime<Utc>>,
-    facts: PassFacts,
+    facts: PassFacts<'_>,
 ) -> Decision {
-    let PassFacts { coder_offset, gpu_template, step, gpu_series_refused_at, template } = facts;
+    let PassFacts { coder_offset, gpu_template, step, gpu_series_refused_at, template, cpu_variant } = facts;
     let coder_now = now + coder_offset;
     let windows: Vec<&GpuWindow> = gpus.map(|g| g.iter().filter(|w| !w.samples.is_empty()).collect()).unwrap_or_default();
     let (th, exempt) = policy.for_workspace(ws);
@@ -444,7 +409,12 @@ pub fn decide_with(
     } else {
         None
     };
-    let absent = without_an_agent(now, coder_now, ws, &windows, policy, (gpu_template, step), b);
+    let absent = absent(ws, &windows, policy, StartFacts { now, coder_now, gpu_template, step, cpu_variant }).map(|a| match a {
+        Absent::Starting(why) => b.out(Verdict::Keep, Reason::Starting, why, None),
+        Absent::Waiting(why) => b.out(Verdict::Waiting, Reason::WaitingForGpu, why, None),
+        Absent::CpuVariant(why) => b.out(Verdict::Skip, Reason::NoGpu, why, None),
+        Absent::Lost(why) => b.out(Verdict::Unknown, Reason::AgentLost, why, None),
+    });
     match (absent, not_judged) {
         (Some(d), None) => return d,
         (Some(d), Some(_)) if d.verdict == Verdict::Waiting => return d,
@@ -469,6 +439,13 @@ pub fn decide_with(
         );
     }
     if windows.is_empty() {
+        if let Some(p) = cpu_variant {
+            let why = format!(
+                "no GPU series maps to this workspace, and its build's parameter {:?} = {:?} says it has none (a CPU variant)",
+                p.name, p.value
+            );
+            return b.out(Verdict::Skip, Reason::NoGpu, why, None);
+        }
         if gpu_template && !policy.gpu_templates.is_empty() {
             return b.out(Verdict::Unknown, Reason::NoGpuData, "a GPU template, but no GPU series maps to this workspace".into(), None);
         }
@@ -518,100 +495,6 @@ pub fn decide_with(
         }
     }
     d
-}
-
-/// A workspace whose agent never connected, or lost its connection: `starting` (kept) while
-/// young with its pod already reporting a GPU or, behind Prometheus, before a complete step could
-/// show its pod; `waiting` for a GPU (demand); or `unknown`
-/// (`agent-lost`) once lost for good. `None` when it is judged by its GPUs: its agents are
-/// connected, it is no GPU template's, or its pod reports a GPU past `start_allowance`.
-fn without_an_agent(
-    now: DateTime<Utc>,
-    coder_now: DateTime<Utc>,
-    ws: &Workspace,
-    windows: &[&GpuWindow],
-    policy: &Policy,
-    (gpu_template, step): (bool, Option<std::time::Duration>),
-    b: Builder<'_>,
-) -> Option<Decision> {
-    let fresh_gpu = windows.iter().any(|w| w.last_at().is_some_and(|t| now - t <= dur(policy.stale_after)));
-    // Before any GPU judgement: kubelet keeps reporting a finished pod's GPU for a while
-    // (stale pod labels), so series may still carry the id of a workspace whose new pod waits.
-    // Every start passes through `connecting` (image pull, container start), and the device
-    // plugin gives the pod its GPU at admission, before the pull: a young start whose pod
-    // already reports a GPU is starting, not waiting.
-    if let Some(created) = agent_never_connected(ws).filter(|_| gpu_template) {
-        let age = (coder_now - created).max(Duration::zero());
-        let allowance = start_allowance(ws, policy);
-        if fresh_gpu && age < allowance {
-            return Some(b.out(
-                Verdict::Keep,
-                Reason::Starting,
-                format!(
-                    "starting for {}: its pod already reports a GPU, its agent has not connected yet (image pull, container start; allowance {})",
-                    human(age),
-                    human(allowance)
-                ),
-                None,
-            ));
-        }
-        // Past the allowance with its pod reporting a GPU (an image that never pulls, a
-        // crash-looping entrypoint: kubelet keeps the device allocated): not waiting, it holds
-        // a GPU, and is judged by it like any other workspace.
-        if fresh_gpu {
-            return None;
-        }
-        if let Some(step) = step.filter(|s| !before_a_complete_step(now, created - (coder_now - now), *s, policy).is_zero()) {
-            return Some(b.out(
-                Verdict::Keep,
-                Reason::Starting,
-                format!(
-                    "starting: behind Prometheus no complete {} step has begun since its pod could report a GPU (the build's completion plus one exporter collection); not counted as waiting yet",
-                    human(dur(step))
-                ),
-                None,
-            ));
-        }
-        return Some(b.out(
-            Verdict::Waiting,
-            Reason::WaitingForGpu,
-            "started, but its agent never connected: the pod is waiting for a GPU".into(),
-            None,
-        ));
-    }
-    if let Some(since) = agent_lost(ws).filter(|_| gpu_template && !fresh_gpu) {
-        let lost_for = (coder_now - since).max(Duration::zero());
-        if lost_for >= dur(policy.agent_lost_after) {
-            return Some(b.out(
-                Verdict::Unknown,
-                Reason::AgentLost,
-                format!(
-                    "its agent has been disconnected for {} and no GPU reports for it: the pod is gone for good (a bare pod after an eviction, a lost node?); not counted as waiting; restart or stop it in Coder",
-                    human(lost_for)
-                ),
-                None,
-            ));
-        }
-        return Some(b.out(
-            Verdict::Waiting,
-            Reason::WaitingForGpu,
-            "its agent lost its connection and no GPU reports for it: the pod was evicted or rescheduled and waits for a GPU".into(),
-            None,
-        ));
-    }
-    None
-}
-
-/// How long until the GPU source's newest complete step began after a pod created at `created`
-/// (this machine's clock) could report a GPU: dcgm-exporter maps GPUs to pods at a collection,
-/// so one `exporter_collect_interval` after creation, and Prometheus answers for complete steps
-/// only (`max_over_time` at step ends up to now). Zero once the source can have seen the pod.
-fn before_a_complete_step(now: DateTime<Utc>, created: DateTime<Utc>, step: std::time::Duration, policy: &Policy) -> Duration {
-    let s = i64::try_from(step.as_secs()).unwrap_or(i64::MAX).max(1);
-    let could_report = (created + dur(policy.exporter_collect_interval)).timestamp();
-    let first_step_start = could_report.div_euclid(s) * s + if could_report.rem_euclid(s) == 0 { 0 } else { s };
-    let newest_complete_end = now.timestamp().div_euclid(s) * s;
-    Duration::seconds((first_step_start + s - newest_complete_end).max(0))
 }
 
 fn judge_gpus(

@@ -8,13 +8,14 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use crate::coder::types::{TemplateSchedule, Workspace};
+use crate::coder::types::{BuildParameter, TemplateSchedule, Workspace};
 use crate::gpu::window::Windows;
 use crate::gpu::{GpuSeries, Point};
 
 use super::decide::{Decision, PassFacts, Verdict, decide_with, without_stop_permission};
 use super::fleet::{FleetOutcome, fleet_rules_serving};
 use super::policy::Policy;
+use super::starts::may_wait;
 
 /// How long a template counts as a GPU template after the last of its workspaces that had a GPU
 /// series was seen with one.
@@ -39,6 +40,10 @@ pub struct Judge {
     serving: Vec<usize>,
     /// Templates' schedules by template id, as Coder last answered (`know_template`).
     templates: HashMap<String, TemplateSchedule>,
+    /// By build id, for the listed workspaces' latest builds whose parameters were read: the
+    /// parameter that says the build has no GPU (`Policy::cpu_variant`), or `None` when none
+    /// does. A build's parameters never change, so each is read once.
+    build_parameters: HashMap<String, Option<BuildParameter>>,
 }
 
 /// One running workspace as a pass judged it: its listing entry, its decision, and what its
@@ -92,7 +97,20 @@ impl Judge {
             gpu_templates_seen: HashMap::new(),
             serving: Vec::new(),
             templates: HashMap::new(),
+            build_parameters: HashMap::new(),
         }
+    }
+
+    /// A build's parameters as Coder answered them (`GET /api/v2/workspacebuilds/{id}/parameters`):
+    /// a CPU variant's build never waits for a GPU and never teaches a template.
+    pub fn know_build_parameters(&mut self, build_id: &str, parameters: &[BuildParameter]) {
+        let cpu = self.policy.cpu_variant(parameters).cloned();
+        self.build_parameters.insert(build_id.to_string(), cpu);
+    }
+
+    /// The parameter that says a build has no GPU, when its parameters were read and one does.
+    pub fn cpu_variant(&self, build_id: &str) -> Option<&BuildParameter> {
+        self.build_parameters.get(build_id).and_then(Option::as_ref)
     }
 
     /// A template's schedule as Coder answered it (its activity bump, its autostop reminder).
@@ -169,6 +187,8 @@ impl Judge {
             }
         }
         self.sessions.retain(|id, _| live.contains(id.as_str()));
+        let latest: HashSet<&str> = workspaces.iter().map(|w| w.latest_build.id.as_str()).collect();
+        self.build_parameters.retain(|build, _| latest.contains(build.as_str()));
         let session_start = session_starts(workspaces, context.coder_offset);
         JudgePass { judge: self, workspaces, context, session_start }
     }
@@ -179,7 +199,10 @@ impl Judge {
         if !self.policy.gpu_templates.is_empty() {
             return;
         }
-        for ws in workspaces.iter().filter(|w| self.windows.get(&w.id).is_some_and(|g| g.iter().any(|w| !w.samples.is_empty()))) {
+        let has_series = |w: &Workspace| self.windows.get(&w.id).is_some_and(|g| g.iter().any(|w| !w.samples.is_empty()));
+        let taught: Vec<&Workspace> =
+            workspaces.iter().filter(|w| has_series(w) && self.cpu_variant(&w.latest_build.id).is_none()).collect();
+        for ws in taught {
             match self.gpu_templates_seen.get_mut(&ws.template_name) {
                 Some(seen) => *seen = now,
                 None => {
@@ -199,6 +222,24 @@ impl Judge {
 }
 
 impl JudgePass<'_> {
+    /// The latest builds whose parameters are worth reading before this pass decides: a GPU
+    /// template's workspace whose agent never connected or was lost and whose pod reports no
+    /// fresh GPU (it may be waiting, or a CPU variant), not read yet. In listing order.
+    pub fn parameters_wanted(&self, now: DateTime<Utc>) -> Vec<String> {
+        let judge = &*self.judge;
+        self.workspaces
+            .iter()
+            .filter(|ws| !judge.build_parameters.contains_key(&ws.latest_build.id) && judge.is_gpu_template(&ws.template_name))
+            .filter(|ws| may_wait(ws, judge.windows.get(&ws.id).unwrap_or(&[]), now, &judge.policy))
+            .map(|ws| ws.latest_build.id.clone())
+            .collect()
+    }
+
+    /// A build's parameters, read during this pass (`Judge::know_build_parameters`).
+    pub fn know_build_parameters(&mut self, build_id: &str, parameters: &[BuildParameter]) {
+        self.judge.know_build_parameters(build_id, parameters);
+    }
+
     /// Merges one series' points (all of them, or the ones up to this pass out of a longer
     /// fetch) into its workspace's window, from its current session on (`merge_points`).
     pub fn merge(&mut self, series: &GpuSeries, points: &[Point]) {
@@ -226,6 +267,7 @@ impl JudgePass<'_> {
                     step: context.step,
                     gpu_series_refused_at: judge.windows.refused_at(&ws.id),
                     template: judge.templates.get(&ws.template_id).copied(),
+                    cpu_variant: judge.cpu_variant(&ws.latest_build.id),
                 };
                 decide_with(now, ws, judge.windows.get(&ws.id), &judge.policy, prior, facts)
             })

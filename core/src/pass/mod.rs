@@ -1,7 +1,7 @@
 //! The pure half of a pass: the policy, `decide` and the fleet rules, the judgment a pass keeps
 //! between passes (`judge`, which `run` and `backtest` share), the deadline plan, a stop's
 //! lifecycle, the audit vocabulary (what a line says, for its writer and its readers), the
-//! mode's texts, and GPUs held outside Coder's running workspaces (`outside`). The steps that do I/O (evaluate, act, publish) are the service crate's `pass`.
+//! mode's texts, who is starting or waiting for a GPU (`starts`), and GPUs held outside Coder's running workspaces (`outside`). The steps that do I/O (evaluate, act, publish) are the service crate's `pass`.
 
 pub mod audit;
 pub mod deadline;
@@ -11,4 +11,5 @@ pub mod judge;
 pub mod mode;
 pub mod outside;
 pub mod policy;
+pub mod starts;
 pub mod stop_lifecycle;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::coder::types::Workspace;
+use crate::coder::types::{BuildParameter, Workspace};
 
 /// Coder refuses a deadline less than 30 minutes ahead (`putExtendWorkspace` checks
 /// `now + 29m`, reference coder NOTES §16): no extension is sent for less.
@@ -98,6 +98,16 @@ pub struct Policy {
     /// `starting` (not waiting) this long after the agent was created, or for the agent's
     /// `connection_timeout` when that is longer: image pulls of GPU images are slow.
     pub start_allowance: Duration,
+    /// A first start's pod may report no GPU yet while its volume binds (a `WaitForFirstConsumer`
+    /// storage class provisions it only once the pod is scheduled) and until dcgm-exporter's next
+    /// collection: a never-connected start whose agent is `connecting` and whose pod reports no
+    /// GPU is `starting` (no demand) until its agent's creation plus `exporter_collect_interval`
+    /// plus this.
+    pub bind_allowance: Duration,
+    /// Build parameters (names, matched without case) whose value says whether a workspace of a
+    /// template with a GPU variant and a CPU variant has a GPU: `0`, `false`, `none` or empty
+    /// mean none (`cpu_variant`).
+    pub gpu_parameters: Vec<String>,
     /// An agent disconnected this long with no GPU reporting for it has lost its pod for good
     /// (a bare pod after an eviction, a lost node): it stops counting as demand.
     pub agent_lost_after: Duration,
@@ -107,6 +117,12 @@ pub struct Policy {
     /// own pool only.
     pub pools: Vec<String>,
 }
+
+/// The build parameter names that usually carry a template's GPU count or kind.
+pub const DEFAULT_GPU_PARAMETERS: &[&str] = &["gpu", "gpus", "gpu_count", "num_gpus", "gpu_type"];
+
+/// Parameter values that say "no GPU" (compared trimmed, without case).
+const NO_GPU_VALUES: &[&str] = &["0", "false", "none", ""];
 
 /// The default pool's name.
 pub const DEFAULT_POOL: &str = "default";
@@ -190,6 +206,8 @@ impl Policy {
             reclaim_tasks: false,
             stop_timeout: Duration::from_secs(10 * 60).max(interval),
             start_allowance: Duration::from_secs(10 * 60),
+            bind_allowance: Duration::from_secs(30),
+            gpu_parameters: DEFAULT_GPU_PARAMETERS.iter().map(|s| (*s).to_string()).collect(),
             agent_lost_after: Duration::from_secs(60 * 60),
             rules: Vec::new(),
             pools: vec![DEFAULT_POOL.to_string()],
@@ -248,6 +266,21 @@ impl Policy {
 
     pub fn is_gpu_template(&self, template: &str) -> bool {
         self.gpu_templates.is_empty() || self.gpu_templates.iter().any(|g| glob_match(g, template))
+    }
+
+    /// The parameter among a build's that says it has no GPU (a template's CPU variant): the
+    /// first one `gpu_parameters` names whose value is `0`, `false`, `none` or empty.
+    pub fn cpu_variant<'a>(&self, parameters: &'a [BuildParameter]) -> Option<&'a BuildParameter> {
+        parameters.iter().find(|p| {
+            self.gpu_parameters.iter().any(|name| name.eq_ignore_ascii_case(p.name.trim()))
+                && NO_GPU_VALUES.iter().any(|none| none.eq_ignore_ascii_case(p.value.trim()))
+        })
+    }
+
+    /// How long after its agent's creation a first start's pod may still report no GPU without
+    /// waiting for one: one exporter collection plus `bind_allowance`.
+    pub fn first_report_allowance(&self) -> Duration {
+        self.exporter_collect_interval + self.bind_allowance
     }
 
     /// The longest span any rule looks back, plus `max_sample_gap` (the sample before the span
