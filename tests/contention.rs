@@ -375,3 +375,22 @@ async fn a_templates_cpu_variant_starting_is_no_demand() {
     assert_eq!((stops(&coder, idle), stops(&coder, cpu)), (1, 0));
     assert_eq!(reads(&coder), 2, "the waiter's build was read too (a GPU variant)");
 }
+
+/// `check` names the parameter that tells a template's CPU variants apart (its running
+/// workspaces differ in it, one value says no GPU), and says how long a start without a GPU
+/// is not yet a waiter.
+#[tokio::test]
+async fn check_names_the_parameter_that_marks_cpu_variants() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let gpu = coder.with(|w| w.create_workspace_variant("alice", "ml-gpu", "ml", &[("gpu_count", "1")], true)).unwrap();
+    let cpu = coder.with(|w| w.create_workspace_variant("bob", "ml-cpu", "ml", &[("gpu_count", "0")], false)).unwrap();
+    until(&coder, "both run", Duration::from_secs(5), |w| holds_gpu(w, gpu) && running(w, cpu)).await;
+    let args = ["check", "--coder-url", &coder.url(), "--dcgm-exporter", &ex.url(), "--interval", "1s"];
+    let (_, out) = crate::common::service::exit_of(&args, &coder.owner_token()).await;
+    assert!(out.contains("ok   cpu variants: template \"ml\": gpu_count marks CPU variants (values 0, 1) (2 builds read)"), "{out}");
+    assert!(
+        out.contains("ok   start grace: a start whose pod reports no GPU yet is starting, not waiting, for 60s after its agent's creation"),
+        "{out}"
+    );
+}

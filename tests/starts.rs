@@ -219,7 +219,7 @@ fn the_judge_reads_a_starts_parameters_once_and_learns_no_template_from_a_cpu_va
     };
     let listing = vec![gpu_ws.clone(), cpu_ws.clone()];
     // The first pass: the CPU variant's template is not known as a GPU template, so nothing is asked.
-    let pass = judge.begin(&listing, PassContext::default());
+    let mut pass = judge.begin(&listing, PassContext::default());
     assert_eq!(pass.parameters_wanted(now()), Vec::<String>::new());
     pass.decide(now(), &Default::default(), |_| Some(true));
     // Another workspace of its template had a GPU series: now its start may wait.
@@ -244,4 +244,61 @@ fn the_judge_reads_a_starts_parameters_once_and_learns_no_template_from_a_cpu_va
     pass.merge(&series(&other, "GPU-2"), &series(&other, "GPU-2").points);
     pass.decide(now(), &Default::default(), |_| Some(true));
     assert!(!judge.learned_gpu_templates().contains(&"cpu-notebook".to_string()), "{:?}", judge.learned_gpu_templates());
+}
+
+/// `check`'s start grace: behind Prometheus a store that keeps a GPU's samples further apart
+/// than `exporter_collect_interval` shows a new pod only that late (FAIL, naming the value to
+/// set); an agent `connection_timeout` shorter than the grace is said.
+#[test]
+fn check_says_whether_the_start_grace_covers_what_the_source_shows() {
+    use coder_gpu_reclaimer::commands::check_starts::start_grace;
+    let p = policy();
+    let (ok, detail) = start_grace(&p, Some(StdDuration::from_secs(15)), &[]);
+    assert!(ok && detail.contains("for 60s after its agent's creation") && detail.contains("15s apart, within it"), "{detail}");
+    let (ok, detail) = start_grace(&p, Some(StdDuration::from_secs(60)), &[]);
+    assert!(!ok && detail.contains("set exporter_collect_interval to 60s"), "{detail}");
+    let (ok, detail) = start_grace(&p, None, &[never_connected_workspace(now(), 45, false)]);
+    assert!(ok && detail.contains("some agents time out after 45s"), "{detail}");
+}
+
+/// The backtest judges a start as `run` does (issue 47): a CPU variant the journal saw in
+/// `timeout` is no demand when its build's parameters were read with the history, so the idle
+/// workspace of the same template is not stopped in a `contended` replay; without them, it is a
+/// waiter and the replay stops the idle one, as `run` would with no answer.
+#[test]
+fn the_backtest_reads_a_start_as_run_does() {
+    use reclaimer_core::backtest::replay::{Chunk, Replay};
+    use reclaimer_core::backtest::timeline::WorkspaceTimeline;
+    let p = Policy { reclaim_when: ReclaimWhen::Contended, ..policy() };
+    let idle_ws = running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now() - Duration::hours(2));
+    let starting_ws = never_connected_workspace(now() - Duration::minutes(50), 120, true);
+    let idle_series = GpuSeries {
+        key: GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some(format!("coder-{}-7d9f8b6c5d-x2x9k", idle_ws.id)) },
+        workspace_id: Some(idle_ws.id.clone()),
+        namespace: Some("coder".into()),
+        model: Some("NVIDIA A10G".into()),
+        source: Arc::from("http://prometheus:9090"),
+        attribution: Attribution::Exclusive,
+        real_pod_uid: false,
+        points: (0..=45)
+            .rev()
+            .map(|m| Point { at: now() - Duration::minutes(m), values: idle_reading(), energy_joules: Some(1.0e9 - m as f64) })
+            .collect(),
+    };
+    let series = [idle_series];
+    let stops = |parameters: Option<Vec<BuildParameter>>| {
+        let idle = WorkspaceTimeline::new(idle_ws.clone(), vec![idle_ws.latest_build.clone()]);
+        let mut starting = WorkspaceTimeline::new(starting_ws.clone(), vec![starting_ws.latest_build.clone()]);
+        starting.agents = vec![(now() - Duration::minutes(45), starting_ws.latest_build.id.clone(), AgentStatus::Timeout)];
+        if let Some(values) = parameters {
+            starting.parameters.insert(starting_ws.latest_build.id.clone(), values);
+        }
+        let mut replay = Replay::new("policy".into(), p.clone(), StdDuration::from_secs(60), StdDuration::from_secs(3600));
+        let chunk = Chunk::new(&series, None);
+        replay.pass(now(), None, &[idle, starting], &chunk, StdDuration::from_secs(60), now() + Duration::hours(1));
+        replay.stops.len()
+    };
+    assert_eq!(stops(Some(vec![parameter("gpu_count", "0")])), 0, "the CPU variant's start is no demand");
+    assert_eq!(stops(Some(vec![parameter("gpu_count", "1")])), 1, "the GPU variant's start is");
+    assert_eq!(stops(None), 1, "unread: a waiter, as run counts it");
 }

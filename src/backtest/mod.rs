@@ -142,11 +142,37 @@ async fn coderd_gauges_exist(prom: &PrometheusSource, since: DateTime<Utc>, unti
     Ok(any)
 }
 
-/// Reads one workspace's record (deleted ones too) and its builds from `start` on.
-async fn read_timeline(coder: &CoderClient, id: &str, start: DateTime<Utc>) -> Result<WorkspaceTimeline, String> {
+/// The most builds of one workspace whose parameters a backtest reads.
+const MAX_PARAMETER_READS_PER_WORKSPACE: usize = 16;
+
+/// The builds the journal saw without a connected agent (`connecting`, `timeout`, or lost): a
+/// start that may have waited for a GPU, whose parameters say whether it is a CPU variant. The
+/// latest `MAX_PARAMETER_READS_PER_WORKSPACE`.
+fn builds_that_may_wait(journal: Option<&JournalHistory>, id: &str) -> Vec<String> {
+    let mut builds: Vec<String> = Vec::new();
+    let states = journal.and_then(|j| j.agents.get(id)).map_or(&[][..], Vec::as_slice);
+    for (_, build, status) in states.iter().rev() {
+        let absent = matches!(status, AgentStatus::Connecting | AgentStatus::Timeout | AgentStatus::Disconnected);
+        if absent && !builds.contains(build) && builds.len() < MAX_PARAMETER_READS_PER_WORKSPACE {
+            builds.push(build.clone());
+        }
+    }
+    builds
+}
+
+/// Reads one workspace's record (deleted ones too), its builds from `start` on, and the
+/// parameters of `may_wait` (builds the journal saw without a connected agent). A parameter read
+/// that fails leaves that start judged as a waiter, as `run` would with no answer.
+async fn read_timeline(coder: &CoderClient, id: &str, start: DateTime<Utc>, may_wait: Vec<String>) -> Result<WorkspaceTimeline, String> {
     let record = coder.workspace_including_deleted(id).await.map_err(|e| e.to_string())?;
     let builds = coder.workspace_history(id, start).await.map_err(|e| e.to_string())?;
-    Ok(WorkspaceTimeline::new(record, builds))
+    let mut timeline = WorkspaceTimeline::new(record, builds);
+    for build in may_wait.into_iter().filter(|b| timeline.builds.iter().any(|t| &t.id == b)) {
+        if let Ok(parameters) = coder.build_parameters(&build).await {
+            timeline.parameters.insert(build, parameters);
+        }
+    }
+    Ok(timeline)
 }
 
 /// The history and the replays over it, fetched and replayed chunk by chunk.
@@ -271,8 +297,9 @@ pub async fn run(
             }
             let coder = coder.clone();
             let start = history_from;
+            let may_wait = builds_that_may_wait(journal.as_ref(), &id);
             reads.spawn(async move {
-                let t = read_timeline(&coder, &id, start).await;
+                let t = read_timeline(&coder, &id, start, may_wait).await;
                 (id, t)
             });
             if reads.len() >= CODER_READS_IN_FLIGHT {

@@ -170,6 +170,10 @@ pub async fn run(settings: Result<Settings, Error>) -> bool {
                 let (ok, detail) = coverage(&collection.series, &ws, &settings);
                 line(ok, "coverage", &detail);
                 line(true, "gpu templates", &gpu_templates(&collection.series, &ws, &settings.policy));
+                let spacing = collection.step.and_then(|_| super::check_starts::sample_spacing(&collection.series));
+                let (ok, detail) = super::check_starts::start_grace(&settings.policy, spacing, &ws);
+                line(ok, "start grace", &detail);
+                line(true, "cpu variants", &super::check_starts::cpu_variants(&coder, &settings.policy, &ws).await);
                 held_outside(&coder, &collection, &ws, settings.interval * 2, &mut line).await;
             }
             Err(e) => line(false, "coverage", &format!("cannot list workspaces: {e}")),
@@ -349,12 +353,9 @@ fn device_series_missing(series: &[GpuSeries], policy: &crate::pass::policy::Pol
 /// is what `max_sample_gap` meets). Longer than `max_sample_gap`, every GPU is `sample-gap` forever.
 fn sample_interval(series: &[GpuSeries], step: Duration, policy: &crate::pass::policy::Policy) -> (bool, String) {
     let human = |d: Duration| crate::duration::human(crate::duration::chrono(d));
-    let mut gaps: Vec<i64> = series.iter().flat_map(|s| s.points.windows(2).map(|w| (w[1].at - w[0].at).num_seconds())).collect();
-    if gaps.is_empty() {
+    let Some(typical) = super::check_starts::sample_spacing(series) else {
         return (true, format!("too few points to tell the scrape interval (step {})", human(step)));
-    }
-    gaps.sort_unstable();
-    let typical = Duration::from_secs(gaps[(gaps.len() * 9 / 10).min(gaps.len() - 1)].max(0) as u64);
+    };
     if typical > policy.max_sample_gap {
         return (
             false,

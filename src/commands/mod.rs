@@ -5,6 +5,7 @@
 
 pub mod backtest;
 pub mod check;
+pub mod check_starts;
 pub mod demo;
 pub mod plan;
 pub mod report;

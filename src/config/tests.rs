@@ -208,3 +208,25 @@ fn a_long_interval_starts_with_an_extend_by_that_outlasts_it() {
     let e = build_policy(&args(), &short, Duration::from_secs(15 * 60)).unwrap_err().to_string();
     assert!(e.contains("extend_by must be at least 30m plus three intervals"), "{e}");
 }
+
+/// `bind_allowance` and `gpu_parameters` (issue 47): read from the file, defaults otherwise, and
+/// refusals that name the fix.
+#[test]
+fn start_keys_parse_and_refuse_what_cannot_be_meant() {
+    let interval = Duration::from_secs(60);
+    let policy = |text: &str| FileConfig::parse(text).and_then(|f| build_policy(&args(), &f, interval));
+    let p = policy("").unwrap();
+    assert_eq!((p.bind_allowance, p.gpu_parameters.len()), (Duration::from_secs(30), 5));
+    let p = policy("bind_allowance = \"45s\"\ngpu_parameters = [\"accelerator\", \"GPU_Count\"]\n").unwrap();
+    assert_eq!(p.bind_allowance, Duration::from_secs(45));
+    assert_eq!(p.gpu_parameters, vec!["accelerator".to_string(), "GPU_Count".to_string()]);
+    assert!(policy("gpu_parameters = []\n").unwrap().gpu_parameters.is_empty());
+    for (text, fix) in [
+        ("bind_allowance = \"2h\"\n", "at most 1h"),
+        ("gpu_parameters = [\"gpu count\"]\n", "a build parameter's name"),
+        ("gpu_parameters = [\"\"]\n", "a build parameter's name"),
+    ] {
+        let e = policy(text).unwrap_err().to_string();
+        assert!(e.contains(fix), "{text}: {e}");
+    }
+}

@@ -181,6 +181,19 @@ impl Replay {
                 }
             }
         }
+        // The build parameters `run` would read this pass (a start that may wait), as read from
+        // Coder when the history was fetched.
+        let wanted = pass.parameters_wanted(now);
+        if !wanted.is_empty() {
+            let by_build: HashMap<&str, usize> =
+                self.listing.iter().zip(&self.owner).map(|(ws, &t)| (ws.latest_build.id.as_str(), t)).collect();
+            for build in wanted {
+                let read = by_build.get(build.as_str()).and_then(|&t| timelines.get(t)?.parameters.get(&build));
+                if let Some(parameters) = read {
+                    pass.know_build_parameters(&build, parameters);
+                }
+            }
+        }
         // The simulation may always stop (no permission is missing in a replay).
         let judgement = pass.decide(now, &failed, |_| Some(true));
         for d in &judgement.decisions {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::coder::types::{AgentLifecycle, AgentStatus, JobStatus, Transition, Workspace, WorkspaceBuild};
+use crate::coder::types::{AgentLifecycle, AgentStatus, BuildParameter, JobStatus, Transition, Workspace, WorkspaceBuild};
 
 /// Where the moments of use came from, in the order the backtest prefers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -51,6 +51,9 @@ pub struct WorkspaceTimeline {
     pub uses: Vec<Use>,
     /// Agent states the journal saw, in time order: (seen, build id, status).
     pub agents: Vec<(DateTime<Utc>, String, AgentStatus)>,
+    /// The parameters of builds the journal saw without a connected agent (a start that may
+    /// have waited for a GPU), by build id: a CPU variant's start is judged as `run` judges it.
+    pub parameters: HashMap<String, Vec<BuildParameter>>,
 }
 
 /// One moment of use: from `seen` on, `last_used_at` read `last_used_at`.
@@ -63,7 +66,7 @@ pub struct Use {
 impl WorkspaceTimeline {
     pub fn new(record: Workspace, mut builds: Vec<WorkspaceBuild>) -> Self {
         builds.sort_by_key(|b| b.created_at);
-        WorkspaceTimeline { record, builds, uses: Vec::new(), agents: Vec::new() }
+        WorkspaceTimeline { record, builds, uses: Vec::new(), agents: Vec::new(), parameters: HashMap::new() }
     }
 
     /// Where in `builds` the build current at `t` is: the latest created at or before it.

@@ -224,8 +224,12 @@ impl Judge {
 impl JudgePass<'_> {
     /// The latest builds whose parameters are worth reading before this pass decides: a GPU
     /// template's workspace whose agent never connected or was lost and whose pod reports no
-    /// fresh GPU (it may be waiting, or a CPU variant), not read yet. In listing order.
-    pub fn parameters_wanted(&self, now: DateTime<Utc>) -> Vec<String> {
+    /// fresh GPU (it may be waiting, or a CPU variant), not read yet. In listing order. Ends the
+    /// pass's sample first and learns the templates this pass's series teach, as `decide` would:
+    /// a start is looked at with what the decision will know.
+    pub fn parameters_wanted(&mut self, now: DateTime<Utc>) -> Vec<String> {
+        self.judge.windows.flush();
+        self.judge.learn_gpu_templates(self.workspaces, now);
         let judge = &*self.judge;
         self.workspaces
             .iter()
