@@ -1099,7 +1099,8 @@ fn behind_prometheus_a_start_waits_only_once_a_complete_step_could_have_shown_it
     use coder_gpu_reclaimer::pass::decide::{PassFacts, decide_with};
     // Prometheus answers for complete 60 s steps; dcgm-exporter maps GPUs to pods at its next
     // collection (30 s). A start whose series cannot be in any complete step yet is no demand.
-    let p = policy();
+    // (`bind_allowance` 0 here: the volume's share of the wait is `tests/starts.rs`'s.)
+    let p = Policy { bind_allowance: StdDuration::ZERO, ..policy() };
     let facts = PassFacts { gpu_template: true, step: Some(StdDuration::from_secs(60)), ..PassFacts::default() };
     for (what, ago, verdict, reason) in [
         ("30 s in: could report at 10:00:00, its first step ends 10:01:00", Duration::seconds(30), Verdict::Keep, Reason::Starting),
@@ -1114,9 +1115,13 @@ fn behind_prometheus_a_start_waits_only_once_a_complete_step_could_have_shown_it
         let d = decide_with(now(), &starting_workspace(ago, 120), None, &p, None, facts);
         assert_eq!((d.verdict, d.reason), (verdict, reason), "{what}: {}", d.message);
     }
-    // The exporters are read now, not in steps: a Pending pod waits at once.
-    let d = decide_with(now(), &starting_workspace(Duration::seconds(30), 120), None, &p, None, PassFacts { step: None, ..facts });
-    assert_eq!(d.verdict, Verdict::Waiting);
+    // The exporters are read now, not in steps: a Pending pod waits once one collection could
+    // have shown its pod (issue 47: no longer at once).
+    let read_now = PassFacts { step: None, ..facts };
+    let d = decide_with(now(), &starting_workspace(Duration::seconds(20), 120), None, &p, None, read_now);
+    assert_eq!(d.reason, Reason::Starting, "{}", d.message);
+    let d = decide_with(now(), &starting_workspace(Duration::seconds(31), 120), None, &p, None, read_now);
+    assert_eq!(d.verdict, Verdict::Waiting, "{}", d.message);
 }
 
 #[test]
