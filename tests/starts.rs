@@ -52,6 +52,20 @@ fn gpu(secs_ago: impl IntoIterator<Item = i64>) -> Vec<GpuWindow> {
     vec![w]
 }
 
+/// A series of one GPU of `ws`'s pod, as a source reports it.
+fn series_of(ws: &Workspace, uuid: &str, points: Vec<Point>) -> GpuSeries {
+    GpuSeries {
+        key: GpuKey { uuid: uuid.into(), gpu_instance: None, pod: Some(format!("coder-{}-7d9f8b6c5d-x2x9k", ws.id)) },
+        workspace_id: Some(ws.id.clone()),
+        namespace: Some("coder".into()),
+        model: Some("NVIDIA A10G".into()),
+        source: Arc::from("http://10.0.0.7:9400/metrics"),
+        attribution: Attribution::Exclusive,
+        real_pod_uid: false,
+        points,
+    }
+}
+
 fn starting(created_ago: Duration, timeout: bool) -> Workspace {
     never_connected_workspace(now() - created_ago, 120, timeout)
 }
@@ -207,16 +221,7 @@ fn the_judge_reads_a_starts_parameters_once_and_learns_no_template_from_a_cpu_va
     let gpu_ws = running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now() - Duration::minutes(40));
     let mut cpu_ws = starting(Duration::minutes(5), true);
     cpu_ws.template_name = "ml".into();
-    let series = |ws: &Workspace, uuid: &str| GpuSeries {
-        key: GpuKey { uuid: uuid.into(), gpu_instance: None, pod: Some(format!("coder-{}-7d9f8b6c5d-x2x9k", ws.id)) },
-        workspace_id: Some(ws.id.clone()),
-        namespace: Some("coder".into()),
-        model: Some("NVIDIA A10G".into()),
-        source: Arc::from("http://10.0.0.7:9400/metrics"),
-        attribution: Attribution::Exclusive,
-        real_pod_uid: false,
-        points: vec![Point { at: now(), values: idle_reading(), energy_joules: None }],
-    };
+    let series = |ws: &Workspace, uuid: &str| series_of(ws, uuid, vec![Point { at: now(), values: idle_reading(), energy_joules: None }]);
     let listing = vec![gpu_ws.clone(), cpu_ws.clone()];
     // The first pass: the CPU variant's template is not known as a GPU template, so nothing is asked.
     let mut pass = judge.begin(&listing, PassContext::default());
@@ -272,20 +277,9 @@ fn the_backtest_reads_a_start_as_run_does() {
     let p = Policy { reclaim_when: ReclaimWhen::Contended, ..policy() };
     let idle_ws = running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now() - Duration::hours(2));
     let starting_ws = never_connected_workspace(now() - Duration::minutes(50), 120, true);
-    let idle_series = GpuSeries {
-        key: GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some(format!("coder-{}-7d9f8b6c5d-x2x9k", idle_ws.id)) },
-        workspace_id: Some(idle_ws.id.clone()),
-        namespace: Some("coder".into()),
-        model: Some("NVIDIA A10G".into()),
-        source: Arc::from("http://prometheus:9090"),
-        attribution: Attribution::Exclusive,
-        real_pod_uid: false,
-        points: (0..=45)
-            .rev()
-            .map(|m| Point { at: now() - Duration::minutes(m), values: idle_reading(), energy_joules: Some(1.0e9 - m as f64) })
-            .collect(),
-    };
-    let series = [idle_series];
+    let minutely =
+        (0..=45).rev().map(|m| Point { at: now() - Duration::minutes(m), values: idle_reading(), energy_joules: Some(1.0e9 - m as f64) });
+    let series = [series_of(&idle_ws, "GPU-1", minutely.collect())];
     let stops = |parameters: Option<Vec<BuildParameter>>| {
         let idle = WorkspaceTimeline::new(idle_ws.clone(), vec![idle_ws.latest_build.clone()]);
         let mut starting = WorkspaceTimeline::new(starting_ws.clone(), vec![starting_ws.latest_build.clone()]);
