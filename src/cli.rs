@@ -205,9 +205,9 @@ pub struct CommonArgs {
     #[arg(long, value_name = "NAME")]
     pub namespace: Option<String>,
 
-    /// Behind Prometheus, only series with this `job` label (the exporter's scrape job) count [default: nvidia-dcgm-exporter]
-    #[arg(long, value_name = "JOB")]
-    pub prometheus_job: Option<String>,
+    /// Behind Prometheus, only series with this `job` label (the exporter's scrape job) count; repeat it or separate with commas for several [default: the one job Prometheus names]
+    #[arg(long, value_name = "JOB", value_delimiter = ',')]
+    pub prometheus_job: Vec<String>,
 
     /// The HTTP proxy for every outgoing request (proxies in the environment are ignored)
     #[arg(long, value_name = "URL")]

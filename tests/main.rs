@@ -24,6 +24,7 @@ mod fakes;
 mod fences;
 mod gpu_world;
 mod hostile;
+mod jobs;
 mod page;
 mod pipeline;
 mod prometheus_world;

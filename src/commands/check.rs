@@ -104,22 +104,21 @@ pub async fn run(settings: Result<Settings, Error>) -> bool {
         line(true, "gpu source", &format!("{url}: {} GPU series", gpus.len()));
     }
     if series.is_empty() && collection.failures.is_empty() {
-        let job = if source.lists_first() {
-            format!(
-                "; behind Prometheus only the scrape job {:?} is read (prometheus_job): set it to your ServiceMonitor's job",
-                match &settings.gpu {
-                    crate::gpu::SourceConfig::Prometheus(p) => p.options.job.as_deref().unwrap_or_default(),
-                    crate::gpu::SourceConfig::Exporters(_) => "",
-                }
-            )
-        } else {
-            String::new()
+        let job = match &collection.jobs {
+            Some(read) if !read.jobs.is_empty() => {
+                format!("; behind Prometheus only the scrape jobs {:?} are read (prometheus_job, {})", read.jobs, read.how)
+            }
+            _ => String::new(),
         };
         line(
             false,
             "gpu source",
             &format!("no GPU series at all: check the exporter URLs and that dcgm-exporter runs with --kubernetes{job}"),
         );
+    }
+    if let (Some(prom), Some(read)) = (source.prometheus(), &collection.jobs) {
+        let (ok, detail) = prometheus_jobs(read, prom.jobs_with_series().await);
+        line(ok, "prometheus job", &detail);
     }
     if let Some(t) = collection.twins.first() {
         line(
@@ -180,6 +179,41 @@ pub async fn run(settings: Result<Settings, Error>) -> bool {
         }
     }
     all_ok
+}
+
+/// One `check` line behind Prometheus: the scrape jobs read and how they were chosen, and the jobs
+/// that carry dcgm-exporter's series now; a failure when several do and none is configured, or
+/// when the jobs read hold none while others do (each named with its series count).
+fn prometheus_jobs(read: &crate::gpu::source::JobsRead, found: Result<Vec<(String, u64)>, String>) -> (bool, String) {
+    use crate::gpu::prometheus::jobs::listed;
+    if let Some(problem) = &read.problem {
+        return (false, problem.clone());
+    }
+    let reading = format!("reading {:?} ({})", read.jobs, read.how);
+    match found {
+        Err(e) => (true, format!("{reading}; cannot ask Prometheus which jobs carry dcgm-exporter series: {e}")),
+        Ok(mut found) => {
+            found.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            let holds = found.iter().any(|(j, n)| *n > 0 && read.jobs.contains(j));
+            match (holds, found.is_empty()) {
+                (true, _) => (true, format!("{reading}; jobs with dcgm-exporter series: {}", listed(&found))),
+                (false, true) => (
+                    false,
+                    format!(
+                        "{reading}; no job carries dcgm-exporter series ({}): is dcgm-exporter scraped at all?",
+                        crate::gpu::prometheus::jobs::DISCOVERY_FAMILY
+                    ),
+                ),
+                (false, false) => (
+                    false,
+                    format!(
+                        "{reading}, which holds no dcgm-exporter series; jobs that do: {}; set prometheus_job to the exporter's (or unset it to use the one found)",
+                        listed(&found)
+                    ),
+                ),
+            }
+        }
+    }
 }
 
 /// One `check` line: workspaces whose pods report a GPU while Coder does not list them running

@@ -20,6 +20,7 @@ use crate::error::Error;
 use crate::gpu::Ownership;
 use crate::gpu::SourceConfig;
 use crate::gpu::prometheus::PrometheusOptions;
+use crate::gpu::prometheus::jobs::{JobChoice, MAX_JOBS};
 use crate::http::{Outbound, Secret, http_url};
 use crate::pass::mode::Mode;
 use crate::pass::policy::{CODER_MIN_AHEAD, Policy, ReclaimWhen, Rule};
@@ -72,8 +73,9 @@ pub struct FileConfig {
     pub max_gpu_series: Option<usize>,
     /// Label matchers added to every Prometheus query, e.g. `job="gpu-metrics"`.
     pub prometheus_selector: Option<String>,
-    /// The exporter's scrape job: behind Prometheus only its series count.
-    pub prometheus_job: Option<String>,
+    /// The exporter's scrape job, or a list of them: behind Prometheus only their series count.
+    /// Unset: the one job Prometheus names (`gpu::prometheus::jobs`).
+    pub prometheus_job: Option<OneOrMore>,
     /// The one HTTP proxy outgoing requests use; proxies in the environment are ignored.
     pub proxy_url: Option<String>,
 
@@ -409,15 +411,14 @@ impl Settings {
             }
             outbound.proxy = Some(proxy);
         }
-        let prometheus_job = match args.prometheus_job.clone().or_else(|| file.prometheus_job.clone()) {
-            Some(job) if job.trim().is_empty() || job.chars().any(|c| c.is_control() || c == '\u{22}' || c == '\u{5c}') => {
-                return err(format!(
-                    "prometheus_job {job:?}: name the exporter's scrape job (the `job` label of its series), e.g. \"{}\"",
-                    crate::gpu::prometheus::DEFAULT_JOB
-                ));
-            }
-            Some(job) => job.trim().to_string(),
-            None => crate::gpu::prometheus::DEFAULT_JOB.to_string(),
+        let named = if args.prometheus_job.is_empty() {
+            file.prometheus_job.clone().map(OneOrMore::into_vec)
+        } else {
+            Some(args.prometheus_job.clone())
+        };
+        let prometheus_jobs = match named {
+            Some(jobs) => JobChoice::Named(prometheus_jobs(&jobs)?),
+            None => JobChoice::Discover,
         };
         // Every limit is checked, whichever source is configured; each source keeps its own.
         let max_listing = mib("max_listing_mib", file.max_listing_mib, crate::coder::DEFAULT_MAX_LISTING)?;
@@ -440,7 +441,7 @@ impl Settings {
                     bearer_token_file: file.prometheus_bearer_token_file.clone(),
                     power: false, // the policy's, where the source is built
                     selector,
-                    job: Some(prometheus_job),
+                    jobs: prometheus_jobs,
                     max_series,
                 };
             }
@@ -709,6 +710,42 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     p.rules = file.rules.clone();
     p.pools = pools(file)?;
     Ok(p)
+}
+
+/// A TOML key that takes one string or a list of them.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMore {
+    One(String),
+    More(Vec<String>),
+}
+
+impl OneOrMore {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMore::One(s) => vec![s],
+            OneOrMore::More(v) => v,
+        }
+    }
+}
+
+/// `prometheus_job`: one or more scrape jobs, each matched exactly (escaped in the query).
+fn prometheus_jobs(jobs: &[String]) -> Result<Vec<String>, Error> {
+    let example = "e.g. prometheus_job = \"gpu-metrics\", or [\"nvidia-dcgm-exporter\", \"gpu-metrics\"]";
+    if jobs.is_empty() || jobs.len() > MAX_JOBS {
+        return err(format!("prometheus_job lists {} jobs: name 1 to {MAX_JOBS} scrape jobs, {example}", jobs.len()));
+    }
+    let mut out: Vec<String> = Vec::new();
+    for job in jobs {
+        let bad = job.trim().is_empty() || job.len() > 256 || job.chars().any(|c| c.is_control() || c == '\u{22}' || c == '\u{5c}');
+        if bad {
+            return err(format!("prometheus_job {job:?}: name the exporter's scrape job (the `job` label of its series), {example}"));
+        }
+        if !out.iter().any(|j| j == job.trim()) {
+            out.push(job.trim().to_string());
+        }
+    }
+    Ok(out)
 }
 
 /// The most names `gpu_parameters` may list.

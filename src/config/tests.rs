@@ -110,7 +110,7 @@ fn bad_input_names_the_setting_and_the_fix() {
             "the owner token would cross the proxy in clear",
         ),
         (
-            CommonArgs { prometheus_job: Some("a\"b".into()), ..args() },
+            CommonArgs { prometheus_job: vec!["a\"b".into()], ..args() },
             token(),
             "prometheus_job \"a\\\"b\": name the exporter's scrape job",
         ),
@@ -228,5 +228,38 @@ fn start_keys_parse_and_refuse_what_cannot_be_meant() {
     ] {
         let e = policy(text).unwrap_err().to_string();
         assert!(e.contains(fix), "{text}: {e}");
+    }
+}
+
+/// `prometheus_job`: unset, the job is discovered; one string, a TOML list, or the flag repeated
+/// or comma-separated name the jobs read (each exactly); a bad name is refused with the fix.
+#[test]
+fn prometheus_job_is_discovered_named_or_listed() {
+    use crate::gpu::prometheus::jobs::JobChoice;
+    let jobs_of = |a: &CommonArgs, text: &str| -> Result<JobChoice, Error> {
+        let file = TempFile::new(&format!("jobs-{}.toml", text.len()), text);
+        let mut a = a.clone();
+        a.config = Some(file.0.clone());
+        a.dcgm_exporters = Vec::new();
+        a.prometheus_url = Some("http://prometheus:9090".into());
+        let s = resolve(&a, token())?;
+        match s.gpu {
+            SourceConfig::Prometheus(p) => Ok(p.options.jobs),
+            SourceConfig::Exporters(_) => panic!("behind Prometheus"),
+        }
+    };
+    let named = |jobs: &[&str]| JobChoice::Named(jobs.iter().map(|j| j.to_string()).collect());
+    assert_eq!(jobs_of(&args(), "").unwrap(), JobChoice::Discover);
+    assert_eq!(jobs_of(&args(), "prometheus_job = \"gpu-metrics\"\n").unwrap(), named(&["gpu-metrics"]));
+    assert_eq!(jobs_of(&args(), "prometheus_job = [\"a\", \"b\", \"a\"]\n").unwrap(), named(&["a", "b"]));
+    let flag = CommonArgs { prometheus_job: vec!["x".into(), "y".into()], ..args() };
+    assert_eq!(jobs_of(&flag, "prometheus_job = \"ignored\"\n").unwrap(), named(&["x", "y"]), "the flag beats the file");
+    for text in [
+        "prometheus_job = []\n",
+        "prometheus_job = [\"\"]\n",
+        "prometheus_job = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\", \"i\"]\n",
+    ] {
+        let e = jobs_of(&args(), text).unwrap_err().to_string();
+        assert!(e.contains("prometheus_job"), "{text}: {e}");
     }
 }

@@ -95,6 +95,15 @@ impl Sources {
         matches!(self, Sources::Exporters(_))
     }
 
+    /// The Prometheus source, when that is the one configured (`check` asks it which jobs carry
+    /// the exporter's series).
+    pub fn prometheus(&self) -> Option<&prometheus::PrometheusSource> {
+        match self {
+            Sources::Prometheus(p) => Some(p),
+            Sources::Exporters(_) => None,
+        }
+    }
+
     /// The workspaces whose series to hold from now on (only where `lists_first`).
     pub fn want(&self, workspaces: HashSet<String>) {
         if let Sources::Prometheus(s) = self {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use reclaimer_core::gpu::{GpuSeries, Ownership, Twin};
+use serde::Serialize;
 
 use crate::http::Outbound;
 
@@ -25,6 +26,23 @@ impl SourceFailure {
     pub fn new(source: String, host: String, error: String) -> Self {
         SourceFailure { source, host, error }
     }
+}
+
+/// Behind Prometheus: which scrape jobs' series were read, and how they were chosen (the status
+/// document's `gpu_jobs`, `check`'s line).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobsRead {
+    /// `configured` (`prometheus_job`), `discovered` (the one job Prometheus named), or
+    /// `default` (none was found: the GPU Operator's name).
+    pub how: &'static str,
+    /// The jobs read (empty when `problem` is set).
+    pub jobs: Vec<String>,
+    /// What discovery found: each job with its series count, most first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub found: Vec<(String, u64)>,
+    /// Why nothing is read (several jobs, or Prometheus could not say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// What one collection round returned.
@@ -46,6 +64,8 @@ pub struct Collection {
     /// highest raw sample in the step ending at its time), not one more reading to merge into
     /// the pass's sample (an exporter scrape).
     pub step: Option<std::time::Duration>,
+    /// Behind Prometheus: the scrape jobs read.
+    pub jobs: Option<JobsRead>,
 }
 
 /// A place GPU readings come from. Both sources yield the same series, so the windows and

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 
 use crate::coder::types::Workspace;
 use crate::coder::{CoderClient, CoderError, ErrorKind};
+use crate::gpu::source::JobsRead;
 use crate::gpu::window::Windows;
 use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
 use crate::pass::deadline::DeadlinePlan;
@@ -53,6 +54,8 @@ pub struct Evaluation {
     pub currency: Option<String>,
     /// Workspaces whose pods report a GPU while Coder does not list them running.
     pub held_outside: Vec<HeldOutside>,
+    /// Behind Prometheus: the scrape jobs read, and how they were chosen.
+    pub gpu_jobs: Option<JobsRead>,
 }
 
 impl Evaluation {
@@ -140,6 +143,8 @@ pub struct Evaluator {
     said_outside: HashSet<String>,
     /// Builds whose parameters could not be read, already logged (asked again each pass).
     said_parameters_unread: HashSet<String>,
+    /// The scrape jobs last logged (`said_jobs`): a change is logged once.
+    said_jobs: Option<JobsRead>,
 }
 
 /// The most build parameter reads in one pass (a start that may wait for a GPU, once per build).
@@ -164,6 +169,7 @@ impl Evaluator {
             outside: Outside::default(),
             said_outside: HashSet::new(),
             said_parameters_unread: HashSet::new(),
+            said_jobs: None,
         }
     }
 
@@ -317,6 +323,8 @@ impl Evaluator {
             }
             self.coder_clock_offset = offset;
         }
+        let gpu_jobs = collection.jobs.take();
+        self.say_jobs(gpu_jobs.as_ref());
         let (workspaces, duplicates) = dedup_by_id(listing.workspaces);
         self.learn_permissions(&workspaces).await;
         self.learn_templates(&workspaces).await;
@@ -379,7 +387,29 @@ impl Evaluator {
             coder_offset: self.coder_clock_offset,
             currency: policy.prices_gpu_time().then(|| policy.currency.clone()),
             held_outside,
+            gpu_jobs,
         })
+    }
+
+    /// Logs the scrape jobs behind Prometheus when they change: the one discovered
+    /// (`prometheus_job_discovered`), or why none is read (`prometheus_job_unknown`, a WARN).
+    fn say_jobs(&mut self, jobs: Option<&JobsRead>) {
+        let Some(jobs) = jobs else { return };
+        if self.said_jobs.as_ref() == Some(jobs) {
+            return;
+        }
+        match &jobs.problem {
+            Some(problem) => tracing::warn!(event = "prometheus_job_unknown", "{problem}"),
+            None if jobs.how == "discovered" => {
+                let found = crate::gpu::prometheus::jobs::listed(&jobs.found);
+                tracing::info!(event = "prometheus_job_discovered", jobs = ?jobs.jobs, found = %found, "reading dcgm-exporter's series of scrape job {:?}, the one Prometheus holds them under", jobs.jobs);
+            }
+            None if jobs.how == "default" => {
+                tracing::info!(event = "prometheus_job_not_found", jobs = ?jobs.jobs, "no scrape job in Prometheus carries dcgm-exporter series yet: reading {:?} and asking again each pass", jobs.jobs);
+            }
+            None => {}
+        }
+        self.said_jobs = Some(jobs.clone());
     }
 
     /// Follows the workspaces GPU series name that the listing does not hold, reads the ones

@@ -274,6 +274,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
             .map(|(name, c)| PoolStatus { pool: name.clone(), waiting: c.waiting, idle: c.idle })
             .collect(),
         twins: eval.twins.clone(),
+        gpu_jobs: eval.gpu_jobs.clone(),
         notes: Vec::new(),
         workspaces: eval
             .judged

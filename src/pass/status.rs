@@ -87,6 +87,9 @@ pub struct StatusDocument {
     /// forged copy of a GPU looks like this, where a store lets others write.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub twins: Vec<crate::gpu::Twin>,
+    /// Behind Prometheus: the scrape jobs whose series are read, and how they were chosen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_jobs: Option<crate::gpu::source::JobsRead>,
     /// Caveats about this document (for example, a short sampling history in `plan`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -230,6 +233,7 @@ impl StatusDocument {
             held_outside: Vec::new(),
             pools: Vec::new(),
             twins: Vec::new(),
+            gpu_jobs: None,
             notes: Vec::new(),
             workspaces: Vec::new(),
         }

@@ -541,6 +541,50 @@ fn accounts_for(series: &[GpuSeries], sharers: &[usize], device: &[Point]) -> bo
     })
 }
 
+/// The workspace GPU keys that two scrape targets reported over at least two common steps,
+/// counted across fetches (`co_reported`: a steady pass fetches one step). An exporter restart
+/// (a new pod, a new `instance`) overlaps the old one by a step at most; a copy of a GPU forged
+/// into the store overlaps it throughout.
+pub fn twins_in(
+    series: &[GpuSeries],
+    instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>,
+    step: i64,
+    co_reported: &mut HashMap<GpuKey, (Vec<String>, i64)>,
+) -> (Vec<Twin>, usize) {
+    let mut now: HashMap<GpuKey, (Vec<String>, i64)> = HashMap::new();
+    for (i, targets) in instances {
+        let Some(s) = series.get(i) else { continue };
+        let mut steps = 0;
+        for (a, (_, a0, a1)) in targets.iter().enumerate() {
+            for (_, b0, b1) in targets.iter().skip(a + 1) {
+                let common = (*a1).min(*b1) - (*a0).max(*b0);
+                if common >= 0 {
+                    steps = steps.max(common / step.max(1) + 1);
+                }
+            }
+        }
+        if steps > 0 {
+            now.insert(s.key.clone(), (targets.iter().map(|(t, _, _)| t.to_string()).collect(), steps));
+        }
+    }
+    // Keys no longer reported by two targets are forgotten; the others add this fetch's steps.
+    co_reported.retain(|k, _| now.contains_key(k));
+    for (key, (targets, steps)) in now {
+        let entry = co_reported.entry(key).or_insert((Vec::new(), 0));
+        entry.0 = targets;
+        entry.1 = entry.1.saturating_add(steps);
+    }
+    let mut seen: HashMap<GpuKey, Vec<String>> = HashMap::new();
+    for (key, (targets, steps)) in co_reported.iter() {
+        if *steps >= 2 {
+            for t in targets {
+                note_target(&mut seen, key, t);
+            }
+        }
+    }
+    twins_of(seen)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,5 +635,32 @@ mod tests {
         assert_eq!(owner(&ns, &[("pod", &exported), ("namespace", "coder")]).0.as_deref(), Some(id));
         let by_label = Ownership { namespace: None, workspace_id_label: Some("label_com_coder_workspace_id".into()) };
         assert_eq!(owner(&by_label, &[("pod", "x"), ("label_com_coder_workspace_id", id)]).0.as_deref(), Some(id));
+    }
+
+    /// Twins are counted across fetches: a steady pass fetches one step, and a forged copy
+    /// reported beside the real GPU at every step is a twin from its second step on; an exporter
+    /// restart (old and new target at one common step, then the old one gone) never is.
+    #[test]
+    fn twins_are_two_targets_over_two_steps_across_fetches() {
+        let key = GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some("coder-x".into()) };
+        let series = vec![GpuSeries {
+            key: key.clone(),
+            workspace_id: Some("w".into()),
+            namespace: None,
+            model: None,
+            source: Arc::from("p"),
+            attribution: Attribution::Exclusive,
+            real_pod_uid: false,
+            points: Vec::new(),
+        }];
+        let at = |t: i64, targets: &[&str]| HashMap::from([(0usize, targets.iter().map(|n| (Arc::from(*n), t, t)).collect::<Vec<_>>())]);
+        let mut co = HashMap::new();
+        assert_eq!(twins_in(&series, at(60, &["a", "forged"]), 60, &mut co).1, 0, "one common step: maybe a restart");
+        assert_eq!(twins_in(&series, at(120, &["a", "forged"]), 60, &mut co).1, 1, "two: a twin");
+        assert_eq!(twins_in(&series, at(180, &["a"]), 60, &mut co).1, 0, "gone with the copy");
+        let mut restart = HashMap::new();
+        assert_eq!(twins_in(&series, at(60, &["old", "new"]), 60, &mut restart).1, 0);
+        assert_eq!(twins_in(&series, at(120, &["new"]), 60, &mut restart).1, 0, "an exporter restart is no twin");
+        assert!(restart.is_empty(), "nothing remembered once one target reports it");
     }
 }

@@ -33,17 +33,20 @@ use tokio::task::JoinSet;
 use crate::error::Error;
 use crate::http::{Outbound, StreamError, host_port, read_split, redact};
 
-use super::source::{Collection, GpuSource, SourceContext, SourceFailure};
+use super::source::{Collection, GpuSource, JobsRead, SourceContext, SourceFailure};
 use answer::{
     DEVICE_POINTS_BYTES, Fold, GPUS_PER_LISTED_WORKSPACE, MAX_REMEMBERED_LABEL_BYTES, MAX_STEPS_RESERVED, RESULT, SeriesInto,
     check_envelope,
 };
 pub use answer::{MAX_POINTS_BYTES, POINT_BYTES, Series, read_answer};
+pub use jobs::DEFAULT_JOB;
+use jobs::{Discovery, JobChoice, discovery_query, jobs_to_read};
 use query::{AGGREGATE_UP_TO_STEPS, Filters, QuerySpec};
 
 mod answer;
+pub mod jobs;
 mod query;
-use reclaimer_core::gpu::{GpuKey, GpuSeries, Ownership, PerPod, Twin, merge_device_level, note_target, twins_of};
+use reclaimer_core::gpu::{GpuKey, Ownership, PerPod, merge_device_level, twins_in};
 
 /// One query's body at most (uncompressed); over 10,000 GPUs a steady-state pass reads about
 /// 3 MB per field, the first pass about 14 MB.
@@ -58,10 +61,6 @@ pub const DEFAULT_MAX_SERIES: usize = 20_000;
 /// over 10,000 GPUs (five fields with data) took 1.15-1.33 s, Prometheus and the service each
 /// waiting on the other; with 5 or 6, 0.85-1.38 s, median 1.06 s (benches/prometheus.rs).
 pub const MAX_QUERIES_IN_FLIGHT: usize = 6;
-
-/// The scrape job of dcgm-exporter as the GPU Operator's ServiceMonitor names it (its Service):
-/// a series counts only with this `job` label unless `prometheus_job` says another.
-pub const DEFAULT_JOB: &str = "nvidia-dcgm-exporter";
 
 /// The Prometheus source's settings, as plain values (`Settings::resolve` fills them in from the
 /// flags and the config file).
@@ -107,9 +106,10 @@ pub struct PrometheusOptions {
     pub power: bool,
     /// Label matchers added to every query (`exported_namespace="coder"`).
     pub selector: Option<String>,
-    /// The exporter's scrape job: only series with this `job` label count, not a look-alike
-    /// another job exports (or pushes) with a workspace's pod label; `None`: any job.
-    pub job: Option<String>,
+    /// The exporter's scrape jobs: only series with one of these `job` labels count, not a
+    /// look-alike another job exports (or pushes) with a workspace's pod label; unset
+    /// (`Discover`), the one job Prometheus names (`jobs`).
+    pub jobs: JobChoice,
     /// Distinct GPU series one pass may hold (`max_gpu_series`).
     pub max_series: usize,
 }
@@ -121,7 +121,7 @@ impl Default for PrometheusOptions {
             bearer_token_file: None,
             power: false,
             selector: None,
-            job: Some(DEFAULT_JOB.to_string()),
+            jobs: JobChoice::Named(vec![DEFAULT_JOB.to_string()]),
             max_series: DEFAULT_MAX_SERIES,
         }
     }
@@ -148,6 +148,8 @@ pub struct PrometheusSource {
     /// (see `twins_in`); a key not co-reported in a fetch is dropped, so it is bounded by the
     /// series a fetch holds.
     co_reported: Mutex<HashMap<GpuKey, (Vec<String>, i64)>>,
+    /// Which jobs carry the exporter's series, when `jobs` is `Discover`.
+    discovery: Mutex<Discovery>,
 }
 
 impl PrometheusSource {
@@ -185,6 +187,7 @@ impl PrometheusSource {
             fetched_until: Mutex::new(None),
             wanted: Mutex::new(None),
             co_reported: Mutex::new(HashMap::new()),
+            discovery: Mutex::new(Discovery::default()),
         })
     }
 
@@ -195,19 +198,52 @@ impl PrometheusSource {
     }
 
     /// Every query a fetch sends: of the whole window (`aggregate = false`), or of a few new
-    /// steps (for tests and the README).
+    /// steps (for tests and the README), for the configured jobs (the default job while they are
+    /// to be discovered).
     pub fn queries(&self, aggregate: bool) -> Vec<String> {
-        QuerySpec::all(self.options.power).iter().map(|q| self.promql(*q, aggregate)).collect()
+        let jobs = match &self.options.jobs {
+            JobChoice::Named(jobs) => jobs.clone(),
+            JobChoice::Discover => vec![DEFAULT_JOB.to_string()],
+        };
+        QuerySpec::all(self.options.power).iter().map(|q| self.promql(*q, aggregate, &jobs)).collect()
     }
 
-    fn promql(&self, spec: QuerySpec, aggregate: bool) -> String {
+    fn promql(&self, spec: QuerySpec, aggregate: bool, jobs: &[String]) -> String {
         let filters = Filters {
             namespace: self.ownership.namespace.as_deref(),
             workspace_label: self.ownership.workspace_id_label.as_deref(),
             selector: self.options.selector.as_deref(),
-            job: self.options.job.as_deref(),
+            jobs,
         };
         spec.promql(self.step.as_secs().max(1), filters, aggregate)
+    }
+
+    /// The scrape jobs to read this pass: the configured ones, or, to be discovered, the one job
+    /// Prometheus names (asked at the first pass, again after an hour, and after a failure).
+    pub async fn jobs(&self) -> JobsRead {
+        let due = self.options.jobs == JobChoice::Discover && self.discovery.lock().unwrap_or_else(|p| p.into_inner()).due();
+        if due {
+            let answer = self.jobs_with_series().await;
+            self.discovery.lock().unwrap_or_else(|p| p.into_inner()).answered(answer);
+        }
+        jobs_to_read(&self.options.jobs, &self.discovery.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Which jobs carry dcgm-exporter's series now (`jobs::discovery_query`), each with its
+    /// series count; jobs without a name are left out (no scrape job has none).
+    pub async fn jobs_with_series(&self) -> Result<Vec<(String, u64)>, String> {
+        // Now, not the last step's end: a store that began scraping within the step answers too.
+        let end = Utc::now().timestamp();
+        let mut found: Vec<(String, u64)> = Vec::new();
+        let mut on = |s: Series<'_>| {
+            let job = s.metric.get("job").unwrap_or("");
+            let count = s.values.last().and_then(|v| v.1).filter(|v| v.is_finite() && *v >= 0.0).unwrap_or(0.0);
+            if !job.is_empty() && found.len() < jobs::MAX_JOBS_LISTED * 16 {
+                found.push((job.to_string(), count as u64));
+            }
+        };
+        self.query_each(discovery_query(self.options.selector.as_deref()), (end, end, 60), &mut on).await?;
+        Ok(found)
     }
 
     /// The steps to fetch now: `(start, end)` in unix seconds, both on the step grid, `end`
@@ -298,6 +334,7 @@ impl PrometheusSource {
         headers: &HeaderMap,
         range: (i64, i64, u64),
         aggregate: bool,
+        jobs: &[String],
         fold: &Arc<Mutex<Fold>>,
     ) -> Vec<SourceFailure> {
         // A few queries at a time: each keeps Prometheus busy evaluating it (a whole window over
@@ -307,7 +344,7 @@ impl PrometheusSource {
         for &spec in specs {
             let in_flight = in_flight.clone();
             let q = Query { http: self.http.clone(), base: self.base.clone(), max_body: self.max_body, headers: headers.clone() };
-            let query = self.promql(spec, aggregate);
+            let query = self.promql(spec, aggregate, jobs);
             let fold = fold.clone();
             tasks.spawn(async move {
                 let _permit = in_flight.acquire_owned().await;
@@ -326,50 +363,6 @@ impl PrometheusSource {
         }
         failures
     }
-}
-
-/// The workspace GPU keys that two scrape targets reported over at least two common steps,
-/// counted across fetches (`co_reported`: a steady pass fetches one step). An exporter restart
-/// (a new pod, a new `instance`) overlaps the old one by a step at most; a copy of a GPU forged
-/// into the store overlaps it throughout.
-fn twins_in(
-    series: &[GpuSeries],
-    instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>,
-    step: i64,
-    co_reported: &mut HashMap<GpuKey, (Vec<String>, i64)>,
-) -> (Vec<Twin>, usize) {
-    let mut now: HashMap<GpuKey, (Vec<String>, i64)> = HashMap::new();
-    for (i, targets) in instances {
-        let Some(s) = series.get(i) else { continue };
-        let mut steps = 0;
-        for (a, (_, a0, a1)) in targets.iter().enumerate() {
-            for (_, b0, b1) in targets.iter().skip(a + 1) {
-                let common = (*a1).min(*b1) - (*a0).max(*b0);
-                if common >= 0 {
-                    steps = steps.max(common / step.max(1) + 1);
-                }
-            }
-        }
-        if steps > 0 {
-            now.insert(s.key.clone(), (targets.iter().map(|(t, _, _)| t.to_string()).collect(), steps));
-        }
-    }
-    // Keys no longer reported by two targets are forgotten; the others add this fetch's steps.
-    co_reported.retain(|k, _| now.contains_key(k));
-    for (key, (targets, steps)) in now {
-        let entry = co_reported.entry(key).or_insert((Vec::new(), 0));
-        entry.0 = targets;
-        entry.1 = entry.1.saturating_add(steps);
-    }
-    let mut seen: HashMap<GpuKey, Vec<String>> = HashMap::new();
-    for (key, (targets, steps)) in co_reported.iter() {
-        if *steps >= 2 {
-            for t in targets {
-                note_target(&mut seen, key, t);
-            }
-        }
-    }
-    twins_of(seen)
 }
 
 /// Steps one query asks for at most: a longer fetch (a first pass over a long look-back) is
@@ -404,6 +397,11 @@ impl GpuSource for PrometheusSource {
                 return Collection { series: Vec::new(), failures, requests: 0, step: Some(self.step), ..Collection::default() };
             }
         };
+        let read = self.jobs().await;
+        if let Some(problem) = &read.problem {
+            let failures = vec![SourceFailure::new(self.shown.clone(), self.host.clone(), problem.clone())];
+            return Collection { failures, requests: 1, step: Some(self.step), jobs: Some(read), ..Collection::default() };
+        }
         let step = self.step.as_secs().max(1);
         let steps = (end - start) / step as i64 + 1;
         let aggregate = steps <= AGGREGATE_UP_TO_STEPS;
@@ -442,7 +440,7 @@ impl GpuSource for PrometheusSource {
             let to = (from + (SLICE_STEPS - 1) * step as i64).min(end);
             fold.lock().unwrap_or_else(|p| p.into_inner()).slice = (from, to);
             requests += specs.len();
-            let slice = self.fetch_slice(&specs, &headers, (from, to, step), aggregate, &fold).await;
+            let slice = self.fetch_slice(&specs, &headers, (from, to, step), aggregate, &read.jobs, &fold).await;
             if !slice.is_empty() {
                 failures = slice;
                 break;
@@ -463,7 +461,7 @@ impl GpuSource for PrometheusSource {
             // A partial picture is worse than none: a missing SM_ACTIVE would fall back to
             // utilization silently. Report every GPU from this source as unknown, and fetch
             // these steps again next pass.
-            return Collection { series: Vec::new(), failures, requests, step: Some(self.step), ..Collection::default() };
+            return Collection { series: Vec::new(), failures, requests, step: Some(self.step), jobs: Some(read), ..Collection::default() };
         };
         if !failures.is_empty() {
             // The slices before the failed one are whole: kept, and not fetched again; the
@@ -485,7 +483,7 @@ impl GpuSource for PrometheusSource {
         };
         merge_device_level(&mut series);
         series.sort_by(|a, b| a.key.cmp(&b.key));
-        Collection { series, failures, twins, twin_count, requests, step: Some(self.step), unlisted }
+        Collection { series, failures, twins, twin_count, requests, step: Some(self.step), unlisted, jobs: Some(read) }
     }
 }
 
@@ -689,7 +687,7 @@ mod tests {
     #[test]
     fn a_whole_window_is_asked_as_stored_and_new_steps_aggregated() {
         let spec = QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" };
-        let f = |namespace, workspace_label, selector| Filters { namespace, workspace_label, selector, job: None };
+        let f = |namespace, workspace_label, selector| Filters { namespace, workspace_label, selector, jobs: &[] };
         assert_eq!(spec.promql(60, f(None, None, None), false), "max_over_time(DCGM_FI_PROF_SM_ACTIVE{}[60s])");
         assert_eq!(
             spec.promql(60, f(Some("co\"der"), Some("label_ws"), None), true),
@@ -717,10 +715,17 @@ mod tests {
             util.promql(60, f(Some("coder"), None, job), false)
         );
         // The exporter's job comes first, whatever else narrows the query.
-        let with_job = Filters { job: Some("dcgm\"x"), ..f(None, None, Some("exported_namespace=\"coder\"")) };
+        let one = ["dcgm\"x".to_string()];
+        let with_job = Filters { jobs: &one, ..f(None, None, Some("exported_namespace=\"coder\"")) };
         assert_eq!(
             spec.promql(60, with_job, false),
             "max_over_time(DCGM_FI_PROF_SM_ACTIVE{job=\"dcgm\\\"x\",exported_namespace=\"coder\"}[60s])"
+        );
+        // Several jobs: each matched exactly, their selects `or`ed (no regular expression).
+        let two = ["a.b".to_string(), "c|d".to_string()];
+        assert_eq!(
+            spec.promql(60, Filters { jobs: &two, ..f(None, None, None) }, false),
+            "max_over_time(DCGM_FI_PROF_SM_ACTIVE{job=\"a.b\"}[60s]) or max_over_time(DCGM_FI_PROF_SM_ACTIVE{job=\"c|d\"}[60s])"
         );
         let names: Vec<&str> = QuerySpec::all(true).iter().map(|q| q.name).collect();
         assert_eq!(names.len(), NAMES.len() + 2, "every field name the decisions read, and the energy counter by both names");
@@ -729,32 +734,5 @@ mod tests {
         let without: Vec<&str> = QuerySpec::all(false).iter().map(|q| q.name).collect();
         assert_eq!(without.len(), names.len() - 2, "no power draw unless a power veto reads it");
         assert!(!without.iter().any(|n| n.contains("POWER")));
-    }
-
-    /// Twins are counted across fetches: a steady pass fetches one step, and a forged copy
-    /// reported beside the real GPU at every step is a twin from its second step on; an exporter
-    /// restart (old and new target at one common step, then the old one gone) never is.
-    #[test]
-    fn twins_are_two_targets_over_two_steps_across_fetches() {
-        let key = GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some("coder-x".into()) };
-        let series = vec![GpuSeries {
-            key: key.clone(),
-            workspace_id: Some("w".into()),
-            namespace: None,
-            model: None,
-            source: Arc::from("p"),
-            attribution: super::super::Attribution::Exclusive,
-            real_pod_uid: false,
-            points: Vec::new(),
-        }];
-        let at = |t: i64, targets: &[&str]| HashMap::from([(0usize, targets.iter().map(|n| (Arc::from(*n), t, t)).collect::<Vec<_>>())]);
-        let mut co = HashMap::new();
-        assert_eq!(twins_in(&series, at(60, &["a", "forged"]), 60, &mut co).1, 0, "one common step: maybe a restart");
-        assert_eq!(twins_in(&series, at(120, &["a", "forged"]), 60, &mut co).1, 1, "two: a twin");
-        assert_eq!(twins_in(&series, at(180, &["a"]), 60, &mut co).1, 0, "gone with the copy");
-        let mut restart = HashMap::new();
-        assert_eq!(twins_in(&series, at(60, &["old", "new"]), 60, &mut restart).1, 0);
-        assert_eq!(twins_in(&series, at(120, &["new"]), 60, &mut restart).1, 0, "an exporter restart is no twin");
-        assert!(restart.is_empty(), "nothing remembered once one target reports it");
     }
 }

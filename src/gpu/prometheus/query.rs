@@ -35,7 +35,8 @@ pub(super) struct Filters<'a> {
     pub(super) namespace: Option<&'a str>,
     pub(super) workspace_label: Option<&'a str>,
     pub(super) selector: Option<&'a str>,
-    pub(super) job: Option<&'a str>,
+    /// The scrape jobs read (each matched exactly; several are `or`ed); empty: any job.
+    pub(super) jobs: &'a [String],
 }
 
 /// One query: one exporter field, a signal or the energy counter.
@@ -65,11 +66,11 @@ impl QuerySpec {
     /// are real (reference dcgm NOTES §10).
     pub(super) fn promql(&self, step_secs: u64, filters: Filters<'_>, aggregate: bool) -> String {
         let name = self.name;
-        let Filters { namespace, workspace_label, selector, job } = filters;
-        let job = job.map(|j| format!("job=\"{}\"", j.replace('\\', "\\\\").replace('"', "\\\"")));
-        let select = |ns_matcher: &str| {
-            let matchers: Vec<&str> =
-                [job.as_deref().unwrap_or(""), selector.unwrap_or(""), ns_matcher].into_iter().filter(|m| !m.is_empty()).collect();
+        let Filters { namespace, workspace_label, selector, jobs } = filters;
+        let job_matchers: Vec<String> = jobs.iter().map(|j| format!("job=\"{}\"", j.replace('\\', "\\\\").replace('"', "\\\""))).collect();
+        let job_matchers = if job_matchers.is_empty() { vec![String::new()] } else { job_matchers };
+        let select_one = |job: &str, ns_matcher: &str| {
+            let matchers: Vec<&str> = [job, selector.unwrap_or(""), ns_matcher].into_iter().filter(|m| !m.is_empty()).collect();
             let raw = format!("max_over_time({name}{{{}}}[{step_secs}s])", matchers.join(","));
             if !aggregate {
                 return raw;
@@ -78,6 +79,9 @@ impl QuerySpec {
             by.extend(workspace_label);
             format!("max by ({}) ({raw})", by.join(", "))
         };
+        // Each job's select, `or`ed: one job reads as before; with several, a GPU two of them
+        // report comes once (`or` keeps the first), and no regular expression escapes a name.
+        let select = |ns_matcher: &str| job_matchers.iter().map(|job| select_one(job, ns_matcher)).collect::<Vec<_>>().join(" or ");
         match namespace {
             None => select(""),
             Some(ns) => {

@@ -1,0 +1,117 @@
+//! Behind a real Prometheus, the exporter's scrape job is found wherever it is put (issue 42):
+//! with `prometheus_job` unset, the one job that carries dcgm-exporter's series is read (NVIDIA's
+//! kube-prometheus-stack recipe names it `gpu-metrics`); two such jobs read nothing, the status
+//! document and the page say why, and `check` names both with their series counts; a list of
+//! jobs reads each. Facts: reference dcgm NOTES §12.
+
+use std::time::Duration;
+
+use mocks::{ExporterConfig, FakeCoder, FakeExporter};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::common::service::{Service, exit_of, holds_gpu, running, until, until_with, world};
+use crate::prometheus_world::Prometheus;
+
+async fn get(svc: &Service, path: &str) -> Value {
+    reqwest::get(format!("http://{}{path}", svc.addr().await)).await.unwrap().json().await.unwrap()
+}
+
+/// Idle workspaces on GPUs, their owners last seen an hour ago.
+async fn idle_on_gpus(coder: &FakeCoder, names: &[&str]) -> Vec<Uuid> {
+    let ids: Vec<Uuid> = names.iter().map(|n| coder.with(|w| w.create_workspace("alice", n, None)).unwrap()).collect();
+    until(coder, "they hold GPUs", Duration::from_secs(10), |w| ids.iter().all(|id| holds_gpu(w, *id) && running(w, *id))).await;
+    coder.with(|w| {
+        for id in &ids {
+            let i = w.ws_index(*id).unwrap();
+            w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
+        }
+    });
+    ids
+}
+
+fn target(ex: &FakeExporter) -> String {
+    ex.url().trim_start_matches("http://").trim_end_matches("/metrics").to_string()
+}
+
+/// A Prometheus scraping every second, one scrape job per `(job, exporter)`.
+async fn prometheus(jobs: &[(&str, &FakeExporter)]) -> Option<Prometheus> {
+    let (bin, _) = crate::common::installed_or_skip(crate::prometheus_world::installed(), "prometheus")?;
+    let mut config = "global:\n  scrape_interval: 1s\nscrape_configs:\n".to_string();
+    for (job, ex) in jobs {
+        config.push_str(&format!("  - job_name: {job}\n    static_configs:\n      - targets: [\"{}\"]\n", target(ex)));
+    }
+    Some(Prometheus::start(&bin, Prometheus::folder(), &config).await)
+}
+
+fn behind<'a>(prom: &'a Prometheus, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--prometheus-url", prom.url.as_str(), "--interval", "2s", "--idle-after", "10s"];
+    args.extend(extra);
+    args
+}
+
+#[tokio::test]
+async fn a_single_job_named_otherwise_is_found_and_its_idle_gpu_reclaimed() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = crate::common::service::exporter(&coder).await;
+    let Some(prom) = prometheus(&[("gpu-metrics", &ex)]).await else { return };
+    let idle = idle_on_gpus(&coder, &["idle"]).await;
+    let svc = Service::start(&coder, &[], &coder.owner_token(), &behind(&prom, &[]));
+    until_with(&coder, Some(&svc), "the idle GPU is given back", Duration::from_secs(40), |w| !holds_gpu(w, idle[0])).await;
+    let found = svc.events("prometheus_job_discovered");
+    assert_eq!(found.len(), 1, "logged once: {found:?}");
+    assert_eq!(found[0]["jobs"], "[\"gpu-metrics\"]", "{found:?}");
+    let doc = get(&svc, "/api/v1/workspaces").await;
+    assert_eq!((doc["gpu_jobs"]["how"].as_str(), doc["gpu_jobs"]["jobs"][0].as_str()), (Some("discovered"), Some("gpu-metrics")), "{doc}");
+    let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--prometheus-url", &prom.url], &coder.owner_token()).await;
+    assert!(
+        out.contains(
+            "ok   prometheus job: reading [\"gpu-metrics\"] (discovered); jobs with dcgm-exporter series: \"gpu-metrics\" (1 series)"
+        ),
+        "{code}: {out}"
+    );
+}
+
+#[tokio::test]
+async fn two_jobs_read_nothing_and_say_so_and_a_list_of_them_reads_both() {
+    let coder = FakeCoder::start(world(2)).await.unwrap();
+    let a = FakeExporter::start(coder.world.clone(), ExporterConfig { gpus: vec![0], ..ExporterConfig::default() }).await.unwrap();
+    let b = FakeExporter::start(coder.world.clone(), ExporterConfig { gpus: vec![1], ..ExporterConfig::default() }).await.unwrap();
+    let Some(prom) = prometheus(&[("dcgm-a", &a), ("gpu-metrics", &b)]).await else { return };
+    let idle = idle_on_gpus(&coder, &["idle-1", "idle-2"]).await;
+    let svc = Service::start(&coder, &[], &coder.owner_token(), &behind(&prom, &[]));
+    let since = std::time::Instant::now();
+    let doc = loop {
+        let doc = get(&svc, "/api/v1/workspaces").await;
+        if doc["gpu_jobs"]["problem"].is_string() {
+            break doc;
+        }
+        assert!(since.elapsed() < Duration::from_secs(20), "never said: {doc}\n{}", svc.raw());
+        svc.wait_event("pass", Duration::from_secs(10)).await;
+    };
+    let problem = doc["gpu_jobs"]["problem"].as_str().unwrap();
+    assert!(
+        problem.contains("2 scrape jobs") && problem.contains("\"dcgm-a\" (1 series)") && problem.contains("\"gpu-metrics\" (1 series)"),
+        "{problem}"
+    );
+    for _ in 0..8 {
+        svc.wait_event("pass", Duration::from_secs(10)).await;
+    }
+    assert_eq!(coder.with(|w| idle.iter().map(|id| w.stop_builds_by(*id, "admin")).sum::<usize>()), 0, "nothing read, nothing stopped");
+    assert!(!svc.events("prometheus_job_unknown").is_empty());
+    let page = reqwest::get(format!("http://{}/", svc.addr().await)).await.unwrap().text().await.unwrap();
+    assert!(page.contains("No GPU series read:") && page.contains("dcgm-a"), "the page's banner");
+    let (code, out) = exit_of(&["check", "--coder-url", &coder.url(), "--prometheus-url", &prom.url], &coder.owner_token()).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("FAIL prometheus job: 2 scrape jobs carry dcgm-exporter series (\"dcgm-a\" (1 series), \"gpu-metrics\" (1 series))"),
+        "{out}"
+    );
+    drop(svc);
+    // Both named: each is read, and both idle GPUs are given back.
+    let svc = Service::start(&coder, &[], &coder.owner_token(), &behind(&prom, &["--prometheus-job", "dcgm-a,gpu-metrics"]));
+    until_with(&coder, Some(&svc), "both idle GPUs are given back", Duration::from_secs(40), |w| idle.iter().all(|id| !holds_gpu(w, *id)))
+        .await;
+    let doc = get(&svc, "/api/v1/workspaces").await;
+    assert_eq!(doc["gpu_jobs"]["how"], "configured", "{doc}");
+}
