@@ -162,6 +162,10 @@ resource "kubernetes_deployment_v1" "this" {
         labels = local.labels
         annotations = {
           "checksum/policy" = sha256(local.config_toml)
+          # How Coder's observability chart (and any annotation-based scrape config) finds /metrics.
+          "prometheus.io/scrape" = "true"
+          "prometheus.io/port"   = tostring(var.health_port)
+          "prometheus.io/path"   = "/metrics"
         }
       }
       spec {
@@ -417,6 +421,10 @@ resource "kubernetes_config_map_v1" "grafana_dashboard" {
 
 # The service's alerts, for the Prometheus Operator: the spec is the rules file that promtool
 # tests (deploy/prometheus/coder-gpu-reclaimer.rules.yaml).
+locals {
+  rules = file("${path.module}/../deploy/prometheus/coder-gpu-reclaimer.rules.yaml")
+}
+
 resource "kubernetes_manifest" "prometheus_rule" {
   count = var.prometheus_rule ? 1 : 0
   manifest = {
@@ -427,7 +435,8 @@ resource "kubernetes_manifest" "prometheus_rule" {
       namespace = var.namespace
       labels    = merge(local.labels, var.prometheus_rule_labels)
     }
-    spec = yamldecode(file("${path.module}/../deploy/prometheus/coder-gpu-reclaimer.rules.yaml"))
+    # Each alert's runbook_url names a section of docs/runbooks.md; runbook_base_url makes it a full URL.
+    spec = yamldecode(var.runbook_base_url == "" ? local.rules : replace(local.rules, "runbook_url: docs/runbooks.md", "runbook_url: ${var.runbook_base_url}"))
   }
   depends_on = [kubernetes_namespace_v1.this]
 }

@@ -277,6 +277,12 @@ variable "prometheus_rule" {
   default     = false
 }
 
+variable "runbook_base_url" {
+  description = "Where docs/runbooks.md is published (e.g. https://git.example.com/platform/coder-gpu-reclaimer/blob/main/docs/runbooks.md): each alert's runbook_url becomes this plus its section. Empty: the relative docs/runbooks.md#section."
+  type        = string
+  default     = ""
+}
+
 variable "prometheus_rule_labels" {
   type        = map(string)
   description = "Labels of the PrometheusRule; they must match your Prometheus' ruleSelector (kube-prometheus-stack: release = <its Helm release name>)."

@@ -74,7 +74,8 @@ fn the_prometheusrule_is_the_rules_file() {
     assert_eq!(body.trim_end(), spec.join("\n").trim_end(), "prometheusrule.yaml's spec must be the rules file, indented by two");
     let module = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("terraform/main.tf")).unwrap();
     assert!(
-        module.contains("file(\"${path.module}/../deploy/prometheus/coder-gpu-reclaimer.rules.yaml\")"),
+        module.contains("file(\"${path.module}/../deploy/prometheus/coder-gpu-reclaimer.rules.yaml\")")
+            && module.contains("yamldecode(var.runbook_base_url == \"\" ? local.rules"),
         "the module reads the same file"
     );
 }
@@ -101,4 +102,30 @@ fn every_metric_an_alert_reads_is_registered() {
     for name in read_names {
         assert!(exported.contains(&name), "{name} is not a metric of the binary: {exported:?}");
     }
+}
+
+/// Every alert carries a `runbook_url` to its own section of `docs/runbooks.md`, and that section
+/// says what it means, how to check and how to fix; the manifest's pod carries the annotations
+/// Coder's observability chart finds scrape targets by.
+#[test]
+fn every_alert_has_a_runbook_section_and_the_pod_can_be_found_by_annotation() {
+    let rules = read("coder-gpu-reclaimer.rules.yaml");
+    let runbooks = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/runbooks.md")).unwrap();
+    for block in rules.split("- alert: ").skip(1) {
+        let name = block.lines().next().unwrap().trim();
+        let want = format!("runbook_url: docs/runbooks.md#{}", name.to_lowercase());
+        assert!(block.contains(&want), "{name}: {want}");
+        let section = runbooks.split(&format!("\n## {name}\n")).nth(1).unwrap_or_else(|| panic!("{name}: no section in docs/runbooks.md"));
+        let section = section.split("\n## ").next().unwrap();
+        for part in ["**Means:**", "**Check:**", "**Fix:**"] {
+            assert!(section.contains(part), "{name}: its runbook says {part}");
+        }
+    }
+    let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/coder-gpu-reclaimer.yaml")).unwrap();
+    assert!(
+        manifest.contains("annotations: {prometheus.io/scrape: \"true\", prometheus.io/port: \"9465\", prometheus.io/path: /metrics}"),
+        "the pod's scrape annotations, on the health port that serves /metrics"
+    );
+    let module = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("terraform/main.tf")).unwrap();
+    assert!(module.contains("\"prometheus.io/scrape\" = \"true\"") && module.contains("var.runbook_base_url"), "the module too");
 }

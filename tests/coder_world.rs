@@ -419,9 +419,7 @@ async fn a_stop_whose_workspace_is_used_while_pending_ends_stopped_never_cancele
         let i = w.ws_index(a).unwrap();
         w.workspaces[i].last_used_at = w.now();
     });
-    for _ in 0..2 {
-        svc.wait_event("pass", Duration::from_secs(10)).await;
-    }
+    svc.passes(2, Duration::from_secs(30)).await;
     coder.with(|w| w.release_stalled_stop(a));
     until_with(&coder, Some(&svc), "the stop runs to its end", Duration::from_secs(20), |w| {
         w.workspaces[w.ws_index(a).unwrap()].latest().is_some_and(|b| b.transition == "stop" && b.job.status == "succeeded")

@@ -275,9 +275,7 @@ async fn one_waiter_costs_one_stop(source: Option<&std::path::Path>) {
     }
     let waiter = coder.with(|w| w.create_workspace("orgadmin", "gpu-waiter", None)).unwrap();
     until_with(&coder, Some(&svc), "the waiter gets a GPU", Duration::from_secs(40), |w| holds_gpu(w, waiter)).await;
-    for _ in 0..2 {
-        svc.wait_event("pass", Duration::from_secs(10)).await;
-    }
+    svc.passes(2, Duration::from_secs(30)).await;
     let stopped: Vec<usize> = idle.iter().map(|id| stops(&coder, *id)).collect();
     assert_eq!(stopped.iter().sum::<usize>(), 1, "one waiter, one stop: {stopped:?}\n{}", svc.raw());
     std::fs::remove_dir_all(dir).ok();
@@ -304,7 +302,7 @@ async fn until_kept_for_no_contention(svc: &Service, n: usize) {
             return;
         }
         assert!(since.elapsed() < Duration::from_secs(40), "never reclaimable: {doc}\n{}", svc.raw());
-        svc.wait_event("pass", Duration::from_secs(10)).await;
+        svc.passes(1, Duration::from_secs(10)).await;
     }
 }
 
@@ -329,9 +327,7 @@ async fn a_first_start_binding_its_volume_is_no_demand() {
     let s = get(&svc, &format!("/api/v1/workspaces/{new}")).await;
     assert_ne!(s["verdict"], "waiting", "{s}");
     until_with(&coder, Some(&svc), "its pod gets the free GPU once bound", Duration::from_secs(15), |w| holds_gpu(w, new)).await;
-    for _ in 0..3 {
-        svc.wait_event("pass", Duration::from_secs(10)).await;
-    }
+    svc.passes(3, Duration::from_secs(30)).await;
     assert_eq!(stops(&coder, idle), 0, "a start whose volume binds is no demand:\n{:?}\n{}", coder.with(|w| w.events.clone()), svc.raw());
     let waited: Vec<Value> = svc.events("pass").iter().filter(|p| p["waiting"].as_u64().unwrap_or(0) > 0).cloned().collect();
     assert!(waited.is_empty(), "no pass counted a waiter: {waited:?}");
@@ -361,9 +357,7 @@ async fn a_templates_cpu_variant_starting_is_no_demand() {
     until(&coder, "the CPU variant runs", Duration::from_secs(5), |w| running(w, cpu)).await;
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended"]);
     until_kept_for_no_contention(&svc, 1).await;
-    for _ in 0..2 {
-        svc.wait_event("pass", Duration::from_secs(10)).await;
-    }
+    svc.passes(2, Duration::from_secs(30)).await;
     assert_eq!(stops(&coder, idle), 0, "a CPU variant starting waits for no GPU:\n{}", svc.raw());
     let s = get(&svc, &format!("/api/v1/workspaces/{cpu}")).await;
     assert_eq!((s["verdict"].as_str(), s["reason"].as_str()), (Some("skip"), Some("no-gpu")), "{s}");

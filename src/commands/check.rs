@@ -91,6 +91,10 @@ pub async fn run(settings: Result<Settings, Error>) -> bool {
             source.want(listing.workspaces.iter().map(|w| w.id.clone()).collect());
         }
     }
+    // Behind Prometheus a discovered job is read once two answers name it: the first here.
+    if let Some(prom) = source.prometheus() {
+        prom.jobs().await;
+    }
     // One line per URL actually read (a dns+ target stands for every address it resolved to).
     let collection = source.collect(chrono::Utc::now()).await;
     let mut series: BTreeMap<&str, HashSet<&GpuKey>> = BTreeMap::new();
@@ -457,25 +461,7 @@ fn coverage(series: &[GpuSeries], workspaces: &[Workspace], settings: &Settings)
     if series.is_empty() {
         return (false, format!("{summary}: no GPU series were read"));
     }
-    let ownership = &settings.ownership;
-    let with_pod: Vec<&GpuSeries> = series.iter().filter(|s| s.key.pod.is_some()).collect();
-    let other_namespace = |want: &str| with_pod.iter().find_map(|s| s.namespace.as_deref().filter(|ns| *ns != want));
-    let cause = if let Some((want, other)) = ownership.namespace.as_deref().and_then(|want| Some((want, other_namespace(want)?))) {
-        format!("GPU series name workspace pods, but in namespace {other:?}, not the namespace filter {want:?}: fix `namespace`")
-    } else if let Some(l) = ownership.workspace_id_label.as_deref().filter(|_| !with_pod.is_empty()) {
-        format!(
-            "GPU series name workspace pods, but none carries a running workspace's id in the label `{l}` (workspace_id_label) or in its pod name: remove the setting, or export the pod label (dcgm-exporter --kubernetes-enable-pod-labels)"
-        )
-    } else if !with_pod.is_empty() {
-        "GPU series name workspace pods, but of no running workspace (stale pod labels, or another Coder)".to_string()
-    } else {
-        let by = ownership.workspace_id_label.as_deref().map_or_else(
-            || "a pod label (`exported_pod`, `pod_name` with -o, or `pod`) holding `coder-<workspace id>-...`".to_string(),
-            |l| format!("the label `{l}` (workspace_id_label)"),
-        );
-        let filter = ownership.namespace.as_deref().map_or(String::new(), |ns| format!(" in namespace {ns:?} (the namespace filter)"));
-        format!("no GPU series{filter} names a workspace by {by}: check dcgm-exporter's --kubernetes and the label names Prometheus keeps")
-    };
+    let cause = reclaimer_core::pass::blind::likely_cause(series, &settings.ownership, "the GPU source");
     let templates = if settings.policy.gpu_templates.is_empty() {
         " (gpu_templates is unset: every template's workspaces were looked for; set gpu_templates if some have no GPU)"
     } else {

@@ -21,6 +21,11 @@ pub async fn run(
 ) -> Result<(), Error> {
     let mut app = Application::build(&settings, Role::Plan).await?;
     let sampling = app.evaluator.source().samples_between_passes();
+    // Behind Prometheus a discovered job is read once two answers name it (`jobs`): the first
+    // here, the second in the one pass.
+    if let Some(prom) = app.evaluator.source().prometheus() {
+        prom.jobs().await;
+    }
     let sample_for = sample_for.unwrap_or(Duration::from_secs(15));
     // One sample every 5 s: the default 15 s gives the 3 samples min_samples asks for.
     let step = Duration::from_secs(5);

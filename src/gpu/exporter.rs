@@ -119,6 +119,11 @@ pub struct ExporterSource {
 }
 
 impl ExporterSource {
+    /// Which series speak for which workspace (the namespace filter, the workspace label).
+    pub fn ownership(&self) -> &Ownership {
+        &self.ownership
+    }
+
     pub fn new(targets: Vec<ExporterTarget>, ownership: Ownership, timeout: Duration) -> Result<Self, Error> {
         Self::with_options(targets, ownership, timeout, &Outbound::default(), ExporterLimits::default())
     }

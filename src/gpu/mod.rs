@@ -104,6 +104,14 @@ impl Sources {
         }
     }
 
+    /// Which series speak for which workspace, as the source reads them.
+    pub fn ownership(&self) -> &Ownership {
+        match self {
+            Sources::Exporters(s) => s.ownership(),
+            Sources::Prometheus(p) => p.ownership(),
+        }
+    }
+
     /// The workspaces whose series to hold from now on (only where `lists_first`).
     pub fn want(&self, workspaces: HashSet<String>) {
         if let Sources::Prometheus(s) = self {

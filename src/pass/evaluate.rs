@@ -15,12 +15,14 @@ use crate::gpu::source::JobsRead;
 use crate::gpu::window::Windows;
 use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
 use crate::pass::deadline::DeadlinePlan;
-use crate::pass::decide::Decision;
+use crate::pass::decide::{Decision, Reason};
 use crate::pass::fleet::FleetOutcome;
 use crate::pass::judge::{Judge, Judgement, PassContext, merge_points, session_starts};
 use crate::pass::outside::{self, HeldOutside, Outside};
 use crate::pass::policy::Policy;
+use crate::pass::starts;
 use reclaimer_core::ledger::{Listed, PassView};
+use reclaimer_core::pass::blind::{Blindness, likely_cause};
 
 pub use crate::pass::judge::Judged;
 
@@ -56,6 +58,10 @@ pub struct Evaluation {
     pub held_outside: Vec<HeldOutside>,
     /// Behind Prometheus: the scrape jobs read, and how they were chosen.
     pub gpu_jobs: Option<JobsRead>,
+    /// Running GPU workspaces whose agents are connected but that have no GPU series.
+    pub without_series: usize,
+    /// What keeps the service from seeing (the status document's `problems`, the page's banners).
+    pub problems: Vec<String>,
 }
 
 impl Evaluation {
@@ -145,6 +151,8 @@ pub struct Evaluator {
     said_parameters_unread: HashSet<String>,
     /// The scrape jobs last logged (`said_jobs`): a change is logged once.
     said_jobs: Option<JobsRead>,
+    /// Passes in a row whose source answered while no listed workspace mapped to a series.
+    blindness: Blindness,
 }
 
 /// The most build parameter reads in one pass (a start that may wait for a GPU, once per build).
@@ -170,6 +178,7 @@ impl Evaluator {
             said_outside: HashSet::new(),
             said_parameters_unread: HashSet::new(),
             said_jobs: None,
+            blindness: Blindness::default(),
         }
     }
 
@@ -333,6 +342,9 @@ impl Evaluator {
         // GPU series naming a workspace the listing does not hold: it may hold a GPU outside
         // Coder's running workspaces (`outside`). Behind Prometheus the source names them.
         let listed: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+        // Before the series are merged (and drained): why none names a listed workspace, if so.
+        let maps = collection.series.iter().any(|s| s.workspace_id.as_deref().is_some_and(|id| listed.contains(id)));
+        let cause = (!maps).then(|| blind_cause(&collection, self.source.ownership(), gpu_jobs.as_ref()));
         let mut unlisted: Vec<String> = std::mem::take(&mut collection.unlisted);
         // Drained as they are merged: a first Prometheus pass's points go as the windows fill.
         for series in collection.series.drain(..) {
@@ -361,6 +373,7 @@ impl Evaluator {
         let may_stop = &self.may_stop;
         let Judgement { decisions, fleet, new_warnings } = pass.decide(now, &failed, |ws| may_stop.get(&ws.organization_id).copied());
         let held_outside = self.held_outside(now, &unlisted).await;
+        let (without_series, problems) = self.blind(now, &collection, &workspaces, &decisions, cause, gpu_jobs.as_ref());
         let windows = self.judge.windows();
         let policy = self.judge.policy();
         let judged = workspaces
@@ -388,7 +401,43 @@ impl Evaluator {
             currency: policy.prices_gpu_time().then(|| policy.currency.clone()),
             held_outside,
             gpu_jobs,
+            without_series,
+            problems,
         })
+    }
+
+    /// How many running GPU workspaces have no GPU series, and the problems to show: the jobs
+    /// behind Prometheus that cannot be read, and a source that answers while no listed
+    /// workspace maps to its series (`gpu_series_missing`, logged at most once an hour).
+    fn blind(
+        &mut self,
+        now: DateTime<Utc>,
+        collection: &Collection,
+        workspaces: &[Workspace],
+        decisions: &[Decision],
+        cause: Option<String>,
+        jobs: Option<&JobsRead>,
+    ) -> (usize, Vec<String>) {
+        let judge = &self.judge;
+        let policy = judge.policy();
+        // With gpu_templates unset and no template learned yet, every template may be one.
+        let nothing_known = policy.gpu_templates.is_empty() && judge.learned_gpu_templates().is_empty();
+        let has_series = |w: &Workspace| judge.windows().get(&w.id).is_some_and(|g| g.iter().any(|g| !g.samples.is_empty()));
+        let counts = |w: &Workspace, d: &Decision| {
+            matches!(d.reason, Reason::NoGpu | Reason::NoGpuData)
+                && (nothing_known || judge.is_gpu_template(&w.template_name))
+                && judge.cpu_variant(&w.latest_build.id).is_none()
+                && starts::agent_never_connected(w).is_none()
+                && starts::agent_lost(w).is_none()
+        };
+        let without = workspaces.iter().zip(decisions).filter(|(w, d)| counts(w, d) && !has_series(w)).count();
+        let mapped = workspaces.iter().filter(|w| has_series(w)).count();
+        let sight = self.blindness.pass(now, collection.failures.is_empty(), mapped, without, || cause.unwrap_or_default());
+        if let (true, Some(problem)) = (sight.say, &sight.problem) {
+            tracing::warn!(event = "gpu_series_missing", workspaces = without, "{problem}");
+        }
+        let jobs_problem = jobs.and_then(|j| j.problem.clone());
+        (without, jobs_problem.into_iter().chain(sight.problem).collect())
     }
 
     /// Logs the scrape jobs behind Prometheus when they change: the one discovered
@@ -400,6 +449,7 @@ impl Evaluator {
         }
         match &jobs.problem {
             Some(problem) => tracing::warn!(event = "prometheus_job_unknown", "{problem}"),
+            None if jobs.jobs.is_empty() => return,
             None if jobs.how == "discovered" => {
                 let found = crate::gpu::prometheus::jobs::listed(&jobs.found);
                 tracing::info!(event = "prometheus_job_discovered", jobs = ?jobs.jobs, found = %found, "reading dcgm-exporter's series of scrape job {:?}, the one Prometheus holds them under", jobs.jobs);
@@ -437,6 +487,27 @@ impl Evaluator {
         self.said_outside = held.iter().map(|h| h.workspace_id.clone()).collect();
         held
     }
+}
+
+/// Why no series names a listed workspace: the series the source returned, read against the
+/// namespace filter and the workspace label, and behind Prometheus the jobs read and the others
+/// that carry dcgm-exporter series.
+fn blind_cause(collection: &Collection, ownership: &crate::gpu::Ownership, jobs: Option<&JobsRead>) -> String {
+    let others: Vec<(String, u64)> =
+        jobs.map(|j| j.found.iter().filter(|(job, _)| !j.jobs.contains(job)).cloned().collect()).unwrap_or_default();
+    let mut cause = match jobs {
+        Some(j) if !others.is_empty() && collection.series.is_empty() => format!(
+            "Prometheus holds no dcgm-exporter series of a running workspace under scrape jobs {:?}, but other jobs carry dcgm-exporter series: {}; set prometheus_job to the exporter's job (or unset it to use the one found)",
+            j.jobs,
+            crate::gpu::prometheus::jobs::listed(&others)
+        ),
+        Some(j) => likely_cause(&collection.series, ownership, &format!("Prometheus (scrape jobs {:?})", j.jobs)),
+        None => likely_cause(&collection.series, ownership, "the exporters"),
+    };
+    if !collection.unlisted.is_empty() {
+        cause.push_str(&format!("; {} workspace id(s) in GPU series are not in Coder's running list", collection.unlisted.len()));
+    }
+    cause
 }
 
 /// Merges one collection into the windows, each running workspace's points from its current

@@ -185,6 +185,7 @@ pub struct Metrics {
     pub coder_clock_offset: Gauge<f64, AtomicU64>,
     pub stuck_stops: Gauge,
     pub held_outside: Gauge,
+    pub without_series: Gauge,
     pub gpu_series_twins: Gauge,
     pub audit_write_failures: Counter,
     pub gpu_idle_seconds: Family<TemplateLabels, Counter<f64, AtomicU64>>,
@@ -223,6 +224,7 @@ impl Metrics {
             coder_clock_offset: Gauge::default(),
             stuck_stops: Gauge::default(),
             held_outside: Gauge::default(),
+            without_series: Gauge::default(),
             gpu_series_twins: Gauge::default(),
             audit_write_failures: Counter::default(),
             gpu_idle_seconds: Family::default(),
@@ -274,6 +276,11 @@ impl Metrics {
             "gpus_held_outside_coder",
             "Workspaces whose pods report a GPU while Coder does not list them running (a canceled, failed or stuck stop)",
             m.held_outside.clone(),
+        );
+        registry.register(
+            "gpu_workspaces_without_series",
+            "Running GPU workspaces (agent connected) that no GPU series maps to: the service cannot judge them",
+            m.without_series.clone(),
         );
         registry.register(
             "audit_write_failures",

@@ -187,8 +187,8 @@ h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-
     for n in &doc.no_provisioner {
         let _ = write!(out, r#"<div class="breaker no-provisioner"><b>Stops wait:</b> {}</div>"#, escape(&n.words()));
     }
-    if let Some(problem) = doc.gpu_jobs.as_ref().and_then(|j| j.problem.as_deref()) {
-        let _ = write!(out, r#"<div class="breaker gpu-jobs"><b>No GPU series read:</b> {}</div>"#, escape(problem));
+    for p in &doc.problems {
+        let _ = write!(out, r#"<div class="breaker problem"><b>The service cannot see GPUs:</b> {}</div>"#, escape(p));
     }
     for h in &doc.held_outside {
         let _ = write!(out, r#"<div class="breaker held-outside"><b>GPU held outside Coder:</b> {}</div>"#, escape(&h.words()));

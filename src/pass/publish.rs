@@ -249,6 +249,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
     metrics.account(&inc, &policy.currency);
     metrics.gpu_series_twins.set(eval.twin_count as i64);
     metrics.held_outside.set(eval.held_outside.len() as i64);
+    metrics.without_series.set(eval.without_series as i64);
     if let Some(offset) = eval.coder_clock_offset {
         metrics.coder_clock_offset.set(offset.num_milliseconds() as f64 / 1000.0);
     }
@@ -274,6 +275,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
             .map(|(name, c)| PoolStatus { pool: name.clone(), waiting: c.waiting, idle: c.idle })
             .collect(),
         twins: eval.twins.clone(),
+        problems: eval.problems.clone(),
         gpu_jobs: eval.gpu_jobs.clone(),
         notes: Vec::new(),
         workspaces: eval

@@ -87,6 +87,10 @@ pub struct StatusDocument {
     /// forged copy of a GPU looks like this, where a store lets others write.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub twins: Vec<crate::gpu::Twin>,
+    /// What keeps the service from seeing: scrape jobs that cannot be told apart, a GPU source
+    /// that answers while no running workspace maps to its series (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
     /// Behind Prometheus: the scrape jobs whose series are read, and how they were chosen.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_jobs: Option<crate::gpu::source::JobsRead>,
@@ -233,6 +237,7 @@ impl StatusDocument {
             held_outside: Vec::new(),
             pools: Vec::new(),
             twins: Vec::new(),
+            problems: Vec::new(),
             gpu_jobs: None,
             notes: Vec::new(),
             workspaces: Vec::new(),
@@ -298,6 +303,9 @@ impl StatusDocument {
         }
         for h in &self.held_outside {
             out.push_str(&format!("\n{}\n", h.words()));
+        }
+        for p in &self.problems {
+            out.push_str(&format!("\nproblem: {p}\n"));
         }
         for s in &self.stuck_stops {
             out.push_str(&format!("\nstuck stop: {}/{} build {} pending since {}\n", s.owner, s.workspace, s.build_id, s.pending_since));

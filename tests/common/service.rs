@@ -136,6 +136,16 @@ impl Service {
         panic!("no {name} event within {timeout:?}:\n{}", self.raw());
     }
 
+    /// Waits until `n` more passes have ended than had when it was called (`wait_event` returns
+    /// the first event of a name ever seen, so it waits for nothing once one pass has ended).
+    pub async fn passes(&self, n: usize, timeout: Duration) {
+        let (start, seen) = (Instant::now(), self.events("pass").len());
+        while self.events("pass").len() < seen + n {
+            assert!(start.elapsed() < timeout, "{n} more passes did not end within {timeout:?}:\n{}", self.raw());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Sends SIGTERM and waits (asynchronously: the fakes share this test's runtime).
     pub async fn terminate(&mut self) -> ExitStatus {
         Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();

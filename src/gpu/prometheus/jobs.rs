@@ -4,8 +4,9 @@
 //! `<release>-dcgm-exporter`, NVIDIA's kube-prometheus-stack recipe `gpu-metrics`, anything in a
 //! hand-written scrape config: reference dcgm NOTES §12), so with `prometheus_job` unset the
 //! source asks Prometheus once at start and then every hour (`count by (job)` of one DCGM
-//! family). Exactly one: it is read. None: the GPU Operator's name, as before (asked again each
-//! pass until a job carries them). Several: nothing
+//! family). Exactly one, named by two answers in a row (a job whose first scrape has not landed
+//! yet must not leave another alone in the answer): it is read. None: the GPU Operator's name, as
+//! before (asked again each pass until a job carries them). Several: nothing
 //! is read (a job anyone could push into must not be chosen by accident), and the source fails
 //! with each job named.
 
@@ -44,6 +45,8 @@ pub struct Discovery {
     /// Each job with series of `DISCOVERY_FAMILY`, most series first (`Ok`), or why Prometheus
     /// could not say (`Err`).
     found: Option<Result<Vec<(String, u64)>, String>>,
+    /// The answer before it: one job is read only when both name it alone.
+    before: Option<Result<Vec<(String, u64)>, String>>,
 }
 
 impl Discovery {
@@ -51,14 +54,21 @@ impl Discovery {
     /// has not scraped the exporter yet), or `ASK_AGAIN` passed.
     pub fn due(&self) -> bool {
         match (&self.asked, &self.found) {
+            (Some(_), Some(Ok(found))) if found.len() == 1 && self.one_job().is_none() => true,
             (Some(at), Some(Ok(found))) if !found.is_empty() => at.elapsed() >= ASK_AGAIN,
             _ => true,
         }
     }
 
+    /// The one job the last two answers both name alone.
+    fn one_job(&self) -> Option<&str> {
+        alone(&self.found).filter(|job| alone(&self.before) == Some(*job))
+    }
+
     /// Records an answer: each job's series count (any order).
     pub fn answered(&mut self, found: Result<Vec<(String, u64)>, String>) {
         self.asked = Some(Instant::now());
+        self.before = self.found.take();
         self.found = Some(found.map(|mut jobs| {
             jobs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             jobs
@@ -66,12 +76,25 @@ impl Discovery {
     }
 }
 
+/// The job an answer names alone.
+fn alone(answer: &Option<Result<Vec<(String, u64)>, String>>) -> Option<&str> {
+    match answer {
+        Some(Ok(found)) if found.len() == 1 => Some(found[0].0.as_str()),
+        _ => None,
+    }
+}
+
 /// The jobs to read this pass under `choice` and what discovery found, as the status document
-/// shows them; `problem` is set (and nothing is read) when they cannot be told.
+/// shows them. Nothing is read when `jobs` is empty: `problem` says why when they cannot be told;
+/// without one, a single job waits for a second answer to name it.
 pub fn jobs_to_read(choice: &JobChoice, discovery: &Discovery) -> JobsRead {
     let named = |how: &'static str, jobs: Vec<String>, found: Vec<(String, u64)>| JobsRead { how, jobs, found, problem: None };
+    let found = match &discovery.found {
+        Some(Ok(found)) => found.iter().take(MAX_JOBS_LISTED).cloned().collect(),
+        _ => Vec::new(),
+    };
     match choice {
-        JobChoice::Named(jobs) => named("configured", jobs.clone(), Vec::new()),
+        JobChoice::Named(jobs) => named("configured", jobs.clone(), found),
         JobChoice::Discover => match &discovery.found {
             None => JobsRead { how: "discovered", jobs: Vec::new(), found: Vec::new(), problem: Some("not asked yet".into()) },
             Some(Err(e)) => JobsRead {
@@ -83,7 +106,10 @@ pub fn jobs_to_read(choice: &JobChoice, discovery: &Discovery) -> JobsRead {
                 )),
             },
             Some(Ok(found)) if found.is_empty() => named("default", vec![DEFAULT_JOB.to_string()], Vec::new()),
-            Some(Ok(found)) if found.len() == 1 => named("discovered", vec![found[0].0.clone()], found.clone()),
+            Some(Ok(found)) if found.len() == 1 => match discovery.one_job() {
+                Some(job) => named("discovered", vec![job.to_string()], found.clone()),
+                None => named("discovered", Vec::new(), found.clone()),
+            },
             Some(Ok(found)) => JobsRead {
                 how: "discovered",
                 jobs: Vec::new(),
@@ -117,9 +143,12 @@ pub fn discovery_query(selector: Option<&str>) -> String {
 mod tests {
     use super::*;
 
+    /// A discovery that got this answer twice in a row.
     fn found(jobs: &[(&str, u64)]) -> Discovery {
         let mut d = Discovery::default();
-        d.answered(Ok(jobs.iter().map(|(j, n)| (j.to_string(), *n)).collect()));
+        for _ in 0..2 {
+            d.answered(Ok(jobs.iter().map(|(j, n)| (j.to_string(), *n)).collect()));
+        }
         d
     }
 
@@ -140,8 +169,18 @@ mod tests {
         assert!(jobs_to_read(&discover, &failed).problem.unwrap_or_default().contains("HTTP 503"));
         assert!(!found(&[("a", 1)]).due(), "a known answer is kept for an hour");
         assert!(found(&[]).due(), "no job yet: asked again next pass");
-        let named = jobs_to_read(&JobChoice::Named(vec!["a".into(), "b".into()]), &Discovery::default());
-        assert_eq!((named.how, named.jobs.len(), named.problem), ("configured", 2, None));
+        let named = jobs_to_read(&JobChoice::Named(vec!["a".into(), "b".into()]), &found(&[("c", 4)]));
+        assert_eq!((named.how, named.jobs.len(), named.problem, named.found.len()), ("configured", 2, None, 1));
+        // One job in one answer: read only once the next answer names it alone too.
+        let mut d = Discovery::default();
+        d.answered(Ok(vec![("forged".into(), 1)]));
+        assert!(jobs_to_read(&discover, &d).jobs.is_empty() && d.due(), "one answer is not enough");
+        d.answered(Ok(vec![("forged".into(), 1), ("nvidia-dcgm-exporter".into(), 8)]));
+        assert!(jobs_to_read(&discover, &d).problem.is_some(), "the real job's first scrape landed: two jobs");
+        d.answered(Ok(vec![("nvidia-dcgm-exporter".into(), 8)]));
+        d.answered(Ok(vec![("nvidia-dcgm-exporter".into(), 8)]));
+        assert_eq!(jobs_to_read(&discover, &d).jobs, vec!["nvidia-dcgm-exporter".to_string()]);
+        assert!(!d.due());
     }
 
     #[test]

@@ -219,9 +219,10 @@ impl PrometheusSource {
     }
 
     /// The scrape jobs to read this pass: the configured ones, or, to be discovered, the one job
-    /// Prometheus names (asked at the first pass, again after an hour, and after a failure).
+    /// Prometheus names (asked at the first pass, again after an hour, and after a failure); the
+    /// jobs that carry the exporter's series are asked either way, to name them when blind.
     pub async fn jobs(&self) -> JobsRead {
-        let due = self.options.jobs == JobChoice::Discover && self.discovery.lock().unwrap_or_else(|p| p.into_inner()).due();
+        let due = self.discovery.lock().unwrap_or_else(|p| p.into_inner()).due();
         if due {
             let answer = self.jobs_with_series().await;
             self.discovery.lock().unwrap_or_else(|p| p.into_inner()).answered(answer);
@@ -257,6 +258,11 @@ impl PrometheusSource {
             _ => full,
         };
         (start <= end).then_some((start, end))
+    }
+
+    /// Which series speak for which workspace (the namespace filter, the workspace label).
+    pub fn ownership(&self) -> &Ownership {
+        &self.ownership
     }
 
     /// The step every fetch is read at.
@@ -397,9 +403,10 @@ impl GpuSource for PrometheusSource {
                 return Collection { series: Vec::new(), failures, requests: 0, step: Some(self.step), ..Collection::default() };
             }
         };
+        // No job to read: nothing is asked for (an empty list would match every job).
         let read = self.jobs().await;
-        if let Some(problem) = &read.problem {
-            let failures = vec![SourceFailure::new(self.shown.clone(), self.host.clone(), problem.clone())];
+        if read.jobs.is_empty() {
+            let failures = read.problem.iter().map(|p| SourceFailure::new(self.shown.clone(), self.host.clone(), p.clone())).collect();
             return Collection { failures, requests: 1, step: Some(self.step), jobs: Some(read), ..Collection::default() };
         }
         let step = self.step.as_secs().max(1);
