@@ -219,10 +219,9 @@ impl PrometheusSource {
     }
 
     /// The scrape jobs to read this pass: the configured ones, or, to be discovered, the one job
-    /// Prometheus names (asked at the first pass, again after an hour, and after a failure); the
-    /// jobs that carry the exporter's series are asked either way, to name them when blind.
+    /// Prometheus names (asked at the first pass, again after an hour, and after a failure).
     pub async fn jobs(&self) -> JobsRead {
-        let due = self.discovery.lock().unwrap_or_else(|p| p.into_inner()).due();
+        let due = self.options.jobs == JobChoice::Discover && self.discovery.lock().unwrap_or_else(|p| p.into_inner()).due();
         if due {
             let answer = self.jobs_with_series().await;
             self.discovery.lock().unwrap_or_else(|p| p.into_inner()).answered(answer);
@@ -490,6 +489,14 @@ impl GpuSource for PrometheusSource {
         };
         merge_device_level(&mut series);
         series.sort_by(|a, b| a.key.cmp(&b.key));
+        // Configured jobs that hold no listed workspace's series: which jobs do (hourly), to say.
+        let mut read = read;
+        let blind = wanted_count > 0 && !series.iter().any(|s| s.workspace_id.is_some());
+        if blind && matches!(self.options.jobs, JobChoice::Named(_)) && self.discovery.lock().unwrap_or_else(|p| p.into_inner()).due() {
+            let answer = self.jobs_with_series().await;
+            self.discovery.lock().unwrap_or_else(|p| p.into_inner()).answered(answer);
+            read = jobs_to_read(&self.options.jobs, &self.discovery.lock().unwrap_or_else(|p| p.into_inner()));
+        }
         Collection { series, failures, twins, twin_count, requests, step: Some(self.step), unlisted, jobs: Some(read) }
     }
 }
