@@ -122,6 +122,9 @@ impl Application {
             actuator
         });
         let sampling = source.samples_between_passes();
+        if let Some(why) = gpu_templates_unset(&source, &settings.policy) {
+            tracing::warn!(event = "gpu_templates_unset", "{why}");
+        }
         let evaluator = Evaluator::new(coder.clone(), source, settings.policy.clone(), settings.interval);
         let sample_interval = (sampling && settings.sample_interval < settings.interval).then_some(settings.sample_interval);
         Ok(Application {
@@ -280,4 +283,13 @@ impl Application {
             _ => Ok(()),
         }
     }
+}
+
+/// Behind Prometheus with `gpu_templates` unset, the words of a warning: a store others can
+/// write to can teach the service that any template is a GPU template (`run` logs it at start,
+/// `check` prints it).
+pub fn gpu_templates_unset(source: &crate::gpu::Sources, policy: &crate::pass::policy::Policy) -> Option<&'static str> {
+    (source.prometheus().is_some() && policy.gpu_templates.is_empty()).then_some(
+        "gpu_templates is unset behind Prometheus: templates are learned from GPU series (two workspaces over two passes), and where others can write to the store a forged series can make a CPU template look like a GPU template; set gpu_templates to your GPU templates' names (globs), e.g. gpu_templates = [\"gpu-*\"]",
+    )
 }

@@ -24,8 +24,11 @@ locals {
     } : name => f if f.enabled
   }
 
-  # The config file: the policy, with the Prometheus selector first (top-level keys precede tables).
-  config_toml = var.prometheus_url != null && var.prometheus_selector != null ? format("prometheus_selector = %q\n%s", var.prometheus_selector, var.policy_toml) : var.policy_toml
+  # The config file: the policy, with the Prometheus selector and gpu_templates first (top-level
+  # keys precede tables).
+  selector_toml      = var.prometheus_url != null && var.prometheus_selector != null ? format("prometheus_selector = %q\n", var.prometheus_selector) : ""
+  gpu_templates_toml = length(var.gpu_templates) > 0 ? format("gpu_templates = [%s]\n", join(", ", [for t in var.gpu_templates : format("%q", t)])) : ""
+  config_toml        = "${local.selector_toml}${local.gpu_templates_toml}${var.policy_toml}"
 
   # One to one onto the CLI of `coder-gpu-reclaimer run` (tests check every flag against it).
   args = concat(

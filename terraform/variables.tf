@@ -104,6 +104,12 @@ variable "reclaim_when" {
   }
 }
 
+variable "gpu_templates" {
+  type        = list(string)
+  description = "The templates whose workspaces have GPUs (globs, e.g. [\"gpu-*\", \"ml-training\"]): only they wait for a GPU or lack GPU data, and no GPU series makes another template's workspace a GPU workspace. Written into the policy file (do not also set gpu_templates in policy_toml). Empty: learned from GPU series, which a store others can write to can forge."
+  default     = ["gpu-*"]
+}
+
 variable "policy_toml" {
   type        = string
   description = "The policy file (TOML, see docs/policy.md). Empty: the defaults."

@@ -344,7 +344,7 @@ async fn an_agent_lost_for_good_is_not_demand_forever() {
     until(&coder, "both run", Duration::from_secs(5), |w| agent_connected(w, lost) && agent_connected(w, idle)).await;
     coder.with(|w| w.lose_pod(lost));
     let dir = TempDir::new("lost");
-    let config = dir.file("policy.toml", "agent_lost_after = \"3s\"\n");
+    let config = dir.file("policy.toml", "agent_lost_after = \"3s\"\ngpu_templates = [\"gpu-*\"]\n");
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended", "--config", &config]);
     tokio::time::sleep(Duration::from_secs(12)).await; // idle_after is 6 s
     assert_eq!(stops(&coder, idle), 0, "a lost agent is no demand\n{}", svc.raw());

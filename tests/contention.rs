@@ -40,11 +40,13 @@ fn policy_file(name: &str, text: &str) -> (std::path::PathBuf, String) {
     (dir, arg)
 }
 
+/// With `gpu_templates` unset, the GPU template is learned from two workspaces' series over two
+/// passes (issue 42); a CPU template's workspace is never demand.
 #[tokio::test]
 async fn a_cpu_template_starting_is_no_demand_for_a_gpu() {
-    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let coder = FakeCoder::start(world(2)).await.unwrap();
     let ex = exporter(&coder).await;
-    let idle = idle_on_a_gpu(&coder, "alice", "idle").await;
+    let idle = [idle_on_a_gpu(&coder, "alice", "idle-1").await, idle_on_a_gpu(&coder, "bob", "idle-2").await];
     // A CPU template's workspace whose agent never connects (a crash-looping image): with every
     // template a GPU template it read as waiting for a GPU, and the idle GPU was stopped for it.
     let cpu = coder.with(|w| {
@@ -55,18 +57,15 @@ async fn a_cpu_template_starting_is_no_demand_for_a_gpu() {
     let cpu = cpu.unwrap();
     until(&coder, "the CPU workspace runs", Duration::from_secs(5), |w| running(w, cpu)).await;
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended"]);
-    svc.wait_event("pass", Duration::from_secs(5)).await;
-    tokio::time::sleep(Duration::from_secs(10)).await; // idle_after is 6 s
-    assert_eq!(stops(&coder, idle), 0, "nobody waits for a GPU:\n{}", svc.raw());
+    until_kept_for_no_contention(&svc, 2).await;
+    svc.passes(2, Duration::from_secs(30)).await;
+    assert_eq!(idle.map(|id| stops(&coder, id)), [0, 0], "nobody waits for a GPU:\n{}", svc.raw());
     let s = get(&svc, &format!("/api/v1/workspaces/{cpu}")).await;
     assert_eq!((s["verdict"].as_str(), s["reason"].as_str()), (Some("skip"), Some("no-gpu")), "{s}");
-    let s = get(&svc, &format!("/api/v1/workspaces/{idle}")).await;
-    assert_eq!(s["reason"], "no-contention", "{s}");
-    // A workspace of the GPU template (learned from the idle one's series) that waits is demand.
+    // A workspace of the GPU template (learned from the idle ones' series) that waits is demand.
     let waiter = coder.with(|w| w.create_workspace("orgadmin", "waiter", None)).unwrap();
-    until_with(&coder, Some(&svc), "the idle GPU is given to the waiter", Duration::from_secs(20), |w| !holds_gpu(w, idle)).await;
-    assert_eq!(stops(&coder, idle), 1);
-    until(&coder, "the waiter gets the GPU", Duration::from_secs(10), |w| holds_gpu(w, waiter)).await;
+    until_with(&coder, Some(&svc), "an idle GPU is given to the waiter", Duration::from_secs(20), |w| holds_gpu(w, waiter)).await;
+    assert_eq!(idle.map(|id| stops(&coder, id)).iter().sum::<usize>(), 1);
 }
 
 #[tokio::test]
@@ -74,7 +73,7 @@ async fn demand_is_per_pool_and_only_that_pools_idle_workspaces_are_stopped() {
     let coder = FakeCoder::start(world(1)).await.unwrap();
     let ex = exporter(&coder).await;
     let idle = idle_on_a_gpu(&coder, "alice", "a10g-idle").await;
-    let policy = "[[rule]]\nworkspace = \"h100-*\"\npool = \"h100\"\n\n[[rule]]\nworkspace = \"a10g-*\"\npool = \"a10g\"\n";
+    let policy = "gpu_templates = [\"gpu-*\"]\n\n[[rule]]\nworkspace = \"h100-*\"\npool = \"h100\"\n\n[[rule]]\nworkspace = \"a10g-*\"\npool = \"a10g\"\n";
     let (dir, policy) = policy_file("pools", policy);
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended", "--config", &policy]);
     // Someone waits for 8 H100s: the A10G workspace cannot serve them.
@@ -144,7 +143,7 @@ async fn a_pod_that_holds_a_gpu_while_its_agent_never_connects_is_judged_by_its_
         let i = w.ws_index(stuck).unwrap();
         w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
     });
-    let (dir, policy) = policy_file("stuck", "start_allowance = \"3s\"\n");
+    let (dir, policy) = policy_file("stuck", "start_allowance = \"3s\"\ngpu_templates = [\"gpu-*\"]\n");
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--config", &policy]);
     svc.wait_event("pass", Duration::from_secs(5)).await;
     let started = std::time::Instant::now();
@@ -335,18 +334,25 @@ async fn a_first_start_binding_its_volume_is_no_demand() {
 }
 
 /// One template with a GPU variant and a CPU variant (`gpu_count` a build parameter, issue 47):
-/// the GPU variant's series teach the template; the CPU variant's start, whose agent never
-/// connects (a long image pull), is `skip`/`no-gpu` after one parameter read, and the idle GPU
-/// stays. A GPU variant's start of the same template is demand and gets it.
+/// the GPU variants' series teach the template (two workspaces over two passes); the CPU
+/// variant's start, whose agent never connects (a long image pull), is `skip`/`no-gpu` after one
+/// parameter read, and the idle GPUs stay. A GPU variant's start of the same template is demand
+/// and gets one.
 #[tokio::test]
 async fn a_templates_cpu_variant_starting_is_no_demand() {
-    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let coder = FakeCoder::start(world(2)).await.unwrap();
     let ex = exporter(&coder).await;
-    let idle = coder.with(|w| w.create_workspace_variant("alice", "ml-gpu", "ml", &[("gpu_count", "1")], true)).unwrap();
-    until(&coder, "the GPU variant holds the GPU", Duration::from_secs(5), |w| holds_gpu(w, idle) && running(w, idle)).await;
+    let idle: Vec<Uuid> = ["ml-gpu-1", "ml-gpu-2"]
+        .iter()
+        .map(|name| coder.with(|w| w.create_workspace_variant("alice", name, "ml", &[("gpu_count", "1")], true)).unwrap())
+        .collect();
+    until(&coder, "the GPU variants hold the GPUs", Duration::from_secs(5), |w| idle.iter().all(|id| holds_gpu(w, *id) && running(w, *id)))
+        .await;
     coder.with(|w| {
-        let i = w.ws_index(idle).unwrap();
-        w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
+        for id in &idle {
+            let i = w.ws_index(*id).unwrap();
+            w.workspaces[i].last_used_at = w.now() - chrono::Duration::hours(1);
+        }
     });
     let cpu = coder.with(|w| {
         let id = w.create_workspace_variant("bob", "ml-cpu", "ml", &[("cpu", "4"), ("gpu_count", "0")], false)?;
@@ -356,17 +362,18 @@ async fn a_templates_cpu_variant_starting_is_no_demand() {
     let cpu = cpu.unwrap();
     until(&coder, "the CPU variant runs", Duration::from_secs(5), |w| running(w, cpu)).await;
     let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &["--reclaim-when", "contended"]);
-    until_kept_for_no_contention(&svc, 1).await;
+    until_kept_for_no_contention(&svc, 2).await;
     svc.passes(2, Duration::from_secs(30)).await;
-    assert_eq!(stops(&coder, idle), 0, "a CPU variant starting waits for no GPU:\n{}", svc.raw());
+    let stopped = |coder: &FakeCoder| idle.iter().map(|id| stops(coder, *id)).sum::<usize>();
+    assert_eq!(stopped(&coder), 0, "a CPU variant starting waits for no GPU:\n{}", svc.raw());
     let s = get(&svc, &format!("/api/v1/workspaces/{cpu}")).await;
     assert_eq!((s["verdict"].as_str(), s["reason"].as_str()), (Some("skip"), Some("no-gpu")), "{s}");
     assert!(s["message"].as_str().unwrap().contains("\"gpu_count\" = \"0\""), "{s}");
     let reads = |coder: &FakeCoder| coder.requests().iter().filter(|(m, uri)| m == "GET" && uri.ends_with("/parameters")).count();
     assert_eq!(reads(&coder), 1, "one read per build, not one per pass");
-    let waiter = coder.with(|w| w.create_workspace_variant("orgadmin", "ml-gpu-2", "ml", &[("gpu_count", "1")], true)).unwrap();
-    until_with(&coder, Some(&svc), "the GPU variant's start gets the idle GPU", Duration::from_secs(20), |w| holds_gpu(w, waiter)).await;
-    assert_eq!((stops(&coder, idle), stops(&coder, cpu)), (1, 0));
+    let waiter = coder.with(|w| w.create_workspace_variant("orgadmin", "ml-gpu-3", "ml", &[("gpu_count", "1")], true)).unwrap();
+    until_with(&coder, Some(&svc), "the GPU variant's start gets an idle GPU", Duration::from_secs(20), |w| holds_gpu(w, waiter)).await;
+    assert_eq!((stopped(&coder), stops(&coder, cpu)), (1, 0));
     assert_eq!(reads(&coder), 2, "the waiter's build was read too (a GPU variant)");
 }
 

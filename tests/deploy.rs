@@ -450,3 +450,22 @@ fn probes_have_a_port_of_their_own_and_the_fleet_routes_a_token() {
         assert!(manifest.contains(want), "the manifest lacks {want:?}");
     }
 }
+
+/// The shipped configurations name the GPU templates (issue 42): the module's `gpu_templates`
+/// variable has an example default written into the policy file, and the README's policy for
+/// the manifest sets the key.
+#[test]
+fn the_shipped_configurations_set_gpu_templates() {
+    let read = |p: &str| std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p)).unwrap();
+    let variables = read("terraform/variables.tf");
+    let block = variables.split("variable \"gpu_templates\" {").nth(1).unwrap_or_default();
+    assert!(block.split("\n}").next().unwrap_or_default().contains("default     = [\"gpu-*\"]"), "{block}");
+    let main = read("terraform/main.tf");
+    assert!(
+        main.contains("config_toml        = \"${local.selector_toml}${local.gpu_templates_toml}${var.policy_toml}\""),
+        "the module writes it"
+    );
+    let team = FileConfig::parse(&read("docs/examples/team-policy.toml")).unwrap();
+    let policy = build_policy(&CommonArgs::default(), &team, std::time::Duration::from_secs(60)).unwrap();
+    assert!(!policy.gpu_templates.is_empty(), "the manifest's policy (the README's ConfigMap) names them");
+}

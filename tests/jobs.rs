@@ -79,6 +79,8 @@ async fn a_single_job_named_otherwise_is_found_and_its_idle_gpu_reclaimed() {
         out.contains("ok   prometheus job: reading [\"gpu-metrics\"] (discovered); jobs with dcgm-exporter series: \"gpu-metrics\" ("),
         "{code}: {out}"
     );
+    assert!(out.contains("warn gpu templates: gpu_templates is unset behind Prometheus"), "{out}");
+    assert_eq!(svc.events("gpu_templates_unset").len(), 1, "run says it once, at start");
 }
 
 #[tokio::test]

@@ -213,42 +213,59 @@ fn a_cpu_variant_is_never_waiting() {
 }
 
 /// The pass asks for the parameters of a start that may wait (not of one whose pod reports a
-/// GPU, nor twice), remembers the answer by build, and never learns a template from a CPU
-/// variant's series (forged, or a template whose CPU variant shows a stray series).
+/// GPU, nor twice), remembers the answer by build, and learns a template as a GPU template only
+/// from two workspaces' series over two passes (issue 42: never from one series), never from a
+/// CPU variant's.
 #[test]
-fn the_judge_reads_a_starts_parameters_once_and_learns_no_template_from_a_cpu_variant() {
+fn the_judge_reads_a_starts_parameters_once_and_learns_templates_from_two_workspaces() {
     let mut judge = Judge::new(policy(), StdDuration::from_secs(60));
-    let gpu_ws = running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now() - Duration::minutes(40));
+    let at = |pass: i64| now() + Duration::minutes(pass);
+    let series = |ws: &Workspace, uuid: &str, pass: i64| {
+        series_of(ws, uuid, vec![Point { at: at(pass), values: idle_reading(), energy_joules: None }])
+    };
+    let mut a = running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now() - Duration::minutes(40));
+    let mut b = running_workspace("1c1d2e3f-0000-4000-8000-000000000002", now() - Duration::minutes(40));
     let mut cpu_ws = starting(Duration::minutes(5), true);
-    cpu_ws.template_name = "ml".into();
-    let series = |ws: &Workspace, uuid: &str| series_of(ws, uuid, vec![Point { at: now(), values: idle_reading(), energy_joules: None }]);
-    let listing = vec![gpu_ws.clone(), cpu_ws.clone()];
-    // The first pass: the CPU variant's template is not known as a GPU template, so nothing is asked.
-    let mut pass = judge.begin(&listing, PassContext::default());
-    assert_eq!(pass.parameters_wanted(now()), Vec::<String>::new());
-    pass.decide(now(), &Default::default(), |_| Some(true));
-    // Another workspace of its template had a GPU series: now its start may wait.
-    let mut teacher = gpu_ws.clone();
-    teacher.template_name = "ml".into();
-    let listing = vec![teacher.clone(), cpu_ws.clone()];
-    let mut pass = judge.begin(&listing, PassContext::default());
-    pass.merge(&series(&teacher, "GPU-1"), &series(&teacher, "GPU-1").points);
-    pass.decide(now(), &Default::default(), |_| Some(true));
+    for w in [&mut a, &mut b, &mut cpu_ws] {
+        w.template_name = "ml".into();
+    }
+    let listing = vec![a.clone(), b.clone(), cpu_ws.clone()];
+    // (pass, the workspaces with a series, learned after it)
+    for (pass, with_series, learned) in [(0, vec![&a], false), (1, vec![&a], false), (2, vec![&a, &b], true)] {
+        let mut p = judge.begin(&listing, PassContext::default());
+        for (i, w) in with_series.iter().enumerate() {
+            let s = series(w, &format!("GPU-{i}"), pass);
+            p.merge(&s, &s.points);
+        }
+        let wanted = p.parameters_wanted(at(pass));
+        assert_eq!(wanted.len(), usize::from(learned), "pass {pass}: a start of a GPU template only: {wanted:?}");
+        p.decide(at(pass), &Default::default(), |_| Some(true));
+        assert_eq!(judge.learned_gpu_templates().len(), usize::from(learned), "pass {pass}");
+    }
+    let mut p = judge.begin(&listing, PassContext::default());
+    assert_eq!(p.parameters_wanted(at(3)), vec![cpu_ws.latest_build.id.clone()], "only the start without a GPU");
+    p.know_build_parameters(&cpu_ws.latest_build.id, &[parameter("gpu_count", "0")]);
+    assert_eq!(p.parameters_wanted(at(3)), Vec::<String>::new(), "read once per build");
+    let judgement = p.decide(at(3), &Default::default(), |_| Some(true));
+    assert_eq!((judgement.decisions[2].verdict, judgement.decisions[2].reason), (Verdict::Skip, Reason::NoGpu));
+    // Series naming two CPU variants' pods, pass after pass, teach nothing about their template.
+    let (mut c, mut d) = (cpu_ws.clone(), cpu_ws.clone());
+    (c.id, d.id) = ("1c1d2e3f-0000-4000-8000-00000000000c".into(), "1c1d2e3f-0000-4000-8000-00000000000d".into());
+    d.latest_build.id = "7a7a7a7a-0000-4000-8000-00000000000d".into();
+    for w in [&mut c, &mut d] {
+        w.template_name = "cpu-notebook".into();
+    }
+    let listing = vec![c.clone(), d.clone()];
+    for pass in 4..8 {
+        let mut p = judge.begin(&listing, PassContext::default());
+        for w in [&c, &d] {
+            p.know_build_parameters(&w.latest_build.id, &[parameter("gpu_type", "none")]);
+            let s = series(w, &format!("GPU-{}", w.id), pass);
+            p.merge(&s, &s.points);
+        }
+        p.decide(at(pass), &Default::default(), |_| Some(true));
+    }
     assert_eq!(judge.learned_gpu_templates(), vec!["ml".to_string()]);
-    let mut pass = judge.begin(&listing, PassContext::default());
-    assert_eq!(pass.parameters_wanted(now()), vec![cpu_ws.latest_build.id.clone()], "only the start without a GPU");
-    pass.know_build_parameters(&cpu_ws.latest_build.id, &[parameter("gpu_count", "0")]);
-    assert_eq!(pass.parameters_wanted(now()), Vec::<String>::new(), "read once per build");
-    let judgement = pass.decide(now(), &Default::default(), |_| Some(true));
-    assert_eq!((judgement.decisions[1].verdict, judgement.decisions[1].reason), (Verdict::Skip, Reason::NoGpu));
-    // A series naming the CPU variant's pod teaches nothing about its (new) template.
-    let mut other = cpu_ws.clone();
-    other.template_name = "cpu-notebook".into();
-    let listing = vec![other.clone()];
-    let mut pass = judge.begin(&listing, PassContext::default());
-    pass.merge(&series(&other, "GPU-2"), &series(&other, "GPU-2").points);
-    pass.decide(now(), &Default::default(), |_| Some(true));
-    assert!(!judge.learned_gpu_templates().contains(&"cpu-notebook".to_string()), "{:?}", judge.learned_gpu_templates());
 }
 
 /// `check`'s start grace: behind Prometheus a store that keeps a GPU's samples further apart
@@ -274,7 +291,8 @@ fn check_says_whether_the_start_grace_covers_what_the_source_shows() {
 fn the_backtest_reads_a_start_as_run_does() {
     use reclaimer_core::backtest::replay::{Chunk, Replay};
     use reclaimer_core::backtest::timeline::WorkspaceTimeline;
-    let p = Policy { reclaim_when: ReclaimWhen::Contended, ..policy() };
+    // Its template named: a replay of one pass learns none (`LEARN_FROM`).
+    let p = Policy { reclaim_when: ReclaimWhen::Contended, gpu_templates: vec!["gpu-*".into()], ..policy() };
     let idle_ws = running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now() - Duration::hours(2));
     let starting_ws = never_connected_workspace(now() - Duration::minutes(50), 120, true);
     let minutely =

@@ -91,6 +91,9 @@ pub async fn run(settings: Result<Settings, Error>) -> bool {
             source.want(listing.workspaces.iter().map(|w| w.id.clone()).collect());
         }
     }
+    if let Some(why) = crate::app::gpu_templates_unset(&source, &settings.policy) {
+        println!("warn gpu templates: {why}");
+    }
     // Behind Prometheus a discovered job is read once two answers name it: the first here.
     if let Some(prom) = source.prometheus() {
         prom.jobs().await;

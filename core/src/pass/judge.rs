@@ -23,6 +23,19 @@ pub const LEARNED_TEMPLATE_MEMORY: chrono::Duration = chrono::Duration::days(7);
 /// The most templates learned at once (Coder deployments have tens): the longest unseen go first.
 const MAX_LEARNED_TEMPLATES: usize = 10_000;
 
+/// A template is learned as a GPU template once this many distinct workspaces of it were seen
+/// with GPU series, over at least this many passes.
+pub const LEARN_FROM: usize = 2;
+
+/// A template on its way to being learned: the workspaces seen with GPU series (the first
+/// `LEARN_FROM`), in how many passes, and when last.
+#[derive(Debug, Default)]
+struct Teaching {
+    workspaces: Vec<String>,
+    passes: usize,
+    seen: Option<DateTime<Utc>>,
+}
+
 /// What a pass remembers for the next.
 #[derive(Debug)]
 pub struct Judge {
@@ -32,9 +45,12 @@ pub struct Judge {
     warnings: HashMap<String, DateTime<Utc>>,
     /// The latest build id seen per workspace: a new build is a new session.
     sessions: HashMap<String, String>,
-    /// While `gpu_templates` is unset: templates one of whose workspaces had a GPU series, and
-    /// when that was last seen (`LEARNED_TEMPLATE_MEMORY`).
+    /// While `gpu_templates` is unset: templates learned as GPU templates, and when a workspace
+    /// of theirs was last seen with a GPU series (`LEARNED_TEMPLATE_MEMORY`).
     gpu_templates_seen: HashMap<String, DateTime<Utc>>,
+    /// Templates seen with GPU series but not learned yet (`Teaching`): one series, or one
+    /// workspace, teaches nothing (a forged series must not make a CPU template a GPU one).
+    teaching: HashMap<String, Teaching>,
     /// Stops already sent that still serve a waiter, per pool (`Ledger::serving`): set before a
     /// pass by whoever acts.
     serving: Vec<usize>,
@@ -95,6 +111,7 @@ impl Judge {
             warnings: HashMap::new(),
             sessions: HashMap::new(),
             gpu_templates_seen: HashMap::new(),
+            teaching: HashMap::new(),
             serving: Vec::new(),
             templates: HashMap::new(),
             build_parameters: HashMap::new(),
@@ -193,8 +210,10 @@ impl Judge {
         JudgePass { judge: self, workspaces, context, session_start }
     }
 
-    /// Remembers the templates of workspaces that have GPU series now, and forgets the ones not
-    /// seen with one for `LEARNED_TEMPLATE_MEMORY`.
+    /// Learns the templates of workspaces that have GPU series now (`LEARN_FROM` workspaces over
+    /// as many passes; a CPU variant teaches nothing), and forgets the ones not seen with one
+    /// for `LEARNED_TEMPLATE_MEMORY`. Called twice in a pass at most (`parameters_wanted`, then
+    /// `decide`): a pass counts once.
     fn learn_gpu_templates(&mut self, workspaces: &[Workspace], now: DateTime<Utc>) {
         if !self.policy.gpu_templates.is_empty() {
             return;
@@ -203,11 +222,29 @@ impl Judge {
         let taught: Vec<&Workspace> =
             workspaces.iter().filter(|w| has_series(w) && self.cpu_variant(&w.latest_build.id).is_none()).collect();
         for ws in taught {
-            match self.gpu_templates_seen.get_mut(&ws.template_name) {
-                Some(seen) => *seen = now,
-                None => {
-                    self.gpu_templates_seen.insert(ws.template_name.clone(), now);
-                }
+            if let Some(seen) = self.gpu_templates_seen.get_mut(&ws.template_name) {
+                *seen = now;
+                continue;
+            }
+            let t = self.teaching.entry(ws.template_name.clone()).or_default();
+            if t.seen != Some(now) {
+                t.passes += 1;
+                t.seen = Some(now);
+            }
+            if t.workspaces.len() < LEARN_FROM && !t.workspaces.contains(&ws.id) {
+                t.workspaces.push(ws.id.clone());
+            }
+            if t.workspaces.len() >= LEARN_FROM && t.passes >= LEARN_FROM {
+                self.teaching.remove(&ws.template_name);
+                self.gpu_templates_seen.insert(ws.template_name.clone(), now);
+            }
+        }
+        self.teaching.retain(|_, t| t.seen.is_some_and(|seen| now - seen < LEARNED_TEMPLATE_MEMORY));
+        if self.teaching.len() > MAX_LEARNED_TEMPLATES {
+            let mut by_age: Vec<(Option<DateTime<Utc>>, String)> = self.teaching.iter().map(|(k, t)| (t.seen, k.clone())).collect();
+            by_age.sort();
+            for (_, k) in by_age.into_iter().take(self.teaching.len() - MAX_LEARNED_TEMPLATES) {
+                self.teaching.remove(&k);
             }
         }
         self.gpu_templates_seen.retain(|_, seen| now - *seen < LEARNED_TEMPLATE_MEMORY);
