@@ -80,6 +80,7 @@ pub fn gpu_source(settings: &Settings) -> Result<Sources, Error> {
         lookback: settings.policy.longest_lookback(),
         step: settings.interval,
         power: !settings.policy.active_power_watts.is_empty(),
+        max_gpus_per_workspace: settings.policy.max_gpus_per_workspace,
     })
 }
 

@@ -243,3 +243,66 @@ async fn prometheus_errors_make_data_unknown_never_zero() {
     assert!(c.series.is_empty() && !c.failures.is_empty());
     assert!(c.failures[0].error.contains("timed out"), "{:?}", c.failures);
 }
+
+/// A pod over its series cap fails only its own workspace (issue 42): 21 series on each of 1,000
+/// listed pods (a forged copy per GPU, where the store can be written) are held up to the
+/// policy's `max_gpus_per_workspace` plus one each (the one that makes the workspace
+/// `too-many-gpu-series`), so the answer stays under `max_gpu_series` and the points budget, and
+/// a normal workspace beside them is read. Before, the whole source failed for every workspace.
+#[tokio::test]
+async fn a_pod_over_its_series_cap_fails_only_its_own_workspace() {
+    let server = MockServer::start().await;
+    let source = prom(&server, Duration::from_secs(10));
+    let end = Utc::now().timestamp() / 60 * 60;
+    let id = |i: usize| format!("0b7c1a2e-1f4d-4c9e-9d3b-{i:012x}");
+    let labels = |ws: &str, gpu: usize| {
+        json!({"UUID": format!("GPU-{gpu:08x}-1c2b-4d5e-8f90-a1b2c3d4e5f6"), "exported_pod": format!("coder-{ws}-7d9f8b6c5d-x2x9k"),
+            "exported_namespace": "coder", "instance": "10.0.1.7:9400", "job": "nvidia-dcgm-exporter", "modelName": "NVIDIA A10G"})
+    };
+    let mut series: Vec<serde_json::Value> = Vec::new();
+    for pod in 0..1000 {
+        for gpu in 0..21 {
+            series.push(json!({"metric": labels(&id(pod), pod * 21 + gpu), "values": [[end, "0"]]}));
+        }
+    }
+    series.push(json!({"metric": labels(WS_ID, 99_999), "values": [[end, "0"]]}));
+    Mock::given(method("GET")).and(path("/api/v1/query_range")).respond_with(matrix(json!(series))).mount(&server).await;
+    source.want((0..1000).map(id).chain([WS_ID.to_string()]).collect());
+    let c = source.collect(Utc::now()).await;
+    assert!(c.failures.is_empty(), "one pod's series fail no other workspace: {:?}", c.failures);
+    let of = |ws: &str| c.series.iter().filter(|s| s.workspace_id.as_deref() == Some(ws)).count();
+    assert_eq!((of(&id(0)), of(&id(999)), of(WS_ID)), (17, 17, 1), "max_gpus_per_workspace (16) plus one per pod");
+    let mut windows = coder_gpu_reclaimer::gpu::window::Windows::new(chrono::Duration::minutes(30), Duration::from_secs(60));
+    for s in &c.series {
+        windows.record(s, None, true);
+    }
+    assert!(windows.refused_at(&id(0)).is_some(), "the over-cap workspace is judged on none of its series");
+    assert!(windows.refused_at(WS_ID).is_none());
+}
+
+/// A twin's `instance` label is bounded (issue 42): a forged copy of a GPU carrying a 1 MB
+/// `instance` is still a twin, named by at most 128 bytes of it (the status document and the
+/// page list the first few twins, each with its first few targets).
+#[tokio::test]
+async fn a_twins_instance_label_is_bounded() {
+    let server = MockServer::start().await;
+    let source = prom(&server, Duration::from_secs(10));
+    let end = Utc::now().timestamp() / 60 * 60;
+    let labels = |instance: &str| {
+        json!({"UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"),
+            "exported_namespace": "coder", "instance": instance, "job": "nvidia-dcgm-exporter"})
+    };
+    let huge = "x".repeat(1 << 20);
+    let series = json!([
+        {"metric": labels("10.0.1.7:9400"), "values": [[end - 60, "0"], [end, "0"]]},
+        {"metric": labels(&huge), "values": [[end - 60, "0"], [end, "0"]]},
+    ]);
+    Mock::given(method("GET")).and(path("/api/v1/query_range")).respond_with(matrix(series)).mount(&server).await;
+    source.want([WS_ID.to_string()].into_iter().collect());
+    let c = source.collect(Utc::now()).await;
+    assert_eq!(c.twin_count, 1, "{:?}", c.failures);
+    let targets = &c.twins[0].reported_by;
+    assert!(targets.iter().any(|t| t == "10.0.1.7:9400"), "{targets:?}");
+    assert!(targets.iter().all(|t| t.len() <= 160), "bounded: {:?}", targets.iter().map(String::len).collect::<Vec<_>>());
+    assert!(targets.iter().any(|t| t.ends_with("… (1048576 bytes)")), "marked as cut");
+}

@@ -63,6 +63,11 @@ pub async fn report(settings: Settings, args: &BacktestArgs, now: DateTime<Utc>)
         lookback,
         step: settings.interval,
         power: variants.iter().any(|(_, p)| !p.active_power_watts.is_empty()),
+        max_gpus_per_workspace: variants
+            .iter()
+            .map(|(_, p)| p.max_gpus_per_workspace)
+            .max()
+            .unwrap_or(reclaimer_core::gpu::DEFAULT_MAX_GPUS_PER_WORKSPACE),
     })?;
     let coder = crate::app::coder_client(&settings, &Arc::new(Metrics::new()))?;
     let plan = Plan {

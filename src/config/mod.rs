@@ -443,6 +443,8 @@ impl Settings {
                     selector,
                     jobs: prometheus_jobs,
                     max_series,
+                    // The policy's, where the source is built.
+                    series_per_pod: crate::gpu::DEFAULT_MAX_GPUS_PER_WORKSPACE + 1,
                 };
             }
         }

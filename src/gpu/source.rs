@@ -85,4 +85,7 @@ pub struct SourceContext<'a> {
     pub step: Duration,
     /// Whether the policy reads the power draw (a power veto).
     pub power: bool,
+    /// The policy's `max_gpus_per_workspace`: a pod's series past it plus one are not held (the
+    /// one more is what makes its workspace too-many-gpu-series), so a pod never fails a source.
+    pub max_gpus_per_workspace: usize,
 }

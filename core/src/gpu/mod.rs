@@ -273,17 +273,33 @@ pub const MAX_GPUS_PER_WORKSPACE: usize = 64;
 /// device's own among them, count only against the source's cap: behind Prometheus they carry
 /// the exporter's own pod, which names one node's GPUs). Nothing is counted until the answer
 /// holds `MAX_SERIES_PER_POD` series (no pod can be over before): then the pods of those are.
-#[derive(Debug, Default)]
-pub struct PerPod(Option<HashMap<String, usize>>);
+#[derive(Debug)]
+pub struct PerPod {
+    counts: Option<HashMap<String, usize>>,
+    /// Series one pod may name (`MAX_SERIES_PER_POD`, or the policy's `max_gpus_per_workspace`
+    /// plus one: enough to reach the windows as too many, and no more).
+    cap: usize,
+}
+
+impl Default for PerPod {
+    fn default() -> Self {
+        PerPod { counts: None, cap: MAX_SERIES_PER_POD }
+    }
+}
 
 impl PerPod {
+    /// At most `cap` series per pod (at least one, at most `MAX_SERIES_PER_POD`).
+    pub fn with_cap(cap: usize) -> Self {
+        PerPod { counts: None, cap: cap.clamp(1, MAX_SERIES_PER_POD) }
+    }
+
     /// Whether one more series of `pod` is kept; `held` are the series kept so far.
     pub fn admit(&mut self, pod: Option<&str>, held: &[GpuSeries]) -> bool {
         let Some(pod) = pod else { return true };
-        if self.0.is_none() && held.len() < MAX_SERIES_PER_POD {
+        if self.counts.is_none() && held.len() < self.cap {
             return true;
         }
-        let counts = self.0.get_or_insert_with(|| {
+        let counts = self.counts.get_or_insert_with(|| {
             let mut counts = HashMap::new();
             for p in held.iter().filter_map(|s| s.key.pod.as_deref()) {
                 *counts.entry(p.to_string()).or_insert(0) += 1;
@@ -292,7 +308,7 @@ impl PerPod {
         });
         if let Some(n) = counts.get_mut(pod) {
             *n += 1;
-            return *n <= MAX_SERIES_PER_POD;
+            return *n <= self.cap;
         }
         counts.insert(pod.to_string(), 1);
         true

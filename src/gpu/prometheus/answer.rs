@@ -309,6 +309,22 @@ pub(super) struct Fold {
     pub(super) remember_budget: usize,
 }
 
+/// The most bytes of an `instance` label kept (a scrape target is `host:port`; a forged one of a
+/// megabyte must not reach the status document and the page a megabyte at a time).
+pub(super) const MAX_INSTANCE_BYTES: usize = 128;
+
+/// `label` cut to `MAX_INSTANCE_BYTES` at a character boundary, marked when cut.
+fn bounded(label: &str) -> std::borrow::Cow<'_, str> {
+    if label.len() <= MAX_INSTANCE_BYTES {
+        return std::borrow::Cow::Borrowed(label);
+    }
+    let mut end = MAX_INSTANCE_BYTES;
+    while !label.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}… ({} bytes)", &label[..end], label.len()))
+}
+
 impl Fold {
     /// One series of an answer (`read_series`'s labels and points).
     pub(super) fn add_read(&mut self, spec: QuerySpec, metric: &[u8], points: &[(f64, Option<f64>)]) -> Result<(), String> {
@@ -326,7 +342,7 @@ impl Fold {
                 let known = held.map(|i| {
                     let real_pod_uid = labels.get("pod_uid").is_some_and(|u| !u.is_empty());
                     // A copy without a target label is a target of its own (a remote write).
-                    (i, real_pod_uid, Arc::from(labels.get("instance").unwrap_or("(no instance)")))
+                    (i, real_pod_uid, Arc::from(bounded(labels.get("instance").unwrap_or("(no instance)"))))
                 });
                 let cost = metric.len() + REMEMBERED_ENTRY_BYTES;
                 if cost <= self.remember_budget {

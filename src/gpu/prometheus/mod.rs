@@ -80,7 +80,7 @@ impl PrometheusConfig {
     }
 
     pub fn build(&self, cx: &SourceContext) -> Result<PrometheusSource, Error> {
-        let options = PrometheusOptions { power: cx.power, ..self.options.clone() };
+        let options = PrometheusOptions { power: cx.power, series_per_pod: cx.max_gpus_per_workspace + 1, ..self.options.clone() };
         PrometheusSource::with_options(
             &self.url,
             cx.ownership.clone(),
@@ -112,6 +112,9 @@ pub struct PrometheusOptions {
     pub jobs: JobChoice,
     /// Distinct GPU series one pass may hold (`max_gpu_series`).
     pub max_series: usize,
+    /// GPU series one pod's may hold in one pass (the policy's `max_gpus_per_workspace` plus one,
+    /// set where the source is built): past it a pod fails its own workspace, never the source.
+    pub series_per_pod: usize,
 }
 
 impl Default for PrometheusOptions {
@@ -123,6 +126,7 @@ impl Default for PrometheusOptions {
             selector: None,
             jobs: JobChoice::Named(vec![DEFAULT_JOB.to_string()]),
             max_series: DEFAULT_MAX_SERIES,
+            series_per_pod: reclaimer_core::gpu::DEFAULT_MAX_GPUS_PER_WORKSPACE + 1,
         }
     }
 }
@@ -422,7 +426,7 @@ impl GpuSource for PrometheusSource {
             series: Vec::new(),
             max_series: self.options.max_series,
             over: false,
-            per_pod: PerPod::default(),
+            per_pod: PerPod::with_cap(self.options.series_per_pod),
             instances: HashMap::new(),
             wanted,
             unlisted: Vec::new(),
