@@ -22,6 +22,7 @@ mod e2e;
 mod expo;
 mod fakes;
 mod fences;
+mod forged;
 mod gpu_world;
 mod hostile;
 mod jobs;

@@ -305,4 +305,5 @@ async fn a_twins_instance_label_is_bounded() {
     assert!(targets.iter().any(|t| t == "10.0.1.7:9400"), "{targets:?}");
     assert!(targets.iter().all(|t| t.len() <= 160), "bounded: {:?}", targets.iter().map(String::len).collect::<Vec<_>>());
     assert!(targets.iter().any(|t| t.ends_with("… (1048576 bytes)")), "marked as cut");
+    assert!(c.twinned.contains(WS_ID), "its workspace is twinned: no deadline of its is moved");
 }

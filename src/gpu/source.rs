@@ -54,6 +54,8 @@ pub struct Collection {
     pub twins: Vec<Twin>,
     /// How many there were in all.
     pub twin_count: usize,
+    /// Every workspace one of whose GPU keys is a twin (no deadline of theirs is moved).
+    pub twinned: std::collections::HashSet<String>,
     /// HTTP requests made (the benchmark checks this does not grow with the fleet).
     pub requests: usize,
     /// Workspaces whose GPU series the source saw at its latest step but did not hold, because

@@ -338,6 +338,7 @@ impl Evaluator {
         self.learn_permissions(&workspaces).await;
         self.learn_templates(&workspaces).await;
         let context = PassContext { coder_offset: self.coder_clock_offset, step: collection.step };
+        self.judge.set_twinned(std::mem::take(&mut collection.twinned));
         let mut pass = self.judge.begin(&workspaces, context);
         // GPU series naming a workspace the listing does not hold: it may hold a GPU outside
         // Coder's running workspaces (`outside`). Behind Prometheus the source names them.

@@ -61,6 +61,7 @@ fn in_words(w: &WorkspaceStatus, mode: Mode) -> String {
         (Verdict::Unknown, Reason::MetricsDisagree) => "unknown: GPU counters contradict each other",
         (Verdict::Unknown, Reason::NoDeviceSeries) => "unknown: the GPU's device-level series is missing",
         (Verdict::Unknown, Reason::TooManyGpuSeries) => "unknown: more GPU series name it than it can have",
+        (Verdict::Unknown, Reason::GpuChanged) => "unknown: a GPU it cannot have appeared",
         (Verdict::Unknown, Reason::SampleGap) => "unknown: a gap in GPU readings",
         (Verdict::Unknown, Reason::StaleData) => "unknown: GPU readings are stale",
         (Verdict::Unknown, _) => "unknown: not enough GPU data",

@@ -172,9 +172,19 @@ struct WorkspaceWindows {
     /// The latest time a series for this workspace was refused because it already had
     /// `max_per_workspace` windows: then it is judged on none of them (see `refused_at`).
     refused_at: Option<DateTime<Utc>>,
+    /// When a GPU with another `UUID` first appeared on a pod that already had a GPU with
+    /// samples, within this session: a pod cannot gain a device without a restart, so the new
+    /// one is a copy (forged, where the store lets others write) and the workspace is judged on
+    /// none of them until its next build (`changed_at`).
+    changed_at: Option<DateTime<Utc>>,
 }
 
 const INDEX_FROM: usize = 8;
+
+/// A GPU whose first point comes this long after another GPU of the same pod was first sampled
+/// appeared mid-session (`changed_at`): the GPUs of one pod arrive in the same scrape or step, and
+/// this leaves room for a missed one or two.
+pub const NEW_GPU_AFTER: Duration = Duration::minutes(2);
 
 impl WorkspaceWindows {
     fn position(&self, key: &GpuKey) -> Option<usize> {
@@ -271,6 +281,18 @@ impl Windows {
                 return;
             }
             None => {
+                // Another GPU of the same pod sampled before this one's first point: it appeared
+                // mid-session (the GPUs of one pod arrive in the same scrape, or the same steps).
+                let (pod, first) = (series.key.pod.as_deref(), all.iter().map(|p| p.at).min());
+                let appeared = gpus.windows.iter().any(|w| {
+                    pod.is_some()
+                        && w.key.pod.as_deref() == pod
+                        && w.key.uuid != series.key.uuid
+                        && w.samples.front().zip(first).is_some_and(|(s, first)| first - s.at > NEW_GPU_AFTER)
+                });
+                if appeared {
+                    gpus.changed_at = gpus.changed_at.or(first);
+                }
                 let mut w = GpuWindow::new(series.key.clone(), series.source.clone());
                 w.samples.reserve_exact(self.capacity);
                 gpus.push(w)
@@ -318,7 +340,7 @@ impl Windows {
                 !w.samples.is_empty()
             });
             gpus.refused_at = gpus.refused_at.filter(|t| *t >= cutoff);
-            !gpus.windows.is_empty() || gpus.refused_at.is_some()
+            !gpus.windows.is_empty() || gpus.refused_at.is_some() || gpus.changed_at.is_some()
         });
     }
 
@@ -335,6 +357,12 @@ impl Windows {
     /// (within the retention).
     pub fn refused_at(&self, workspace_id: &str) -> Option<DateTime<Utc>> {
         self.by_workspace.get(workspace_id).and_then(|g| g.refused_at)
+    }
+
+    /// When a GPU with a new `UUID` appeared on a pod that had others with samples, within this
+    /// session (`forget` at a new build clears it).
+    pub fn changed_at(&self, workspace_id: &str) -> Option<DateTime<Utc>> {
+        self.by_workspace.get(workspace_id).and_then(|g| g.changed_at)
     }
 
     pub fn workspace_count(&self) -> usize {

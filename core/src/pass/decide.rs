@@ -59,6 +59,7 @@ pub enum Reason {
     MetricsDisagree,
     NoDeviceSeries,
     TooManyGpuSeries,
+    GpuChanged,
     GpuActive,
     Connected,
     Starting,
@@ -91,6 +92,7 @@ impl Reason {
             Reason::MetricsDisagree => "metrics-disagree",
             Reason::NoDeviceSeries => "no-device-series",
             Reason::TooManyGpuSeries => "too-many-gpu-series",
+            Reason::GpuChanged => "gpu-changed",
             Reason::GpuActive => "gpu-active",
             Reason::Connected => "connected",
             Reason::Starting => "starting",
@@ -365,6 +367,12 @@ pub struct PassFacts<'a> {
     /// The parameter of its latest build that says it has no GPU (`Policy::cpu_variant`), when
     /// its parameters were read: it never waits for a GPU, and without GPU series it is `no-gpu`.
     pub cpu_variant: Option<&'a BuildParameter>,
+    /// One of its GPUs is reported by two scrape targets (a twin: forged, where the store lets
+    /// others write): no provenance, so its deadline is never moved for it.
+    pub twinned: bool,
+    /// When a GPU with another `UUID` appeared on its pod after another was sampled, within
+    /// this session (`Windows::changed_at`): judged on none of its series until its next build.
+    pub gpu_changed_at: Option<DateTime<Utc>>,
 }
 
 /// `decide`, with what the pass knows (`PassFacts`).
@@ -376,7 +384,7 @@ pub fn decide_with(
     prior_stop_at: Option<DateTime<Utc>>,
     facts: PassFacts<'_>,
 ) -> Decision {
-    let PassFacts { coder_offset, gpu_template, step, gpu_series_refused_at, template, cpu_variant } = facts;
+    let PassFacts { coder_offset, gpu_template, step, gpu_series_refused_at, template, cpu_variant, twinned, gpu_changed_at } = facts;
     let coder_now = now + coder_offset;
     let windows: Vec<&GpuWindow> = gpus.map(|g| g.iter().filter(|w| !w.samples.is_empty()).collect()).unwrap_or_default();
     let (th, exempt) = policy.for_workspace(ws);
@@ -438,6 +446,17 @@ pub fn decide_with(
             None,
         );
     }
+    if let Some(at) = gpu_changed_at {
+        return b.out(
+            Verdict::Unknown,
+            Reason::GpuChanged,
+            format!(
+                "a GPU with another UUID appeared on its pod {}s ago, after its first GPU was read: a pod gains no device without a restart, so it is a copy (forged series?); judged on none of them until its next build",
+                (now - at).num_seconds().max(0)
+            ),
+            None,
+        );
+    }
     if windows.is_empty() {
         if let Some(p) = cpu_variant {
             let why = format!(
@@ -471,6 +490,7 @@ pub fn decide_with(
     let span_start = now - dur(th.idle_after);
     let bumps = template.is_none_or(|t| t.bumps());
     if th.extend_while_busy
+        && !twinned
         && d.reason == Reason::GpuActive
         && (d.connection_idle >= CONNECTED_WITHIN || !bumps)
         && computes_by_its_readings(&windows, policy)
@@ -478,6 +498,9 @@ pub fn decide_with(
     {
         let (th, within) = deadline::ahead_of_reminder(&th, policy.extend_when_within, template.map(|t| t.reminder_lead()));
         d.deadline = deadline::plan(coder_now, &ws.latest_build, &th, within, evidence(&windows, span_start)).map(Box::new);
+    }
+    if twinned && th.extend_while_busy && d.reason == Reason::GpuActive {
+        d.message.push_str("; its deadline is not moved: one of its GPUs is reported by two scrape targets (a twin)");
     }
     if d.is_stop_eligible() && !th.grace.is_zero() {
         let stop_at = prior_stop_at.unwrap_or(now + dur(th.grace));

@@ -56,6 +56,8 @@ pub struct Judge {
     serving: Vec<usize>,
     /// Templates' schedules by template id, as Coder last answered (`know_template`).
     templates: HashMap<String, TemplateSchedule>,
+    /// Workspaces one of whose GPUs two scrape targets report this pass (`set_twinned`).
+    twinned: HashSet<String>,
     /// By build id, for the listed workspaces' latest builds whose parameters were read: the
     /// parameter that says the build has no GPU (`Policy::cpu_variant`), or `None` when none
     /// does. A build's parameters never change, so each is read once.
@@ -114,6 +116,7 @@ impl Judge {
             teaching: HashMap::new(),
             serving: Vec::new(),
             templates: HashMap::new(),
+            twinned: HashSet::new(),
             build_parameters: HashMap::new(),
         }
     }
@@ -133,6 +136,11 @@ impl Judge {
     /// A template's schedule as Coder answered it (its activity bump, its autostop reminder).
     pub fn know_template(&mut self, template_id: String, schedule: TemplateSchedule) {
         self.templates.insert(template_id, schedule);
+    }
+
+    /// The workspaces one of whose GPUs is a twin this pass: their deadlines are not moved.
+    pub fn set_twinned(&mut self, twinned: HashSet<String>) {
+        self.twinned = twinned;
     }
 
     /// The stops already sent that still serve a waiter, per pool, for the next `decide`.
@@ -309,6 +317,8 @@ impl JudgePass<'_> {
                     gpu_series_refused_at: judge.windows.refused_at(&ws.id),
                     template: judge.templates.get(&ws.template_id).copied(),
                     cpu_variant: judge.cpu_variant(&ws.latest_build.id),
+                    twinned: judge.twinned.contains(&ws.id),
+                    gpu_changed_at: judge.windows.changed_at(&ws.id),
                 };
                 decide_with(now, ws, judge.windows.get(&ws.id), &judge.policy, prior, facts)
             })

@@ -493,6 +493,11 @@ impl GpuSource for PrometheusSource {
         };
         merge_device_level(&mut series);
         series.sort_by(|a, b| a.key.cmp(&b.key));
+        // Every workspace one of whose GPUs is a twin (the listed twins are the first few only).
+        let twinned = {
+            let co = self.co_reported.lock().unwrap_or_else(|p| p.into_inner());
+            series.iter().filter(|s| co.get(&s.key).is_some_and(|(_, steps)| *steps >= 2)).filter_map(|s| s.workspace_id.clone()).collect()
+        };
         // Configured jobs that hold no listed workspace's series: which jobs do (hourly), to say.
         let mut read = read;
         let blind = wanted_count > 0 && !series.iter().any(|s| s.workspace_id.is_some());
@@ -501,7 +506,7 @@ impl GpuSource for PrometheusSource {
             self.discovery.lock().unwrap_or_else(|p| p.into_inner()).answered(answer);
             read = jobs_to_read(&self.options.jobs, &self.discovery.lock().unwrap_or_else(|p| p.into_inner()));
         }
-        Collection { series, failures, twins, twin_count, requests, step: Some(self.step), unlisted, jobs: Some(read) }
+        Collection { series, failures, twins, twin_count, twinned, requests, step: Some(self.step), unlisted, jobs: Some(read) }
     }
 }
 
