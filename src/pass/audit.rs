@@ -34,28 +34,41 @@ pub struct AuditLog {
     failing: std::sync::atomic::AtomicBool,
 }
 
+/// Opens `path` for appending (and reading, with `read`), creating it with mode 0600, never
+/// through a symbolic link (`O_NOFOLLOW`: a link planted where the file goes cannot redirect the
+/// service's writes; opening one fails, naming the path), and resets an existing file that others
+/// may read to 0600.
+pub fn open_private(path: &Path, read: bool) -> std::io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.create(true).append(true).read(read);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    }
+    let file = options.open(path)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = file.metadata()?;
+        if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(file)
+}
+
 impl AuditLog {
     /// Opens (creating, mode 0600) the file for appending. A last line cut short (the process
     /// died mid-write, the volume filled) is ended first, so it does not swallow the next
     /// event. Fails at start-up, not at the first stop.
     pub fn open(path: &Path) -> Result<Self, Error> {
-        let mut options = OpenOptions::new();
-        options.create(true).append(true).read(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         let cannot = |e: std::io::Error| {
             Error::config(format!("--audit-log {}: cannot open it for appending ({e}); fix the path or its permissions", path.display()))
         };
-        let mut file = options.open(path).map_err(cannot)?;
+        // Owners, reasons and messages are nobody else's business: an existing log too.
+        let mut file = open_private(path, true).map_err(cannot)?;
         let meta = file.metadata().map_err(cannot)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            // Owners, reasons and messages are nobody else's business: an existing log too.
-            if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
-                file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(cannot)?;
-            }
-        }
         let len = meta.len();
         if meta.is_file() && len > 0 {
             use std::io::{Read, Seek, SeekFrom};

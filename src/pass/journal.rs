@@ -6,7 +6,7 @@
 //! so the two hold at most twice the bound. A failed write is logged once and costs nothing else:
 //! the journal is evidence for later, never a reason to hold a pass.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -17,8 +17,9 @@ use reclaimer_core::history::{JournalLine, Tracker};
 use crate::error::Error;
 use crate::pass::audit::read_json_lines;
 
-/// The default bound of one journal file (`history_journal_max_mib`): at about 300 bytes a line,
-/// 10,000 workspaces each changing every other minute fill it in about a day.
+/// The default bound of one journal file (`history_journal_max_mib`): 10,000 busy workspaces (each
+/// one's `last_used_at` moving every minute) fill it in about 47 minutes, so the two halves hold
+/// about an hour and a half of them; a fleet of 500 about a day and a half. Raise it to keep more.
 pub const DEFAULT_MAX_BYTES: usize = 64 << 20;
 
 pub struct Journal {
@@ -34,7 +35,8 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Opens (creating, mode 0600) `path` for appending. Fails at start-up, not at the first pass.
+    /// Opens (creating, mode 0600, never through a symbolic link; an existing file is reset to
+    /// 0600) `path` for appending. Fails at start-up, not at the first pass.
     pub fn open(path: &Path, max_bytes: usize) -> Result<Self, Error> {
         let file = open_append(path).map_err(|e| {
             Error::config(format!(
@@ -113,14 +115,7 @@ pub fn rotated(path: &Path) -> PathBuf {
 }
 
 fn open_append(path: &Path) -> std::io::Result<File> {
-    let mut options = OpenOptions::new();
-    options.create(true).append(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    options.open(path)
+    crate::pass::audit::open_private(path, false)
 }
 
 /// The longest journal line read back; real ones are under 1 KB.
@@ -167,6 +162,28 @@ mod tests {
         let times: Vec<_> = read.iter().map(|l| l.time).collect();
         assert!(times.windows(2).all(|w| w[0] <= w[1]), "the older half first");
         assert_eq!(read.last().unwrap().last_used_at, Some(t0 + chrono::Duration::minutes(39)), "the newest line last");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The journal never writes through a symbolic link planted where it goes, and an existing
+    /// file others may read is made 0600 (issue 42).
+    #[cfg(unix)]
+    #[test]
+    fn the_journal_follows_no_link_and_keeps_its_file_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("journal-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (target, link) = (dir.join("elsewhere"), dir.join("history.jsonl"));
+        std::fs::write(&target, "").unwrap();
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = Journal::open(&link, 2048).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("--history-journal") && e.contains("cannot open it"), "{e}");
+        let open = dir.join("open.jsonl");
+        std::fs::write(&open, "").unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+        Journal::open(&open, 2048).unwrap();
+        assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o777, 0o600);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
