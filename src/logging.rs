@@ -78,6 +78,16 @@ impl Visit for Fields<'_> {
     }
 }
 
+/// Text for a terminal with every control character but the line break written out (`\u{1b}`):
+/// workspace, owner and template names come from Coder and may hold escape sequences that
+/// would rewrite what a terminal shows (`report`, `backtest` and `plan` tables).
+pub fn terminal_safe(text: String) -> String {
+    if !text.chars().any(|c| c.is_control() && c != '\n') {
+        return text;
+    }
+    text.chars().map(|c| if c.is_control() && c != '\n' { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,5 +136,11 @@ mod tests {
         assert_eq!((l["level"].as_str(), l["message"].as_str(), l["build"].as_str()), (Some("INFO"), Some("was \"stopped\""), Some("b-1")));
         assert!(l["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')), "{l}");
         assert_eq!(lines[1]["owner"], "bob");
+    }
+
+    #[test]
+    fn control_characters_reach_no_terminal() {
+        assert_eq!(terminal_safe("plain\nlines\n".into()), "plain\nlines\n");
+        assert_eq!(terminal_safe("eve\u{1b}[2J\u{7}\r\n".into()), "eve\\u{1b}[2J\\u{7}\\u{d}\n");
     }
 }

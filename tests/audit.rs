@@ -108,3 +108,57 @@ fn a_resumed_stop_gives_back_its_gpus_for_the_time_it_was_stopped() {
     assert_eq!(half.total.gpu_hours_given_back, 1.5, "only the part inside the period");
     assert_eq!(whole.total.cost_given_back, Some(2.25), "priced at 0.75 a GPU-hour");
 }
+
+/// `report` bounds what it reads from a line (issue 42): a forged `stop_done` claiming 2^40 GPUs
+/// at a price of 1e300 counts at most 64 GPUs, and no money; names with terminal escape
+/// sequences are written out in the table.
+#[test]
+fn a_forged_line_cannot_inflate_the_report_or_drive_the_terminal() {
+    let dir = Scratch::of("audit-forged", []);
+    let path = dir.0.join("audit.jsonl");
+    let log = AuditLog::open(&path).unwrap();
+    let done = at("2026-11-25T10:00:00Z");
+    let mut forged = event(AuditKind::StopDone, done, 1);
+    forged.gpus = Some(1 << 40);
+    forged.gpu_hour_price = Some(1e300);
+    forged.currency = Some("USD".into());
+    forged.owner = "eve\u{1b}[2J\u{1b}[H".into();
+    assert!(log.append(&forged));
+    let report = summarize(&path, done, done + Duration::hours(1)).unwrap();
+    assert_eq!(report.total.gpu_hours_given_back, 64.0, "at most 64 GPUs for the hour");
+    assert_eq!(report.total.cost_given_back, None, "an implausible price counts no money");
+    let table = report.table();
+    assert!(!table.contains('\u{1b}') && table.contains("eve\\u{1b}[2J"), "{table}");
+}
+
+/// The audit log rotates by size (issue 42): past its bound the file becomes `<path>.1` and a new
+/// one begins, so a volume never fills and stops all reclaiming; the reader (recovery, `report`)
+/// reads the older half first, so a stop sent before the rotation and done after it is one stop,
+/// given back across both halves.
+#[test]
+fn the_audit_log_rotates_by_size_and_both_halves_read_back_in_order() {
+    let dir = Scratch::of("audit-rotate", []);
+    let path = dir.0.join("audit.jsonl");
+    let log = AuditLog::open_bounded(&path, 4096).unwrap();
+    let t0 = at("2026-11-25T10:00:00Z");
+    let mut written = 0;
+    for n in 0..40 {
+        assert!(log.append(&event(AuditKind::WouldStop, t0 + Duration::minutes(n), n as usize)));
+        written += 1;
+    }
+    let (now, old) = (std::fs::metadata(&path).unwrap().len(), std::fs::metadata(dir.0.join("audit.jsonl.1")).unwrap().len());
+    assert!(now <= 4096 && old <= 4096, "each half within the bound: {now}, {old}");
+    let mut times = Vec::new();
+    read_records(&path, |r| times.push(r.time)).unwrap();
+    assert!(times.len() < written && times.len() >= 8, "the two newest halves: {} of {written}", times.len());
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "the older half first");
+    assert_eq!(times.last(), Some(&(t0 + Duration::minutes(39))), "the newest line last");
+    // A stop done in the older half and resumed in the newer: given back across the rotation.
+    let log = AuditLog::open_bounded(&path, 1).unwrap();
+    let mut done = event(AuditKind::StopDone, t0 + Duration::hours(1), 99);
+    done.gpu_seconds_given_back = None;
+    let resumed = AuditEvent { event: AuditKind::Resumed, time: done.time + Duration::minutes(30), ..done.clone() };
+    assert!(log.append(&done) && log.append(&resumed), "each line alone past the bound: a rotation between them");
+    let report = summarize(&path, done.time, resumed.time + Duration::hours(1)).unwrap();
+    assert_eq!(report.total.gpu_hours_given_back, 1.0, "2 GPUs for 30 minutes, read across both halves");
+}

@@ -132,8 +132,12 @@ impl Report {
     }
 
     /// The table for people: the sources, one row per policy, then the first policy's top
-    /// workspaces and templates.
+    /// workspaces and templates (Coder's names with their control characters written out).
     pub fn table(&self) -> String {
+        crate::logging::terminal_safe(self.table_text())
+    }
+
+    fn table_text(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,

@@ -106,7 +106,11 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
                 if l.gpu_hour_price.is_some() && l.currency.is_some() {
                     currency.clone_from(&l.currency);
                 }
-                let stopped = Stopped { at: l.time, gpus: l.gpus.unwrap_or(0), price: l.gpu_hour_price };
+                // Bounded as the service writes them: no pod has more GPUs than a workspace may
+                // (`MAX_GPUS_PER_WORKSPACE`), and a price is a finite, plausible number.
+                let gpus = l.gpus.unwrap_or(0).min(crate::gpu::MAX_GPUS_PER_WORKSPACE as u64);
+                let price = l.gpu_hour_price.filter(|p| p.is_finite() && (0.0..=MAX_GPU_HOUR_PRICE).contains(p));
+                let stopped = Stopped { at: l.time, gpus, price };
                 open.insert(l.workspace_id.clone(), (key, stopped));
             }
             Some(AuditKind::Resumed) => {
@@ -157,6 +161,9 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     Ok(AuditReport { since, until, rows, total, currency, unreadable_lines: unreadable })
 }
 
+/// The highest price of one GPU-hour a line may carry; a higher one is not counted.
+const MAX_GPU_HOUR_PRICE: f64 = 10_000.0;
+
 /// A completed stop, until its workspace runs again.
 struct Stopped {
     at: DateTime<Utc>,
@@ -169,8 +176,12 @@ fn round2(x: f64) -> f64 {
 }
 
 impl AuditReport {
-    /// An aligned table for people.
+    /// An aligned table for people (Coder's names with their control characters written out).
     pub fn table(&self) -> String {
+        crate::logging::terminal_safe(self.table_text())
+    }
+
+    fn table_text(&self) -> String {
         let mut out =
             format!("GPU reclaim report, {} to {}\n\n", self.since.format("%Y-%m-%d %H:%M UTC"), self.until.format("%Y-%m-%d %H:%M UTC"));
         let money = self.currency.as_ref().map(|c| format!("{c} GIVEN BACK"));

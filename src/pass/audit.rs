@@ -25,9 +25,24 @@ pub use reclaimer_core::pass::audit::*;
 use crate::error::Error;
 use crate::http::{Outbound, redact_webhook};
 
+/// Where a full log goes: `<path>.1` (the audit log's and the history journal's older half).
+pub fn rotated(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+/// The audit log's bound: past it the file becomes `<path>.1` (the previous one dropped) and a
+/// new one begins, so the two hold at most 512 MiB and a 1 GiB volume (the manifest's claim,
+/// with the history journal beside it) never fills. At about 400 bytes a line that is over a
+/// million events per half; recovery and `report` read both halves.
+pub const AUDIT_LOG_MAX_BYTES: u64 = 256 << 20;
+
 pub struct AuditLog {
     path: PathBuf,
-    file: Mutex<File>,
+    /// The file, and how many bytes it holds (`max_bytes` bounds it).
+    file: Mutex<(File, u64)>,
+    max_bytes: u64,
     /// A regular file (synced after each line); a device or pipe is only written.
     regular: bool,
     /// The latest append failed (a full or read-only volume): readiness fails until one works.
@@ -63,6 +78,11 @@ impl AuditLog {
     /// died mid-write, the volume filled) is ended first, so it does not swallow the next
     /// event. Fails at start-up, not at the first stop.
     pub fn open(path: &Path) -> Result<Self, Error> {
+        Self::open_bounded(path, AUDIT_LOG_MAX_BYTES)
+    }
+
+    /// `open`, rotating at `max_bytes` (tests use a small bound).
+    pub fn open_bounded(path: &Path, max_bytes: u64) -> Result<Self, Error> {
         let cannot = |e: std::io::Error| {
             Error::config(format!("--audit-log {}: cannot open it for appending ({e}); fix the path or its permissions", path.display()))
         };
@@ -81,7 +101,8 @@ impl AuditLog {
         }
         Ok(AuditLog {
             path: path.to_path_buf(),
-            file: Mutex::new(file),
+            file: Mutex::new((file, len)),
+            max_bytes,
             regular: meta.is_file(),
             failing: std::sync::atomic::AtomicBool::new(false),
         })
@@ -92,7 +113,7 @@ impl AuditLog {
     pub fn append(&self, event: &AuditEvent) -> bool {
         let Ok(mut line) = serde_json::to_string(event) else { return false };
         line.push('\n');
-        let mut file = match self.file.lock() {
+        let mut guard = match self.file.lock() {
             Ok(f) => f,
             Err(poisoned) => poisoned.into_inner(),
         };
@@ -100,7 +121,19 @@ impl AuditLog {
         if self.failing.load(std::sync::atomic::Ordering::Relaxed) {
             line.insert(0, '\n');
         }
+        let (file, held) = &mut *guard;
+        if self.regular && *held > 0 && *held + line.len() as u64 > self.max_bytes {
+            match self.rotate() {
+                Ok(new) => (*file, *held) = (new, 0),
+                Err(e) => {
+                    tracing::error!(event = "audit_rotate_failed", path = %self.path.display(), error = %e, "cannot rotate the audit log; appending past its bound");
+                }
+            }
+        }
         let written = file.write_all(line.as_bytes()).and_then(|()| if self.regular { file.sync_data() } else { Ok(()) });
+        if written.is_ok() {
+            *held += line.len() as u64;
+        }
         self.failing.store(written.is_err(), std::sync::atomic::Ordering::Relaxed);
         match written {
             Ok(()) => true,
@@ -109,6 +142,15 @@ impl AuditLog {
                 false
             }
         }
+    }
+
+    /// `<path>` becomes `<path>.1` (the previous `.1` dropped) and a new `<path>` is opened.
+    fn rotate(&self) -> std::io::Result<File> {
+        let old = rotated(&self.path);
+        std::fs::rename(&self.path, &old)?;
+        let file = open_private(&self.path, true)?;
+        tracing::info!(event = "audit_rotated", path = %self.path.display(), "the audit log reached its bound ({} MiB): the older half is now {}", self.max_bytes >> 20, old.display());
+        Ok(file)
     }
 
     /// Whether the latest append failed.
@@ -123,11 +165,13 @@ impl AuditLog {
         if !self.failing() {
             return true;
         }
-        let mut file = match self.file.lock() {
+        let mut guard = match self.file.lock() {
             Ok(f) => f,
             Err(poisoned) => poisoned.into_inner(),
         };
+        let (file, held) = &mut *guard;
         let ok = file.write_all(b"\n").and_then(|()| if self.regular { file.sync_data() } else { Ok(()) }).is_ok();
+        *held += u64::from(ok);
         self.failing.store(!ok, std::sync::atomic::Ordering::Relaxed);
         ok
     }
@@ -144,8 +188,16 @@ impl AuditLog {
 
 /// Reads every audit line of `path` in order, calling `on` with each record; returns how many
 /// lines were not audit records (too long, not JSON). A missing file is an error.
-pub fn read_records(path: &Path, on: impl FnMut(AuditRecord)) -> std::io::Result<usize> {
-    read_json_lines(path, MAX_LINE, ("audit_line_too_long", "the audit log", "an audit line"), on)
+pub fn read_records(path: &Path, mut on: impl FnMut(AuditRecord)) -> std::io::Result<usize> {
+    let what = ("audit_line_too_long", "the audit log", "an audit line");
+    // The older half first (`<path>.1`, when the log has rotated), then the file itself.
+    let older = rotated(path);
+    let skipped = match read_json_lines(&older, MAX_LINE, what, &mut on) {
+        Ok(n) => n,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => return Err(e),
+    };
+    Ok(skipped + read_json_lines(path, MAX_LINE, what, on)?)
 }
 
 /// Reads a file of JSON lines (the audit log, the history journal) as it streams, each line held

@@ -107,12 +107,8 @@ impl Journal {
     }
 }
 
-/// Where a full journal goes: `<path>.1`.
-pub fn rotated(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_os_string();
-    name.push(".1");
-    PathBuf::from(name)
-}
+/// Where a full journal goes: `<path>.1` (as the audit log's older half).
+pub use crate::pass::audit::rotated;
 
 fn open_append(path: &Path) -> std::io::Result<File> {
     crate::pass::audit::open_private(path, false)

@@ -244,8 +244,13 @@ impl StatusDocument {
         }
     }
 
-    /// An aligned table for people (`plan --output table`).
+    /// An aligned table for people (`plan --output table`; Coder's names with their control
+    /// characters written out).
     pub fn table(&self) -> String {
+        crate::logging::terminal_safe(self.table_text())
+    }
+
+    fn table_text(&self) -> String {
         let header = ["WORKSPACE", "OWNER", "TEMPLATE", "VERDICT", "REASON", "GPU IDLE", "LAST USED", "GPUS", "WHY"];
         let rows: Vec<[String; 9]> = self
             .workspaces

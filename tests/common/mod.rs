@@ -79,6 +79,10 @@ pub fn assert_close(got: Option<f64>, want: Option<f64>, context: impl std::fmt:
     }
 }
 
+/// Where `installed_or_skip` notes each skipped test (under `CARGO_TARGET_TMPDIR`), for the
+/// `skipped` target to print once at the end of `cargo test`.
+pub const SKIPPED_FILE: &str = "skipped-tests.tsv";
+
 /// A Debian package's program a test needs: `None` (the test skips, saying so) when it is
 /// missing, unless the `CI` environment variable is set: then a missing one fails the test.
 /// (`.ci/run` installs the packages, and exits if it cannot, but does not set `CI` itself.)
@@ -86,6 +90,12 @@ pub fn installed_or_skip<T>(found: Option<T>, package: &str) -> Option<T> {
     if found.is_none() {
         assert!(std::env::var("CI").is_err(), "CI must install Debian's {package} package (.ci/run does)");
         eprintln!("skipped: {package} is not installed (apt-get install {package})");
+        let test = std::thread::current().name().unwrap_or("a test").to_string();
+        let note = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(SKIPPED_FILE);
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(note) {
+            use std::io::Write;
+            let _ = writeln!(f, "{test}\t{package}");
+        }
     }
     found
 }
