@@ -168,7 +168,12 @@ async fn prometheus_reads_raw_samples_per_step_with_a_constant_number_of_queries
     assert!(next.failures.is_empty(), "{:?}", next.failures);
     let reqs = server.received_requests().await.unwrap();
     let later = &reqs[queries.len()..];
-    assert_eq!(later.len(), queries.len());
+    assert_eq!(later.len(), queries.len() + 1, "each field, and the count of copies under one target");
+    let query = |r: &wiremock::Request| r.url.query_pairs().find(|(k, _)| k == "query").map(|(_, v)| v.to_string()).unwrap_or_default();
+    assert_eq!(
+        later.iter().filter(|r| query(r).starts_with("count by (UUID, uuid, GPU_I_ID, pod") && query(r).ends_with(") > 1")).count(),
+        1
+    );
     assert!(later.iter().all(|r| param(r, "start") == Some(end + 60) && param(r, "end") == Some(end + 60)), "one new step");
     for q in source.queries(true) {
         assert!(
@@ -306,4 +311,38 @@ async fn a_twins_instance_label_is_bounded() {
     assert!(targets.iter().all(|t| t.len() <= 160), "bounded: {:?}", targets.iter().map(String::len).collect::<Vec<_>>());
     assert!(targets.iter().any(|t| t.ends_with("… (1048576 bytes)")), "marked as cut");
     assert!(c.twinned.contains(WS_ID), "its workspace is twinned: no deadline of its is moved");
+}
+
+/// A copy of a GPU that carries the real exporter's `instance` plus a label of its own (issue
+/// 42) folds into the GPU in a steady pass's `max by`; the count of series per GPU shows it, and
+/// from its second step it is a twin, its workspace twinned.
+#[tokio::test]
+async fn a_copy_under_the_real_target_with_one_more_label_is_a_twin() {
+    let server = MockServer::start().await;
+    let source = prom(&server, Duration::from_secs(10));
+    let mut end = Utc::now().timestamp() / 60 * 60;
+    let labels = json!({"UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"),
+        "exported_namespace": "coder", "instance": "10.0.1.7:9400"});
+    source.want([WS_ID.to_string()].into_iter().collect());
+    for pass in 0..3 {
+        server.reset().await;
+        let at = end;
+        Mock::given(method("GET"))
+            .and(path("/api/v1/query_range"))
+            .and(wiremock::matchers::query_param_contains("query", "count by ("))
+            .respond_with(matrix(json!([{"metric": labels, "values": [[at, "2"]]}])))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path("/api/v1/query_range"))
+            .respond_with(matrix(json!([{"metric": labels, "values": [[at, "0.5"]]}])))
+            .mount(&server)
+            .await;
+        let c = source.collect(chrono::DateTime::from_timestamp(at, 0).unwrap()).await;
+        assert!(c.failures.is_empty(), "{:?}", c.failures);
+        // The first pass reads the whole window as stored (no count); each later pass one step.
+        let want = if pass == 2 { 1 } else { 0 };
+        assert_eq!((c.twin_count, c.twinned.contains(WS_ID)), (want, want == 1), "pass {pass}");
+        end += 60;
+    }
 }

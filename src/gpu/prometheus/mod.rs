@@ -268,6 +268,31 @@ impl PrometheusSource {
         &self.ownership
     }
 
+    /// Marks each held GPU that two series report under one target at a step as reported by a
+    /// second target too (`Fold::instances`), so `twins_in` names it a twin from two such steps.
+    async fn count_copies(&self, range: (i64, i64, u64), jobs: &[String], fold: &Arc<Mutex<Fold>>) -> Result<(), String> {
+        let filters = Filters {
+            namespace: self.ownership.namespace.as_deref(),
+            workspace_label: self.ownership.workspace_id_label.as_deref(),
+            selector: self.options.selector.as_deref(),
+            jobs,
+        };
+        let query = QuerySpec { name: jobs::DISCOVERY_FAMILY }.copies(range.2.max(1), filters);
+        let second: Arc<str> = Arc::from("a second series under the same target");
+        let mut on = |s: Series<'_>| {
+            let Some(key) = GpuKey::from_labels(|k| s.metric.get(k), &self.ownership) else { return };
+            let times = s.values.iter().filter(|(_, v)| v.is_some()).map(|(t, _)| *t as i64);
+            let (Some(first), Some(last)) = (times.clone().min(), times.max()) else { return };
+            let mut f = fold.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(&i) = f.index.get(&key) else { return };
+            let targets = f.instances.entry(i).or_default();
+            if !targets.iter().any(|(t, _, _)| *t == second) && targets.len() < 4 {
+                targets.push((second.clone(), first, last));
+            }
+        };
+        self.query_each(query, range, &mut on).await
+    }
+
     /// The step every fetch is read at.
     pub fn step(&self) -> Duration {
         self.step
@@ -457,6 +482,13 @@ impl GpuSource for PrometheusSource {
             }
             done_until = Some(to);
             from = to + step as i64;
+        }
+        // Steady passes fold copies of a GPU under one target into one: count them.
+        if aggregate && failures.is_empty() && done_until.is_some() {
+            requests += 1;
+            if let Err(e) = self.count_copies((start, end, step), &read.jobs, &fold).await {
+                failures.push(SourceFailure::new(self.shown.clone(), self.host.clone(), format!("copies query: {e}")));
+            }
         }
         let max = self.options.max_series;
         let over = fold.lock().unwrap_or_else(|p| p.into_inner()).over;
