@@ -139,4 +139,20 @@ fn a_fresh_uuid_on_a_pod_mid_session_is_a_copy() {
     assert!(windows.changed_at(WS_ID).is_some());
     windows.forget(WS_ID);
     assert!(windows.changed_at(WS_ID).is_none());
+    // A GPU of the pod whose window aged out after a long gap comes back as one it had.
+    let mut windows = Windows::new(Duration::minutes(5), StdDuration::from_secs(60));
+    windows.record(&series("GPU-aaaaaaaa-0000-4000-8000-000000000001", 30), None, true);
+    let gone = GpuSeries {
+        points: (20..=30).rev().map(|m| Point { at: now() - Duration::minutes(m), values: busy(), energy_joules: None }).collect(),
+        ..series("GPU-bbbbbbbb-0000-4000-8000-000000000002", 0)
+    };
+    windows.record(&gone, None, true);
+    windows.prune(now(), &[WS_ID].into_iter().collect());
+    assert_eq!(windows.get(WS_ID).map(<[GpuWindow]>::len), Some(1), "the second GPU's window aged out");
+    let back = GpuSeries {
+        points: vec![Point { at: now(), values: busy(), energy_joules: None }],
+        ..series("GPU-bbbbbbbb-0000-4000-8000-000000000002", 0)
+    };
+    windows.record(&back, None, true);
+    assert!(windows.changed_at(WS_ID).is_none(), "a GPU the pod had is no new one");
 }

@@ -59,7 +59,11 @@ pub fn open_private(path: &Path, read: bool) -> std::io::Result<File> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+        options.mode(0o600);
+        // A device is the operator's explicit choice (`/dev/stdout` is a link to /proc).
+        if !path.starts_with("/dev") {
+            options.custom_flags(libc::O_NOFOLLOW);
+        }
     }
     let file = options.open(path)?;
     #[cfg(unix)]
@@ -148,7 +152,10 @@ impl AuditLog {
     fn rotate(&self) -> std::io::Result<File> {
         let old = rotated(&self.path);
         std::fs::rename(&self.path, &old)?;
-        let file = open_private(&self.path, true)?;
+        // Without a new file, the old one goes back: appends continue where they were.
+        let file = open_private(&self.path, true).inspect_err(|_| {
+            let _ = std::fs::rename(&old, &self.path);
+        })?;
         tracing::info!(event = "audit_rotated", path = %self.path.display(), "the audit log reached its bound ({} MiB): the older half is now {}", self.max_bytes >> 20, old.display());
         Ok(file)
     }

@@ -338,7 +338,10 @@ impl Evaluator {
         self.learn_permissions(&workspaces).await;
         self.learn_templates(&workspaces).await;
         let context = PassContext { coder_offset: self.coder_clock_offset, step: collection.step };
-        self.judge.set_twinned(std::mem::take(&mut collection.twinned));
+        // A pass whose source fetched nothing new keeps what the last fetch said of twins.
+        if collection.requests > 0 {
+            self.judge.set_twinned(std::mem::take(&mut collection.twinned));
+        }
         let mut pass = self.judge.begin(&workspaces, context);
         // GPU series naming a workspace the listing does not hold: it may hold a GPU outside
         // Coder's running workspaces (`outside`). Behind Prometheus the source names them.
@@ -359,7 +362,10 @@ impl Evaluator {
         // A start that may wait for a GPU: its build's parameters say whether it is a template's
         // CPU variant (one attempt each; a failed read leaves it waiting and is asked next pass).
         let once = self.coder.without_retries();
-        for build in pass.parameters_wanted(now).into_iter().take(MAX_PARAMETER_READS) {
+        let mut wanted = pass.parameters_wanted(now);
+        // Builds whose read failed go last: they cannot take every read of a pass from the rest.
+        wanted.sort_by_key(|b| self.said_parameters_unread.contains(b));
+        for build in wanted.into_iter().take(MAX_PARAMETER_READS) {
             match once.build_parameters(&build).await {
                 Ok(parameters) => pass.know_build_parameters(&build, &parameters),
                 Err(e) => {
@@ -374,7 +380,7 @@ impl Evaluator {
         let may_stop = &self.may_stop;
         let Judgement { decisions, fleet, new_warnings } = pass.decide(now, &failed, |ws| may_stop.get(&ws.organization_id).copied());
         let held_outside = self.held_outside(now, &unlisted).await;
-        let (without_series, problems) = self.blind(now, &collection, &workspaces, &decisions, cause, gpu_jobs.as_ref());
+        let (without_series, problems) = self.blind(now, &collection, &workspaces, &decisions, (maps, cause), gpu_jobs.as_ref());
         let windows = self.judge.windows();
         let policy = self.judge.policy();
         let judged = workspaces
@@ -416,7 +422,7 @@ impl Evaluator {
         collection: &Collection,
         workspaces: &[Workspace],
         decisions: &[Decision],
-        cause: Option<String>,
+        (maps, cause): (bool, Option<String>),
         jobs: Option<&JobsRead>,
     ) -> (usize, Vec<String>) {
         let judge = &self.judge;
@@ -432,8 +438,10 @@ impl Evaluator {
                 && starts::agent_lost(w).is_none()
         };
         let without = workspaces.iter().zip(decisions).filter(|(w, d)| counts(w, d) && !has_series(w)).count();
-        let mapped = workspaces.iter().filter(|w| has_series(w)).count();
-        let sight = self.blindness.pass(now, collection.failures.is_empty(), mapped, without, || cause.unwrap_or_default());
+        // This pass's series, not the windows' (they keep old samples for the whole look-back); a
+        // pass that fetched nothing new (no new Prometheus step) says nothing either way.
+        let answered = collection.failures.is_empty() && collection.requests > 0;
+        let sight = self.blindness.pass(now, answered, usize::from(maps), without, || cause.unwrap_or_default());
         if let (true, Some(problem)) = (sight.say, &sight.problem) {
             tracing::warn!(event = "gpu_series_missing", workspaces = without, "{problem}");
         }

@@ -182,4 +182,12 @@ mod tests {
         assert_eq!(std::fs::metadata(&open).unwrap().permissions().mode() & 0o777, 0o600);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// A device named on purpose (`/dev/stdout`, itself a link into /proc) still opens.
+    #[cfg(unix)]
+    #[test]
+    fn a_device_named_on_purpose_opens() {
+        assert!(crate::pass::audit::open_private(Path::new("/dev/null"), false).is_ok());
+        assert!(crate::pass::audit::open_private(Path::new("/dev/stdout"), false).is_ok());
+    }
 }

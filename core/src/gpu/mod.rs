@@ -573,9 +573,9 @@ pub fn twins_in(
         let mut steps = 0;
         for (a, (_, a0, a1)) in targets.iter().enumerate() {
             for (_, b0, b1) in targets.iter().skip(a + 1) {
-                let common = (*a1).min(*b1) - (*a0).max(*b0);
+                let common = (*a1).min(*b1).saturating_sub((*a0).max(*b0));
                 if common >= 0 {
-                    steps = steps.max(common / step.max(1) + 1);
+                    steps = steps.max((common / step.max(1)).saturating_add(1));
                 }
             }
         }
@@ -678,5 +678,24 @@ mod tests {
         assert_eq!(twins_in(&series, at(60, &["old", "new"]), 60, &mut restart).1, 0);
         assert_eq!(twins_in(&series, at(120, &["new"]), 60, &mut restart).1, 0, "an exporter restart is no twin");
         assert!(restart.is_empty(), "nothing remembered once one target reports it");
+    }
+
+    /// Times from a peer's answer cannot overflow the overlap count.
+    #[test]
+    fn twins_at_absurd_times_do_not_overflow() {
+        let key = GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some("coder-x".into()) };
+        let series = vec![GpuSeries {
+            key,
+            workspace_id: Some("w".into()),
+            namespace: None,
+            model: None,
+            source: Arc::from("p"),
+            attribution: Attribution::Exclusive,
+            real_pod_uid: false,
+            points: Vec::new(),
+        }];
+        let targets = vec![(Arc::from("a"), i64::MIN, i64::MAX), (Arc::from("b"), i64::MIN, i64::MAX)];
+        let mut co = HashMap::new();
+        let _ = twins_in(&series, HashMap::from([(0usize, targets)]), 1, &mut co);
     }
 }

@@ -177,7 +177,13 @@ struct WorkspaceWindows {
     /// one is a copy (forged, where the store lets others write) and the workspace is judged on
     /// none of them until its next build (`changed_at`).
     changed_at: Option<DateTime<Utc>>,
+    /// Every (pod, UUID) seen this session, the first `MAX_KNOWN` (a window pruned after a long
+    /// gap comes back as a GPU the pod had, not a new one).
+    known: Vec<(Option<String>, String)>,
 }
+
+/// GPUs remembered per workspace session for `changed_at`.
+const MAX_KNOWN: usize = 64;
 
 const INDEX_FROM: usize = 8;
 
@@ -284,12 +290,17 @@ impl Windows {
                 // Another GPU of the same pod sampled before this one's first point: it appeared
                 // mid-session (the GPUs of one pod arrive in the same scrape, or the same steps).
                 let (pod, first) = (series.key.pod.as_deref(), all.iter().map(|p| p.at).min());
-                let appeared = gpus.windows.iter().any(|w| {
-                    pod.is_some()
-                        && w.key.pod.as_deref() == pod
-                        && w.key.uuid != series.key.uuid
-                        && w.samples.front().zip(first).is_some_and(|(s, first)| first - s.at > NEW_GPU_AFTER)
-                });
+                let seen = gpus.known.iter().any(|(p, u)| p.as_deref() == pod && *u == series.key.uuid);
+                if !seen && gpus.known.len() < MAX_KNOWN {
+                    gpus.known.push((series.key.pod.clone(), series.key.uuid.clone()));
+                }
+                let appeared = !seen
+                    && gpus.windows.iter().any(|w| {
+                        pod.is_some()
+                            && w.key.pod.as_deref() == pod
+                            && w.key.uuid != series.key.uuid
+                            && w.samples.front().zip(first).is_some_and(|(s, first)| first - s.at > NEW_GPU_AFTER)
+                    });
                 if appeared {
                     gpus.changed_at = gpus.changed_at.or(first);
                 }

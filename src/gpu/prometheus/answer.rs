@@ -309,12 +309,12 @@ pub(super) struct Fold {
     pub(super) remember_budget: usize,
 }
 
-/// The most bytes of an `instance` label kept (a scrape target is `host:port`; a forged one of a
-/// megabyte must not reach the status document and the page a megabyte at a time).
+/// The most bytes of an `instance` or `job` label kept (a scrape target is `host:port`; a forged
+/// one of a megabyte must not reach the status document and the page a megabyte at a time).
 pub(super) const MAX_INSTANCE_BYTES: usize = 128;
 
 /// `label` cut to `MAX_INSTANCE_BYTES` at a character boundary, marked when cut.
-fn bounded(label: &str) -> std::borrow::Cow<'_, str> {
+pub(super) fn bounded(label: &str) -> std::borrow::Cow<'_, str> {
     if label.len() <= MAX_INSTANCE_BYTES {
         return std::borrow::Cow::Borrowed(label);
     }

@@ -54,7 +54,9 @@ impl Discovery {
     /// has not scraped the exporter yet), or `ASK_AGAIN` passed.
     pub fn due(&self) -> bool {
         match (&self.asked, &self.found) {
-            (Some(_), Some(Ok(found))) if found.len() == 1 && self.one_job().is_none() => true,
+            // One job named once, or several (one short-lived push must not stop reading for an
+            // hour): asked again next pass.
+            (Some(_), Some(Ok(found))) if found.len() > 1 || (found.len() == 1 && self.one_job().is_none()) => true,
             (Some(at), Some(Ok(found))) if !found.is_empty() => at.elapsed() >= ASK_AGAIN,
             _ => true,
         }

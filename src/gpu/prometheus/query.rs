@@ -64,12 +64,14 @@ impl QuerySpec {
     /// the device-level series, which carry no workload namespace (only, behind Prometheus, the
     /// exporter's own): in virtual-GPU mode a pod's copies of them read 0 and only the device's
     /// are real (reference dcgm NOTES §10).
-    /// The GPUs (by `BY`) that more than one series reports at a step: two copies under one scrape
-    /// target that differ in a label `BY` drops (a forged copy with the exporter's `instance`
-    /// plus one label of its own) collapse in `max by`, and only a count shows them.
+    /// The GPUs (by `BY` and `job`) that more than one series reports at a step: two copies under
+    /// one scrape target that differ in a label `BY` drops (a forged copy with the exporter's
+    /// `instance` plus one label of its own) collapse in `max by`, and only a count shows them.
+    /// Per job: one GPU that two configured jobs both scrape is no copy.
     pub(super) fn copies(&self, step_secs: u64, filters: Filters<'_>) -> String {
         let raw = self.promql(step_secs, filters, false);
         let mut by: Vec<&str> = BY.to_vec();
+        by.push("job");
         by.extend(filters.workspace_label);
         format!("count by ({}) ({raw}) > 1", by.join(", "))
     }
