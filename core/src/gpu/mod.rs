@@ -658,17 +658,7 @@ mod tests {
     /// restart (old and new target at one common step, then the old one gone) never is.
     #[test]
     fn twins_are_two_targets_over_two_steps_across_fetches() {
-        let key = GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some("coder-x".into()) };
-        let series = vec![GpuSeries {
-            key: key.clone(),
-            workspace_id: Some("w".into()),
-            namespace: None,
-            model: None,
-            source: Arc::from("p"),
-            attribution: Attribution::Exclusive,
-            real_pod_uid: false,
-            points: Vec::new(),
-        }];
+        let series = one_gpu();
         let at = |t: i64, targets: &[&str]| HashMap::from([(0usize, targets.iter().map(|n| (Arc::from(*n), t, t)).collect::<Vec<_>>())]);
         let mut co = HashMap::new();
         assert_eq!(twins_in(&series, at(60, &["a", "forged"]), 60, &mut co).1, 0, "one common step: maybe a restart");
@@ -683,8 +673,15 @@ mod tests {
     /// Times from a peer's answer cannot overflow the overlap count.
     #[test]
     fn twins_at_absurd_times_do_not_overflow() {
+        let targets = vec![(Arc::from("a"), i64::MIN, i64::MAX), (Arc::from("b"), i64::MIN, i64::MAX)];
+        let mut co = HashMap::new();
+        assert_eq!(twins_in(&one_gpu(), HashMap::from([(0usize, targets)]), 1, &mut co).1, 1, "a twin, counted without overflow");
+    }
+
+    /// One workspace GPU's series, without points.
+    fn one_gpu() -> Vec<GpuSeries> {
         let key = GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some("coder-x".into()) };
-        let series = vec![GpuSeries {
+        vec![GpuSeries {
             key,
             workspace_id: Some("w".into()),
             namespace: None,
@@ -693,9 +690,6 @@ mod tests {
             attribution: Attribution::Exclusive,
             real_pod_uid: false,
             points: Vec::new(),
-        }];
-        let targets = vec![(Arc::from("a"), i64::MIN, i64::MAX), (Arc::from("b"), i64::MIN, i64::MAX)];
-        let mut co = HashMap::new();
-        let _ = twins_in(&series, HashMap::from([(0usize, targets)]), 1, &mut co);
+        }]
     }
 }
