@@ -20,11 +20,15 @@ use crate::error::Error;
 use crate::gpu::Ownership;
 use crate::gpu::SourceConfig;
 use crate::gpu::prometheus::PrometheusOptions;
-use crate::gpu::prometheus::jobs::{JobChoice, MAX_JOBS};
+use crate::gpu::prometheus::jobs::JobChoice;
 use crate::http::{Outbound, Secret, http_url};
 use crate::pass::mode::Mode;
 use crate::pass::policy::{CODER_MIN_AHEAD, Policy, ReclaimWhen, Rule};
 use crate::retry::RetryPolicy;
+
+mod names;
+pub use names::OneOrMore;
+use names::{gpu_parameters, prometheus_jobs};
 
 fn err<T>(msg: impl Into<String>) -> Result<T, Error> {
     Err(Error::Config(msg.into()))
@@ -712,61 +716,6 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
     p.rules = file.rules.clone();
     p.pools = pools(file)?;
     Ok(p)
-}
-
-/// A TOML key that takes one string or a list of them.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
-pub enum OneOrMore {
-    One(String),
-    More(Vec<String>),
-}
-
-impl OneOrMore {
-    pub fn into_vec(self) -> Vec<String> {
-        match self {
-            OneOrMore::One(s) => vec![s],
-            OneOrMore::More(v) => v,
-        }
-    }
-}
-
-/// `prometheus_job`: one or more scrape jobs, each matched exactly (escaped in the query).
-fn prometheus_jobs(jobs: &[String]) -> Result<Vec<String>, Error> {
-    let example = "e.g. prometheus_job = \"gpu-metrics\", or [\"nvidia-dcgm-exporter\", \"gpu-metrics\"]";
-    if jobs.is_empty() || jobs.len() > MAX_JOBS {
-        return err(format!("prometheus_job lists {} jobs: name 1 to {MAX_JOBS} scrape jobs, {example}", jobs.len()));
-    }
-    let mut out: Vec<String> = Vec::new();
-    for job in jobs {
-        let bad = job.trim().is_empty() || job.len() > 256 || job.chars().any(|c| c.is_control() || c == '\u{22}' || c == '\u{5c}');
-        if bad {
-            return err(format!("prometheus_job {job:?}: name the exporter's scrape job (the `job` label of its series), {example}"));
-        }
-        if !out.iter().any(|j| j == job.trim()) {
-            out.push(job.trim().to_string());
-        }
-    }
-    Ok(out)
-}
-
-/// The most names `gpu_parameters` may list.
-const MAX_GPU_PARAMETERS: usize = 32;
-
-/// `gpu_parameters`: build parameter names (Coder's are identifiers; matched without case).
-fn gpu_parameters(names: &[String]) -> Result<Vec<String>, Error> {
-    if names.len() > MAX_GPU_PARAMETERS {
-        return err(format!("gpu_parameters lists {} names: at most {MAX_GPU_PARAMETERS}", names.len()));
-    }
-    for name in names {
-        let ok = (1..=128).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
-        if !ok {
-            return err(format!(
-                "gpu_parameters {name:?}: a build parameter's name (letters, digits, '-', '_'), e.g. gpu_parameters = [\"gpu_count\", \"gpu_type\"]; [] turns CPU variants off"
-            ));
-        }
-    }
-    Ok(names.to_vec())
 }
 
 /// The most pools: each is a label value of `waiting_workspaces`.

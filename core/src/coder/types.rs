@@ -10,6 +10,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+pub use super::BuildParameter;
+
 use crate::json_read::{ReadError, Reader, malformed};
 
 pub type Time = DateTime<Utc>;
@@ -78,17 +80,6 @@ impl TemplateSchedule {
     pub fn reminder_lead(&self) -> chrono::Duration {
         chrono::Duration::milliseconds(self.time_til_autostop_notify_ms.unwrap_or(0).max(0))
     }
-}
-
-/// One of a build's parameter values (`codersdk.WorkspaceBuildParameter`, from
-/// `GET /api/v2/workspacebuilds/{id}/parameters`; every build stores the values it was built
-/// with, a new build copying the previous build's: reference coder NOTES §19).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-pub struct BuildParameter {
-    #[serde(default)]
-    pub name: String,
-    #[serde(default)]
-    pub value: String,
 }
 
 /// The `prebuilds` system user (`coderd/database/migrations`): its workspaces are prebuilds,
