@@ -426,9 +426,8 @@ impl Evaluator {
         jobs: Option<&JobsRead>,
     ) -> (usize, Vec<String>) {
         let judge = &self.judge;
-        let policy = judge.policy();
         // With gpu_templates unset and no template learned yet, every template may be one.
-        let nothing_known = policy.gpu_templates.is_empty() && judge.learned_gpu_templates().is_empty();
+        let nothing_known = !judge.knows_gpu_templates();
         let has_series = |w: &Workspace| judge.windows().get(&w.id).is_some_and(|g| g.iter().any(|g| !g.samples.is_empty()));
         let counts = |w: &Workspace, d: &Decision| {
             matches!(d.reason, Reason::NoGpu | Reason::NoGpuData)

@@ -166,6 +166,11 @@ impl Judge {
         }
     }
 
+    /// Whether any template is known as a GPU template (named, or learned).
+    pub fn knows_gpu_templates(&self) -> bool {
+        !self.policy.gpu_templates.is_empty() || !self.gpu_templates_seen.is_empty()
+    }
+
     /// The templates learned as GPU templates (`gpu_templates` unset), sorted.
     pub fn learned_gpu_templates(&self) -> Vec<String> {
         let mut out: Vec<String> = self.gpu_templates_seen.keys().cloned().collect();
