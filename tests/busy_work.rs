@@ -76,7 +76,10 @@ fn extends(coder: &FakeCoder, id: Uuid) -> usize {
     coder.requests().iter().filter(|(m, uri)| m == "PUT" && *uri == path).count()
 }
 
+/// The workspace's status once a pass has ended since the call: a pass logs its events before
+/// it publishes its status, so the document read right after an event may be the pass before.
 async fn status_of(svc: &Service, id: Uuid) -> Value {
+    svc.passes(1, Duration::from_secs(10)).await;
     let addr = svc.addr().await;
     reqwest::get(format!("http://{addr}/api/v1/workspaces/{id}")).await.unwrap().json().await.unwrap()
 }
