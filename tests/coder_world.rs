@@ -263,6 +263,7 @@ async fn a_stop_a_person_canceled_is_not_sent_again() {
     // the service says so where people look, and does not stop it again.
     let held = svc.wait_event("gpu_held_outside_coder", Duration::from_secs(10)).await;
     assert_eq!(held["workspace_id"], a.to_string(), "{held}");
+    svc.passes(1, Duration::from_secs(10)).await; // the pass that said it has published its status
     let doc: Value = reqwest::get(format!("http://{}/api/v1/workspaces", svc.addr().await)).await.unwrap().json().await.unwrap();
     assert_eq!(
         (doc["held_outside"][0]["workspace_id"].as_str(), doc["held_outside"][0]["job_status"].as_str()),
