@@ -36,6 +36,7 @@ fn decision(id: &str, verdict: Verdict, reason: Reason, gpu_idle: Option<i64>) -
         restore_ttl_ms: None,
         deadline: None,
         pool: 0,
+        countdown: None,
     }
 }
 

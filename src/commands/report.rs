@@ -45,6 +45,9 @@ pub struct Row {
     pub would_extend: u64,
     /// Builds that ran past the deadline Coder had set because their GPU computed.
     pub autostops_averted: u64,
+    /// Coder's countdowns someone came back within (`countdown_averted`): warnings that saved
+    /// someone's work.
+    pub countdowns_averted: u64,
     pub gpu_hours_given_back: f64,
     /// The given-back GPU-hours priced at what they cost when stopped (priced stops only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -102,7 +105,13 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
             Some(AuditKind::DeadlineExtended) if in_period => rows.entry(key).or_default().deadline_extensions += 1,
             Some(AuditKind::WouldExtend) if in_period => rows.entry(key).or_default().would_extend += 1,
             Some(AuditKind::AutostopAverted) if in_period => rows.entry(key).or_default().autostops_averted += 1,
-            Some(AuditKind::StopDone) => {
+            Some(AuditKind::CountdownAverted) if in_period => rows.entry(key).or_default().countdowns_averted += 1,
+            Some(kind @ (AuditKind::StopDone | AuditKind::CountdownDone)) => {
+                // Coder's stop at the end of a countdown is a reclaim (once per stop build).
+                let first = l.build_id.as_ref().is_none_or(|b| counted.insert((l.workspace_id.clone(), b.clone())));
+                if kind == AuditKind::CountdownDone && in_period && first {
+                    rows.entry(key.clone()).or_default().stops += 1;
+                }
                 if l.gpu_hour_price.is_some() && l.currency.is_some() {
                     currency.clone_from(&l.currency);
                 }
@@ -135,7 +144,7 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     let rows: Vec<Row> = rows
         .into_iter()
         .filter(|(_, r)| {
-            r.stops + r.would_stops + r.deadline_extensions + r.would_extend + r.autostops_averted > 0 || r.gpu_hours_given_back > 0.0
+            r.stops + r.would_stops + r.deadline_extensions + r.would_extend + r.autostops_averted + r.countdowns_averted > 0 || r.gpu_hours_given_back > 0.0
         })
         .map(|((template, owner), r)| {
             total.stops += r.stops;
@@ -143,6 +152,7 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
             total.deadline_extensions += r.deadline_extensions;
             total.would_extend += r.would_extend;
             total.autostops_averted += r.autostops_averted;
+            total.countdowns_averted += r.countdowns_averted;
             total.gpu_hours_given_back += r.gpu_hours_given_back;
             if let Some(c) = r.cost_given_back {
                 total.cost_given_back = Some(total.cost_given_back.unwrap_or(0.0) + c);
@@ -187,7 +197,7 @@ impl AuditReport {
         let money = self.currency.as_ref().map(|c| format!("{c} GIVEN BACK"));
         let _ = writeln!(
             out,
-            "{:<24} {:<16} {:>6} {:>12} {:>12}{} {:>10} {:>17}",
+            "{:<24} {:<16} {:>6} {:>12} {:>12}{} {:>10} {:>17} {:>18}",
             "TEMPLATE",
             "OWNER",
             "STOPS",
@@ -195,7 +205,8 @@ impl AuditReport {
             "GPU-HOURS",
             money.as_ref().map_or(String::new(), |m| format!(" {m:>16}")),
             "EXTENDED",
-            "AUTOSTOPS-AVERTED"
+            "AUTOSTOPS-AVERTED",
+            "COUNTDOWNS-AVERTED"
         );
         for r in self.rows.iter().chain(std::iter::once(&self.total)) {
             let cost = match (&money, r.cost_given_back) {
@@ -205,8 +216,15 @@ impl AuditReport {
             };
             let _ = writeln!(
                 out,
-                "{:<24} {:<16} {:>6} {:>12} {:>12.2}{cost} {:>10} {:>17}",
-                r.template, r.owner, r.stops, r.would_stops, r.gpu_hours_given_back, r.deadline_extensions, r.autostops_averted
+                "{:<24} {:<16} {:>6} {:>12} {:>12.2}{cost} {:>10} {:>17} {:>18}",
+                r.template,
+                r.owner,
+                r.stops,
+                r.would_stops,
+                r.gpu_hours_given_back,
+                r.deadline_extensions,
+                r.autostops_averted,
+                r.countdowns_averted
             );
         }
         if self.unreadable_lines > 0 {
@@ -221,7 +239,7 @@ impl AuditReport {
         if self.currency.is_some() {
             out.push_str(",cost_given_back,currency");
         }
-        out.push_str(",deadline_extensions,would_extend,autostops_averted\n");
+        out.push_str(",deadline_extensions,would_extend,autostops_averted,countdowns_averted\n");
         let field = |s: &str| {
             // A cell a spreadsheet would run as a formula is written as text.
             let s = if s.starts_with(['=', '+', '-', '@', '\t', '\r']) { format!("'{s}") } else { s.to_string() };
@@ -232,7 +250,7 @@ impl AuditReport {
             if let Some(c) = &self.currency {
                 let _ = write!(out, ",{},{}", r.cost_given_back.map_or(String::new(), |m| format!("{m:.2}")), field(c));
             }
-            let _ = write!(out, ",{},{},{}", r.deadline_extensions, r.would_extend, r.autostops_averted);
+            let _ = write!(out, ",{},{},{},{}", r.deadline_extensions, r.would_extend, r.autostops_averted, r.countdowns_averted);
             out.push('\n');
         }
         out

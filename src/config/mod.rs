@@ -99,6 +99,9 @@ pub struct FileConfig {
     pub extend_by: Option<Duration>,
     #[serde(default, with = "crate::duration::opt")]
     pub extend_limit: Option<Duration>,
+    /// Coder's own countdown instead of the service's stop (`pass::countdown`).
+    #[serde(default, with = "crate::duration::opt")]
+    pub countdown_in_coder: Option<Duration>,
     pub max_extensions_per_pass: Option<usize>,
     pub max_gpus_per_workspace: Option<usize>,
     /// The default GPU pool's name (`contended`: demand is per pool).
@@ -638,6 +641,15 @@ pub fn build_policy(args: &CommonArgs, file: &FileConfig, interval: Duration) ->
         }
         if by.into_iter().chain(limit).any(|d| d > crate::duration::MAX) || limit.is_some_and(|d| d.is_zero()) {
             return err(format!("{at}extend_by and extend_limit must be more than 0s and at most a year, e.g. extend_limit = \"24h\""));
+        }
+    }
+    t.countdown_in_coder = file.countdown_in_coder;
+    let per_rule = file.rules.iter().enumerate().map(|(i, r)| (format!("rule {}: ", i + 1), r.countdown_in_coder));
+    for (at, countdown) in [(String::new(), t.countdown_in_coder)].into_iter().chain(per_rule) {
+        if countdown.is_some_and(|d| d < CODER_MIN_AHEAD || d > Duration::from_secs(7 * 24 * 3600)) {
+            return err(format!(
+                "{at}countdown_in_coder must be between 30m and 7d: Coder refuses a deadline less than 30 minutes ahead (leave it unset for the reclaimer's own stop), e.g. countdown_in_coder = \"30m\""
+            ));
         }
     }
     p.max_extensions_per_pass = file.max_extensions_per_pass.unwrap_or(p.max_extensions_per_pass);

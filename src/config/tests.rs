@@ -170,6 +170,9 @@ fn extension_keys_are_checked_against_coders_rules() {
         ),
         ("[[rule]]\ntemplate = \"ml-*\"\nextend_by = \"10m\"\n", "rule 1: extend_by must be at least 30m"),
         ("extend_limit = \"0s\"\n", "extend_by and extend_limit must be more than 0s"),
+        ("countdown_in_coder = \"29m\"\n", "countdown_in_coder must be between 30m and 7d: Coder refuses a deadline less than 30 minutes"),
+        ("countdown_in_coder = \"8d\"\n", "countdown_in_coder must be between 30m and 7d"),
+        ("[[rule]]\ntemplate = \"ml-*\"\ncountdown_in_coder = \"5m\"\n", "rule 1: countdown_in_coder must be between 30m"),
     ] {
         let e = policy(text).unwrap_err().to_string();
         assert!(e.contains(want), "{text}: {e}");
@@ -178,6 +181,11 @@ fn extension_keys_are_checked_against_coders_rules() {
     assert!(p.thresholds.extend_while_busy);
     assert_eq!((p.thresholds.extend_by, p.max_extensions_per_pass), (Duration::from_secs(33 * 60), 7));
     assert_eq!(p.extend_when_within, Duration::from_secs(32 * 60), "30 minutes plus two 60 s intervals");
+    // Off unless set; a rule's own wins for its workspaces, others keep the top level's.
+    assert_eq!(policy("").unwrap().thresholds.countdown_in_coder, None);
+    let p = policy("countdown_in_coder = \"45m\"\n[[rule]]\ntemplate = \"ml-*\"\ncountdown_in_coder = \"2h\"\n").unwrap();
+    assert_eq!(p.thresholds.countdown_in_coder, Some(Duration::from_secs(45 * 60)));
+    assert_eq!(p.rules[0].countdown_in_coder, Some(Duration::from_secs(2 * 3600)));
 }
 
 #[test]

@@ -35,6 +35,9 @@ pub struct AccountingSummary {
     /// Workspaces that ran past the autostop deadline Coder had set because their GPU computes
     /// (`extend_while_busy`), over the last 7 days.
     pub autostops_averted_7d: u64,
+    /// Coder's countdowns (`countdown_in_coder`) someone came back within, over the last 7 days:
+    /// warnings that saved someone's work.
+    pub countdowns_averted_7d: u64,
 }
 
 /// Money: GPU-hours times the price of their GPU model (`gpu_hour_price`), rounded to cents.
@@ -100,6 +103,7 @@ struct Day {
     idle_seconds: f64,
     idle_cost: f64,
     autostops_averted: u64,
+    countdowns_averted: u64,
 }
 
 #[derive(Debug, Default)]
@@ -237,9 +241,12 @@ impl Accounting {
         inc
     }
 
-    /// Counts autostops averted this pass (`Acted::autostops_averted`).
-    pub fn autostops_averted(&mut self, now: DateTime<Utc>, count: usize) {
-        self.days.entry(now.date_naive()).or_default().autostops_averted += count as u64;
+    /// Counts autostops averted (`Acted::autostops_averted`) and Coder's countdowns someone came
+    /// back within (`Acted::countdowns_averted`) this pass.
+    pub fn averted(&mut self, now: DateTime<Utc>, autostops: usize, countdowns: usize) {
+        let day = self.days.entry(now.date_naive()).or_default();
+        day.autostops_averted += autostops as u64;
+        day.countdowns_averted += countdowns as u64;
     }
 
     pub fn summary(&self, now: DateTime<Utc>) -> AccountingSummary {
@@ -270,6 +277,7 @@ impl Accounting {
                 })
                 .collect(),
             autostops_averted_7d: self.days.range(week_start..).map(|(_, d)| d.autostops_averted).sum(),
+            countdowns_averted_7d: self.days.range(week_start..).map(|(_, d)| d.countdowns_averted).sum(),
         }
     }
 }

@@ -235,12 +235,12 @@ impl Actuator {
                 Outcome::FollowStop { workspace_id, build_id, answer }
             }
             Call::Settle { workspace_id } => {
-                let answer = match coder.workspace(&workspace_id).instrument(span).await {
-                    Ok(ws) => Ok(Some(ws.latest_build)),
-                    Err(e) if matches!(e.kind, ErrorKind::NoPermission | ErrorKind::Status(404 | 410)) => Ok(None),
-                    Err(e) => Err(failure(e)),
-                };
+                let answer = latest_build(coder, &workspace_id).instrument(span).await;
                 Outcome::Settle { workspace_id, answer }
+            }
+            Call::FollowCountdown { workspace_id } => {
+                let answer = latest_build(coder, &workspace_id).instrument(span).await;
+                Outcome::FollowCountdown { workspace_id, answer }
             }
             Call::ListProvisioners { organization, tags } => {
                 let answer = coder.provisioner_daemons(&organization, &tags).await.map(|d| !d.is_empty()).map_err(failure);
@@ -334,6 +334,12 @@ impl Actuator {
             Some(Count::TtlRestored) => {
                 self.metrics.ttl_restores.inc();
             }
+            Some(Count::CountdownSet) => {
+                self.metrics.countdowns_set.get_or_create(&template()).inc();
+            }
+            Some(Count::CountdownAverted) => {
+                self.metrics.countdowns_averted.get_or_create(&template()).inc();
+            }
         }
     }
 
@@ -350,6 +356,16 @@ impl Actuator {
             self.metrics.audit_write_failures.inc();
         }
         written
+    }
+}
+
+/// A workspace's latest build, `None` when Coder has no such workspace (or no longer lets the
+/// token read it).
+async fn latest_build(coder: &CoderActions, id: &str) -> Result<Option<WorkspaceBuild>, Failure> {
+    match coder.workspace(id).await {
+        Ok(ws) => Ok(Some(ws.latest_build)),
+        Err(e) if matches!(e.kind, ErrorKind::NoPermission | ErrorKind::Status(404 | 410)) => Ok(None),
+        Err(e) => Err(failure(e)),
     }
 }
 

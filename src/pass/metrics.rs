@@ -176,6 +176,8 @@ pub struct Metrics {
     pub deadline_extensions: Family<TemplateLabels, Counter>,
     pub deadline_extension_failures: Family<ExtensionFailureLabels, Counter>,
     pub autostops_averted: Family<TemplateLabels, Counter>,
+    pub countdowns_set: Family<TemplateLabels, Counter>,
+    pub countdowns_averted: Family<TemplateLabels, Counter>,
     pub breaker_trips: Counter,
     pub coder_requests: Family<RequestLabels, Counter>,
     pub scrape_errors: Family<SourceLabels, Counter>,
@@ -215,6 +217,8 @@ impl Metrics {
             deadline_extensions: Family::default(),
             deadline_extension_failures: Family::default(),
             autostops_averted: Family::default(),
+            countdowns_set: Family::default(),
+            countdowns_averted: Family::default(),
             breaker_trips: Counter::default(),
             coder_requests: Family::default(),
             scrape_errors: Family::default(),
@@ -255,6 +259,16 @@ impl Metrics {
             "autostops_averted",
             "Workspaces still running past the autostop deadline Coder had set, because their GPU computes, by template",
             m.autostops_averted.clone(),
+        );
+        registry.register(
+            "countdowns_set",
+            "Idle workspaces whose reclaim is Coder's countdown (countdown_in_coder): their deadline moved to now plus it, by template",
+            m.countdowns_set.clone(),
+        );
+        registry.register(
+            "countdowns_averted",
+            "Workspaces used again before Coder's countdown ended (nothing was stopped), by template",
+            m.countdowns_averted.clone(),
         );
         registry.register("breaker_trips", "Passes in which the circuit breaker refused every stop", m.breaker_trips.clone());
         registry.register(

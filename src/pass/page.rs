@@ -149,12 +149,13 @@ h2{font-size:15px;margin:20px 0 8px}.why{color:#57606a;font-size:12px}.num{font-
     );
     let _ = write!(
         out,
-        r#"<section class="cards" id="summary"><div class="card"><b id="gpus-busy">{busy}</b><span>GPUs busy</span></div><div class="card"><b id="gpus-idle">{idle}</b><span>GPUs idle</span></div><div class="card"><b id="gpus-unknown">{unknown}</b><span>GPUs unknown</span></div><div class="card"><b id="waiting">{}</b><span>sessions waiting{}</span></div><div class="card"><b>{:.1}</b><span>GPU-hours given back today</span></div><div class="card"><b>{:.1}</b><span>GPU-hours given back, 7 days</span></div><div class="card"><b id="autostops-averted">{}</b><span>autostops averted, 7 days (GPU work kept running)</span></div></section>"#,
+        r#"<section class="cards" id="summary"><div class="card"><b id="gpus-busy">{busy}</b><span>GPUs busy</span></div><div class="card"><b id="gpus-idle">{idle}</b><span>GPUs idle</span></div><div class="card"><b id="gpus-unknown">{unknown}</b><span>GPUs unknown</span></div><div class="card"><b id="waiting">{}</b><span>sessions waiting{}</span></div><div class="card"><b>{:.1}</b><span>GPU-hours given back today</span></div><div class="card"><b>{:.1}</b><span>GPU-hours given back, 7 days</span></div><div class="card"><b id="autostops-averted">{}</b><span>autostops averted, 7 days (GPU work kept running)</span></div><div class="card"><b id="countdowns-averted">{}</b><span>countdowns averted, 7 days (someone came back)</span></div></section>"#,
         a.waiting,
         if a.waiting > 0 { format!(", longest {}", human(chrono::Duration::seconds(a.longest_wait_seconds))) } else { String::new() },
         a.gpu_hours_given_back_today,
         a.gpu_hours_given_back_7d,
-        a.autostops_averted_7d
+        a.autostops_averted_7d,
+        a.countdowns_averted_7d
     );
     if let Some(c) = &a.cost {
         let cur = escape(&c.currency);

@@ -245,7 +245,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
     state.audit_failing.store(acted.audit_failing, std::sync::atomic::Ordering::Relaxed);
     metrics.set_verdicts(eval.decisions().map(|d| (d.verdict, d.reason)));
     let inc = accounting.pass(eval.now, &eval.judged, &acted.stops_done);
-    accounting.autostops_averted(eval.now, acted.autostops_averted.len());
+    accounting.averted(eval.now, acted.autostops_averted.len(), acted.countdowns_averted.len());
     metrics.account(&inc, &policy.currency);
     metrics.gpu_series_twins.set(eval.twin_count as i64);
     metrics.held_outside.set(eval.held_outside.len() as i64);
@@ -290,6 +290,15 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
                     let kept = KeptRunning::new(plan, mode, acted.extended.contains(&ws.id));
                     entry.deadline = Some(kept.until);
                     entry.kept_running = Some(kept);
+                }
+                if let Some(c) = acted.counting_down.iter().find(|c| c.workspace_id == ws.id) {
+                    // Coder's countdown: a warning Coder gives, with its deadline as the stop.
+                    entry.verdict = Verdict::Warn;
+                    entry.message = format!("{}; {}", entry.message, mode.coder_countdown(c.until, c.set));
+                    entry.stop_at = Some(c.until - eval.coder_offset);
+                    if c.set {
+                        entry.deadline = Some(c.until);
+                    }
                 }
                 entry
             })

@@ -248,6 +248,7 @@ impl Replay {
                 Call::Extend { workspace_id, .. } => outcomes.push(Outcome::Extend { workspace_id, answer: Ok(()) }),
                 Call::RestoreTtl { workspace_id, .. } => outcomes.push(Outcome::RestoreTtl { workspace_id, answer: Ok(()) }),
                 Call::Settle { workspace_id } => outcomes.push(Outcome::Settle { workspace_id, answer: Ok(None) }),
+                Call::FollowCountdown { workspace_id } => outcomes.push(Outcome::FollowCountdown { workspace_id, answer: Ok(None) }),
             }
         }
         self.ledger.observe(outcomes);

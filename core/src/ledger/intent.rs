@@ -98,6 +98,9 @@ pub enum Call {
     Extend { workspace_id: String, to: DateTime<Utc>, event: Box<AuditEvent> },
     /// `PUT /api/v2/workspaces/{id}/ttl`; on success `event` is written.
     RestoreTtl { workspace_id: String, ttl_ms: i64, event: Box<AuditEvent> },
+    /// `GET /api/v2/workspaces/{id}`: what became of a workspace counted down (Coder's countdown,
+    /// `countdown_in_coder`) that is no longer listed running.
+    FollowCountdown { workspace_id: String },
 }
 
 /// A stop to send, with the guard it is sent under.
@@ -136,7 +139,8 @@ impl Call {
             Call::FollowStop { workspace_id, .. }
             | Call::Settle { workspace_id }
             | Call::Extend { workspace_id, .. }
-            | Call::RestoreTtl { workspace_id, .. } => Some(workspace_id),
+            | Call::RestoreTtl { workspace_id, .. }
+            | Call::FollowCountdown { workspace_id } => Some(workspace_id),
             Call::Stop(s) => Some(&s.event.workspace_id),
             Call::ListProvisioners { .. } => None,
         }
@@ -200,6 +204,11 @@ pub enum Outcome {
         workspace_id: String,
         answer: Result<(), Failure>,
     },
+    /// The workspace's latest build (`Ok(None)`: Coder has no such workspace, 404 or 410).
+    FollowCountdown {
+        workspace_id: String,
+        answer: Result<Option<WorkspaceBuild>, Failure>,
+    },
 }
 
 /// What became of a guarded stop.
@@ -245,6 +254,10 @@ pub enum Count {
     ExtensionFailed,
     AutostopAverted,
     TtlRestored,
+    /// Coder's countdown started (`countdown_in_coder`).
+    CountdownSet,
+    /// Someone came back before Coder's countdown ended.
+    CountdownAverted,
 }
 
 /// Why a stop did not go as planned (the `stop_failures_total` kinds).
@@ -424,10 +437,26 @@ pub struct Acted {
     pub would_extend: Vec<String>,
     /// Workspaces whose own Coder deadline passed this pass while an extension kept them running.
     pub autostops_averted: Vec<String>,
+    /// Workspaces whose reclaim is Coder's countdown this pass (`countdown_in_coder`): Coder
+    /// stops them at their deadline (observe mode: would).
+    pub counting_down: Vec<CountingDown>,
+    /// Workspaces someone came back to before Coder's countdown ended, this pass.
+    pub countdowns_averted: Vec<String>,
     /// Stops not sent because the fresh read found the workspace used or rebuilt since.
     pub not_sent_used: Vec<String>,
     /// The audit log's latest append failed: readiness fails until one works.
     pub audit_failing: bool,
+}
+
+/// A workspace whose reclaim is Coder's countdown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CountingDown {
+    pub workspace_id: String,
+    /// When Coder stops it (Coder's clock).
+    pub until: DateTime<Utc>,
+    /// Enforce mode: the deadline is there (moved by the service, or Coder's own, sooner). Observe
+    /// mode: where it would be moved.
+    pub set: bool,
 }
 
 /// The delay before a failed stop's retry after `attempts` attempts: one interval, then doubling,

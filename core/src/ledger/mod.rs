@@ -18,9 +18,13 @@
 //!   stop is sent only if neither its latest build nor its `last_used_at` moved since the listing.
 //! - No call is retried inside a pass; a failed stop backs off across passes (one interval, then
 //!   doubling, at most 30 minutes) and is abandoned after `MAX_STOP_ATTEMPTS` attempts.
+//! - With `countdown_in_coder`, a reclaim is Coder's countdown (`countdowns`): the stop path
+//!   sends nothing for a workspace Coder will stop, and a move of the deadline and a stop are
+//!   never both planned for one workspace in one pass.
 //! - An autostop averted is counted against the deadline Coder reported before the first
 //!   extension (its activity bumps included), once per build.
 
+mod countdowns;
 mod deadlines;
 mod intent;
 mod recovery;
@@ -28,12 +32,15 @@ mod serving;
 mod stops;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod countdown_tests;
 mod tracked;
 
 use chrono::{DateTime, Utc};
 
+pub use countdowns::MAX_COUNTDOWN_FAILURES;
 pub use intent::{
-    Acted, Call, Count, Fact, Failure, LedgerConfig, Level, Listed, MAX_STOP_ATTEMPTS, MAX_STOP_BACKOFF, Note, Outcome, PassView, Plan,
+    Acted, Call, Count, CountingDown, Fact, Failure, LedgerConfig, Level, Listed, MAX_STOP_ATTEMPTS, MAX_STOP_BACKOFF, Note, Outcome, PassView, Plan,
     STOPPED_MEMORY, StopAnswer, StopCall, StopFailure, Who, needs_at_least, stop_backoff,
 };
 pub use recovery::Recovered;
@@ -47,11 +54,16 @@ use crate::pass::audit::AuditRecord;
 pub struct Ledger {
     stops: stops::Stops,
     deadlines: deadlines::Deadlines,
+    countdowns: countdowns::Countdowns,
 }
 
 impl Ledger {
     pub fn new(config: LedgerConfig, self_id: Option<String>) -> Self {
-        Ledger { stops: stops::Stops::new(config, self_id), deadlines: deadlines::Deadlines::new(config) }
+        Ledger {
+            stops: stops::Stops::new(config, self_id),
+            deadlines: deadlines::Deadlines::new(config),
+            countdowns: countdowns::Countdowns::new(config),
+        }
     }
 
     /// The token's user changed (a rotated token of another account): its stops are ours.
@@ -95,14 +107,17 @@ impl Ledger {
         let mut plan = Plan::default();
         self.stops.begin(view);
         self.deadlines.begin(view);
+        self.countdowns.begin(view);
         self.deadlines.say_limits_once(view, &mut plan);
         self.stops.warnings(view, &mut plan);
         if !self.stops.config.enforce {
-            self.stops.would_stop(view, &mut plan);
+            let coders = self.countdowns.would(view, &mut plan);
+            self.stops.would_stop(view, &mut plan, &coders);
             self.deadlines.would_act(view, &mut plan);
             return plan;
         }
-        self.stops.plan(view, &mut plan);
+        let coders = self.countdowns.plan(view, &mut plan);
+        self.stops.plan(view, &mut plan, &coders);
         if !view.shutting_down {
             self.deadlines.ttls_to_restore(view, &mut plan);
         }
@@ -118,7 +133,15 @@ impl Ledger {
         let mut notes = Vec::new();
         for outcome in outcomes {
             match outcome {
+                Outcome::Extend { workspace_id, answer } if self.countdowns.planned(&workspace_id) => {
+                    self.countdowns.moved(&workspace_id, answer, &mut notes);
+                }
                 Outcome::Extend { workspace_id, answer } => self.deadlines.extend_answered(&workspace_id, answer, &mut notes),
+                Outcome::FollowCountdown { workspace_id, answer } => {
+                    if let Some(done) = self.countdowns.followed(&workspace_id, answer, &mut notes) {
+                        self.stops.stopped_by_coder(done);
+                    }
+                }
                 Outcome::RestoreTtl { workspace_id, answer } => self.deadlines.ttl_answered(&workspace_id, answer, &mut notes),
                 other => self.stops.observe(other, &mut notes),
             }
@@ -128,11 +151,14 @@ impl Ledger {
 
     /// What this pass did (after `observe`), with whether the audit log takes lines.
     pub fn acted(&self, audit_failing: bool) -> Acted {
-        let (s, d) = (&self.stops.acted, &self.deadlines.acted);
+        let (s, d, c) = (&self.stops.acted, &self.deadlines.acted, &self.countdowns.acted);
         Acted {
             extended: d.extended.clone(),
             would_extend: d.would_extend.clone(),
             autostops_averted: d.autostops_averted.clone(),
+            counting_down: c.counting_down.clone(),
+            countdowns_averted: c.countdowns_averted.clone(),
+            stops_done: [s.stops_done.as_slice(), c.stops_done.as_slice()].concat(),
             audit_failing,
             ..s.clone()
         }

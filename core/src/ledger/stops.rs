@@ -88,8 +88,9 @@ impl Stops {
 
     /// Enforce mode's plan for stops: `resumed` lines, stops of a previous run to settle, every
     /// stop in flight followed, tracking reconciled with the listing, provisioners asked for
-    /// reaped stops, and (unless shutting down) the stops to send.
-    pub(super) fn plan(&mut self, view: &PassView, plan: &mut Plan) {
+    /// reaped stops, and (unless shutting down) the stops to send, less those Coder makes
+    /// (`coders`: Coder's countdown).
+    pub(super) fn plan(&mut self, view: &PassView, plan: &mut Plan, coders: &HashSet<String>) {
         self.serving.retire(view, self.config.start_allowance);
         self.resumed(view, plan);
         let mut settle: Vec<&String> = self.unconfirmed.keys().collect();
@@ -99,7 +100,7 @@ impl Stops {
         self.reconcile(view);
         self.provisioners_for_reaped(view, plan);
         if !view.shutting_down {
-            self.stops_to_send(view, plan);
+            self.stops_to_send(view, plan, coders);
         }
     }
 
@@ -110,7 +111,7 @@ impl Stops {
             Outcome::Settle { workspace_id, answer } => self.settled(workspace_id, answer, notes),
             Outcome::ListProvisioners { organization, tags, answer } => self.provisioners_listed(&organization, &tags, answer, notes),
             Outcome::Stop { workspace_id, answer } => self.stop_answered(&workspace_id, answer, notes),
-            Outcome::Extend { .. } | Outcome::RestoreTtl { .. } => {}
+            Outcome::Extend { .. } | Outcome::RestoreTtl { .. } | Outcome::FollowCountdown { .. } => {}
         }
     }
 
@@ -157,9 +158,15 @@ impl Stops {
         }
     }
 
-    /// Observe mode: each would-stop once per idle episode.
-    pub(super) fn would_stop(&mut self, view: &PassView, plan: &mut Plan) {
-        let order: Vec<&Listed> = view.fleet.stop_order.iter().filter_map(|&i| view.judged.get(i)).collect();
+    /// Observe mode: each would-stop once per idle episode (`coders`: would be Coder's countdown).
+    pub(super) fn would_stop(&mut self, view: &PassView, plan: &mut Plan, coders: &HashSet<String>) {
+        let order: Vec<&Listed> = view
+            .fleet
+            .stop_order
+            .iter()
+            .filter_map(|&i| view.judged.get(i))
+            .filter(|j| !coders.contains(&j.workspace.id))
+            .collect();
         let current: HashSet<&str> = order.iter().map(|j| j.workspace.id.as_str()).collect();
         self.reported.retain(|id| current.contains(id.as_str()));
         for j in order {
@@ -171,6 +178,13 @@ impl Stops {
             plan.notes.push(Note::new(Level::Info, "would_stop", event.message.clone()).announce(event).count(count));
             self.acted.would_stop.push(j.workspace.id.clone());
         }
+    }
+
+    /// A workspace Coder stopped at the end of its countdown: its `resumed` line comes as for a
+    /// stop of the service's own.
+    pub(super) fn stopped_by_coder(&mut self, done: AuditEvent) {
+        let at = done.time;
+        self.stopped.insert(done.workspace_id.clone(), (done, at));
     }
 
     /// Workspaces this service stopped that run again: one `resumed` line each, with the
@@ -267,9 +281,9 @@ impl Stops {
     /// canceled or abandoned; then, in the slots left, due retries of stops of workspaces no
     /// longer listed as running (their latest build is our failed or reaped stop). A stop that
     /// needs tags no provisioner answers for is held.
-    fn stops_to_send(&mut self, view: &PassView, plan: &mut Plan) {
+    fn stops_to_send(&mut self, view: &PassView, plan: &mut Plan, coders: &HashSet<String>) {
         let mut candidates = Vec::new();
-        for j in view.fleet.stop_order.iter().filter_map(|&i| view.judged.get(i)) {
+        for j in view.fleet.stop_order.iter().filter_map(|&i| view.judged.get(i)).filter(|j| !coders.contains(&j.workspace.id)) {
             let ws = &j.workspace;
             let due = match self.stops.get(&ws.id).map(|t| &t.state) {
                 None => true,

@@ -17,15 +17,15 @@ use crate::pass::mode::Mode;
 
 const ME: &str = "reclaimer-user";
 
-fn t0() -> DateTime<Utc> {
+pub(super) fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 12, 1, 10, 0, 0).single().unwrap_or_default()
 }
 
-fn at(minutes: i64) -> DateTime<Utc> {
+pub(super) fn at(minutes: i64) -> DateTime<Utc> {
     t0() + Duration::minutes(minutes)
 }
 
-fn ledger() -> Ledger {
+pub(super) fn ledger() -> Ledger {
     let config = LedgerConfig {
         mode: Mode::Enforce.as_str(),
         enforce: true,
@@ -36,7 +36,7 @@ fn ledger() -> Ledger {
     Ledger::new(config, Some(ME.into()))
 }
 
-fn observing() -> Ledger {
+pub(super) fn observing() -> Ledger {
     let config = LedgerConfig {
         mode: Mode::Observe.as_str(),
         enforce: false,
@@ -47,7 +47,7 @@ fn observing() -> Ledger {
     Ledger::new(config, Some(ME.into()))
 }
 
-fn build(id: &str, transition: Transition, status: JobStatus) -> WorkspaceBuild {
+pub(super) fn build(id: &str, transition: Transition, status: JobStatus) -> WorkspaceBuild {
     WorkspaceBuild {
         id: id.into(),
         created_at: Some(t0() - Duration::hours(3)),
@@ -72,7 +72,7 @@ fn build(id: &str, transition: Transition, status: JobStatus) -> WorkspaceBuild 
 }
 
 /// A stop build by this service, as Coder answers for it.
-fn stop_build(id: &str, status: JobStatus) -> WorkspaceBuild {
+pub(super) fn stop_build(id: &str, status: JobStatus) -> WorkspaceBuild {
     let mut b = build(id, Transition::Stop, status);
     b.initiator_id = Some(ME.into());
     b.matched_provisioners =
@@ -80,7 +80,7 @@ fn stop_build(id: &str, status: JobStatus) -> WorkspaceBuild {
     b
 }
 
-fn workspace(id: &str, start_build: &str, last_used: DateTime<Utc>) -> Workspace {
+pub(super) fn workspace(id: &str, start_build: &str, last_used: DateTime<Utc>) -> Workspace {
     Workspace {
         id: id.into(),
         name: format!("{id}-name"),
@@ -100,7 +100,7 @@ fn workspace(id: &str, start_build: &str, last_used: DateTime<Utc>) -> Workspace
     }
 }
 
-fn judged(ws: Workspace, verdict: Verdict, reason: Reason) -> Judged {
+pub(super) fn judged(ws: Workspace, verdict: Verdict, reason: Reason) -> Judged {
     let decision = Decision {
         workspace_id: ws.id.clone(),
         verdict,
@@ -112,32 +112,33 @@ fn judged(ws: Workspace, verdict: Verdict, reason: Reason) -> Judged {
         restore_ttl_ms: None,
         deadline: None,
         pool: 0,
+        countdown: None,
     };
     Judged { workspace: ws, decision, gpus: 1, price: None }
 }
 
-fn idle(id: &str, start_build: &str) -> Judged {
+pub(super) fn idle(id: &str, start_build: &str) -> Judged {
     judged(workspace(id, start_build, t0() - Duration::hours(1)), Verdict::Reclaim, Reason::Idle)
 }
 
 /// The fleet rules' outcome that stops `order` (indices into the listing) with `slots`.
-fn fleet(order: &[usize], slots: usize) -> FleetOutcome {
+pub(super) fn fleet(order: &[usize], slots: usize) -> FleetOutcome {
     FleetOutcome { stop_order: order.to_vec(), stop_slots: slots, ..FleetOutcome::default() }
 }
 
 /// One pass: the plan at `now` over `listed` with `fleet`.
-fn plan(ledger: &mut Ledger, now: DateTime<Utc>, listed: &[Judged], fleet: &FleetOutcome) -> Plan {
+pub(super) fn plan(ledger: &mut Ledger, now: DateTime<Utc>, listed: &[Judged], fleet: &FleetOutcome) -> Plan {
     let listed: Vec<Listed> = listed.iter().map(Listed::from).collect();
     let view =
         PassView { now, coder_offset: Duration::zero(), judged: &listed, fleet, new_warnings: &[], currency: None, shutting_down: false };
     ledger.plan(&view)
 }
 
-fn events(notes: &[Note]) -> Vec<&'static str> {
+pub(super) fn events(notes: &[Note]) -> Vec<&'static str> {
     notes.iter().map(|n| n.event).collect()
 }
 
-fn audited(notes: &[Note]) -> Vec<&'static str> {
+pub(super) fn audited(notes: &[Note]) -> Vec<&'static str> {
     notes.iter().filter(|n| n.audit).filter_map(|n| n.record.as_ref()).map(|e| e.event.as_str()).collect()
 }
 

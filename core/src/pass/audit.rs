@@ -54,6 +54,23 @@ pub enum AuditKind {
     /// The deadline Coder had before the first extension passed while the GPU still computed:
     /// without the extension Coder's autostop would have stopped the work (once per build).
     AutostopAverted,
+    /// `countdown_in_coder`: Coder's deadline was moved to now plus the countdown; Coder warns,
+    /// and stops the workspace at it unless someone comes back.
+    CountdownSet,
+    /// Observe mode: the countdown would have been started (once per build).
+    WouldCountdown,
+    /// Someone came back before the countdown's deadline: nothing was stopped.
+    CountdownAverted,
+    /// The workspace is no longer judged idle (the GPU computes, the data turned doubtful,
+    /// nobody waits any more): the countdown ended without a use.
+    CountdownWithdrawn,
+    /// Coder's deadline was moved back where the countdown had found it (or to now plus the TTL).
+    CountdownRestored,
+    /// Coder's lifecycle executor stopped the workspace at the countdown's deadline: its GPUs
+    /// are free, a reclaim like `stop_done`.
+    CountdownDone,
+    /// The deadline passed and Coder did not stop it: the service's own stop follows.
+    CountdownExpired,
 }
 
 impl AuditKind {
@@ -78,11 +95,18 @@ impl AuditKind {
             AuditKind::DeadlineExtended => "deadline_extended",
             AuditKind::WouldExtend => "would_extend",
             AuditKind::AutostopAverted => "autostop_averted",
+            AuditKind::CountdownSet => "countdown_set",
+            AuditKind::WouldCountdown => "would_countdown",
+            AuditKind::CountdownAverted => "countdown_averted",
+            AuditKind::CountdownWithdrawn => "countdown_withdrawn",
+            AuditKind::CountdownRestored => "countdown_restored",
+            AuditKind::CountdownDone => "countdown_done",
+            AuditKind::CountdownExpired => "countdown_expired",
         }
     }
 
     /// Every kind, in the order `as_str` lists them.
-    pub const ALL: [AuditKind; 19] = [
+    pub const ALL: [AuditKind; 26] = [
         AuditKind::Warn,
         AuditKind::WouldWarn,
         AuditKind::StopSending,
@@ -102,6 +126,13 @@ impl AuditKind {
         AuditKind::DeadlineExtended,
         AuditKind::WouldExtend,
         AuditKind::AutostopAverted,
+        AuditKind::CountdownSet,
+        AuditKind::WouldCountdown,
+        AuditKind::CountdownAverted,
+        AuditKind::CountdownWithdrawn,
+        AuditKind::CountdownRestored,
+        AuditKind::CountdownDone,
+        AuditKind::CountdownExpired,
     ];
 
     /// The kind an audit line names (`event`), as the writer wrote it.
@@ -146,6 +177,16 @@ impl AuditKind {
                 "would be kept running by its GPU work (observe mode: Coder's autostop deadline is not moved)".into()
             }
             (AuditKind::AutostopAverted, _) => "passed its original autostop deadline while its GPU computes".into(),
+            (AuditKind::CountdownSet, _) => match &e.extension {
+                Some(x) => format!("will be stopped by Coder at {} to free its GPU unless someone uses it", crate::pass::mode::at(x.deadline_to)),
+                None => "will be stopped by Coder to free its GPU unless someone uses it".into(),
+            },
+            (AuditKind::WouldCountdown, _) => "would get Coder's countdown to free its GPU (observe mode: its deadline is not moved)".into(),
+            (AuditKind::CountdownAverted, _) => "was used again before Coder's countdown ended: it keeps running".into(),
+            (AuditKind::CountdownWithdrawn, _) => "is no longer idle: Coder's countdown is withdrawn".into(),
+            (AuditKind::CountdownRestored, _) => "had its autostop deadline moved back after its countdown".into(),
+            (AuditKind::CountdownDone, _) => "was stopped by Coder at the end of its countdown; its GPU is free".into(),
+            (AuditKind::CountdownExpired, _) => "passed its countdown's deadline but Coder did not stop it: the reclaimer stops it".into(),
         }
     }
 }

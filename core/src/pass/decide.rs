@@ -127,6 +127,9 @@ pub struct Decision {
     pub deadline: Option<Box<DeadlinePlan>>,
     /// Its GPU pool: an index into `Policy::pools` (`pool` of its rule, else the default).
     pub pool: usize,
+    /// `countdown_in_coder` of its rule, for a workspace judged stop-eligible: its reclaim is
+    /// Coder's countdown (`pass::countdown`), not a stop of the service's own.
+    pub countdown: Option<std::time::Duration>,
 }
 
 impl Decision {
@@ -307,6 +310,7 @@ impl Builder<'_> {
             restore_ttl_ms: None,
             deadline: None,
             pool: self.pool,
+            countdown: None,
         }
     }
 }
@@ -501,6 +505,9 @@ pub fn decide_with(
     }
     if twinned && th.extend_while_busy && d.reason == Reason::GpuActive {
         d.message.push_str("; its deadline is not moved: one of its GPUs is reported by two scrape targets (a twin)");
+    }
+    if d.is_stop_eligible() {
+        d.countdown = th.countdown_in_coder;
     }
     if d.is_stop_eligible() && !th.grace.is_zero() {
         let stop_at = prior_stop_at.unwrap_or(now + dur(th.grace));

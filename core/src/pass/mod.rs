@@ -5,6 +5,7 @@
 
 pub mod audit;
 pub mod blind;
+pub mod countdown;
 pub mod deadline;
 pub mod decide;
 pub mod fleet;

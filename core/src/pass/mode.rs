@@ -79,6 +79,19 @@ impl Mode {
         }
     }
 
+    /// What people read of a reclaim that is Coder's countdown (`countdown_in_coder`): `until` is
+    /// Coder's deadline (Coder's clock), `set` whether it is there already (enforce mode, or
+    /// Coder's own deadline that is sooner) or would be moved there (observe mode).
+    pub fn coder_countdown(self, until: DateTime<Utc>, set: bool) -> String {
+        match (self, set) {
+            (Mode::Enforce, _) => format!("Coder stops it at {} unless someone uses it (Coder's countdown)", at(until)),
+            (Mode::Observe, false) => {
+                format!("would start Coder's countdown to {} (observe mode: the deadline is not moved)", at(until))
+            }
+            (Mode::Observe, true) => format!("Coder stops it at {} (its own deadline; observe mode)", at(until)),
+        }
+    }
+
     /// What the status page says of a workspace chosen for a stop.
     pub fn stop_words(self) -> &'static str {
         match self {

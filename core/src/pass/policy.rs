@@ -39,6 +39,10 @@ pub struct Thresholds {
     pub extend_limit: Duration,
     /// Its GPU pool: an index into `Policy::pools`.
     pub pool: usize,
+    /// Coder's own countdown (`pass::countdown`): a reclaim moves Coder's autostop deadline to
+    /// now plus this (at least `CODER_MIN_AHEAD`) and Coder stops the workspace, instead of a
+    /// stop of the service's own. Off when `None`.
+    pub countdown_in_coder: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -153,6 +157,8 @@ pub struct Rule {
     pub extend_by: Option<Duration>,
     #[serde(default, with = "crate::duration::opt")]
     pub extend_limit: Option<Duration>,
+    #[serde(default, with = "crate::duration::opt")]
+    pub countdown_in_coder: Option<Duration>,
     /// The GPU pool its workspaces wait in and give back to (`contended` mode).
     #[serde(default)]
     pub pool: Option<String>,
@@ -180,6 +186,7 @@ impl Policy {
                 extend_by: Duration::from_secs(60 * 60).max(CODER_MIN_AHEAD + interval * 4),
                 extend_limit: Duration::from_secs(24 * 60 * 60),
                 pool: 0,
+                countdown_in_coder: None,
             },
             reclaim_when: ReclaimWhen::Always,
             gpu_templates: Vec::new(),
@@ -239,6 +246,7 @@ impl Policy {
         t.extend_while_busy = rule.extend_while_busy.unwrap_or(t.extend_while_busy);
         t.extend_by = rule.extend_by.unwrap_or(t.extend_by);
         t.extend_limit = rule.extend_limit.unwrap_or(t.extend_limit);
+        t.countdown_in_coder = rule.countdown_in_coder.or(t.countdown_in_coder);
         (t, rule.exempt)
     }
 

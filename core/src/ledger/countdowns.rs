@@ -1,0 +1,362 @@
+//! Coder's countdown in the ledger (`countdown_in_coder`; the rules are `pass::countdown`'s): a
+//! reclaim the fleet rules chose moves Coder's deadline (`Call::Extend`, a `countdown_set` line)
+//! and the stop path leaves it to Coder; while it runs the service sends nothing; once its
+//! workspace is no longer listed running, what Coder did is read (`Call::FollowCountdown`): a
+//! stop build with reason `autostop` that succeeded is a reclaim (`countdown_done`, GPU-hours
+//! given back as for a stop of the service's own). A use before the deadline averts it
+//! (`countdown_averted`), a workspace judged no longer idle withdraws it, and either puts back a
+//! deadline Coder did not move; a deadline passed without Coder's stop is the service's own stop
+//! again (`countdown_expired`). Refusals are remembered per build; a failed move is tried again
+//! next pass, at most `MAX_COUNTDOWN_FAILURES` times per build, then the service stops it itself.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Duration, Utc};
+
+use super::intent::{Acted, Call, Count, CountingDown, Failure, LedgerConfig, Level, Listed, Note, PassView, Plan, Who};
+use super::tracked::stop_event;
+use crate::coder::types::{BuildReason, JobStatus, Transition, WorkspaceBuild};
+use crate::pass::audit::{AuditEvent, AuditKind, Extension};
+use crate::pass::countdown::{self, Countdown, Start};
+use crate::pass::decide::Verdict;
+
+/// Failed moves (no answer, 5xx) of one build's countdown before the service stops it itself.
+pub const MAX_COUNTDOWN_FAILURES: u32 = 3;
+
+/// What `countdown_in_coder` puts in an audit line's `limited_by`.
+const COUNTDOWN: &str = "countdown_in_coder";
+
+/// A countdown in progress.
+#[derive(Debug, Clone)]
+struct Running {
+    countdown: Countdown,
+    /// Its `countdown_set` event: who, why, how many GPUs.
+    event: AuditEvent,
+    expired_said: bool,
+    ended_said: bool,
+}
+
+/// A move planned this pass.
+#[derive(Debug, Clone)]
+enum Planned {
+    Set { countdown: Countdown, event: AuditEvent },
+    Restore { event: AuditEvent },
+}
+
+/// What the ledger remembers of Coder's countdowns.
+#[derive(Debug)]
+pub(super) struct Countdowns {
+    config: LedgerConfig,
+    running: HashMap<String, Running>,
+    /// Per workspace, the build whose countdown Coder refused or that failed, and how often
+    /// (`MAX_COUNTDOWN_FAILURES` for a refusal).
+    failed: HashMap<String, (String, u32)>,
+    /// Per workspace, the build for which a once-per-build line was already said.
+    said_once: HashMap<(String, &'static str), String>,
+    planned: HashMap<String, Planned>,
+    now: DateTime<Utc>,
+    coder_offset: Duration,
+    pub(super) acted: Acted,
+}
+
+/// The audit event of a countdown's move of Coder's deadline from `from` to `to`.
+fn move_event(kind: AuditKind, view: &PassView, mode: &'static str, j: &Listed, from: DateTime<Utc>, to: DateTime<Utc>) -> AuditEvent {
+    AuditEvent {
+        build_id: Some(j.workspace.latest_build.id.clone()),
+        extension: Some(Extension {
+            deadline_from: from,
+            deadline_to: to,
+            deadline_limit: to,
+            limited_by: COUNTDOWN,
+            sm_active_peak: None,
+            gr_engine_active_peak: None,
+        }),
+        ..stop_event(kind, view, mode, j)
+    }
+}
+
+impl Countdowns {
+    pub(super) fn new(config: LedgerConfig) -> Self {
+        Countdowns {
+            config,
+            running: HashMap::new(),
+            failed: HashMap::new(),
+            said_once: HashMap::new(),
+            planned: HashMap::new(),
+            now: DateTime::UNIX_EPOCH,
+            coder_offset: Duration::zero(),
+            acted: Acted::default(),
+        }
+    }
+
+    /// A pass begins: what the last one planned is dropped; what is remembered of workspaces no
+    /// longer listed is forgotten (but countdowns, which are followed until Coder says).
+    pub(super) fn begin(&mut self, view: &PassView) {
+        self.acted = Acted::default();
+        self.planned.clear();
+        (self.now, self.coder_offset) = (view.now, view.coder_offset);
+        let builds: HashMap<&str, &str> =
+            view.judged.iter().map(|j| (j.workspace.id.as_str(), j.workspace.latest_build.id.as_str())).collect();
+        self.failed.retain(|id, (b, _)| builds.get(id.as_str()) == Some(&b.as_str()));
+        self.said_once.retain(|(id, _), b| builds.get(id.as_str()) == Some(&b.as_str()));
+        self.running.retain(|id, r| builds.get(id.as_str()).is_none_or(|b| *b == r.countdown.build_id));
+    }
+
+    fn first_time(&mut self, what: &'static str, workspace_id: &str, build_id: &str) -> bool {
+        let key = (workspace_id.to_string(), what);
+        if self.said_once.get(&key).is_some_and(|b| b == build_id) {
+            return false;
+        }
+        self.said_once.insert(key, build_id.to_string());
+        true
+    }
+
+    /// Enforce mode: the countdowns to start, the ones running, ended and expired, and the ones to
+    /// follow. Returns the workspaces whose stop Coder makes this pass (the stop path skips them).
+    pub(super) fn plan(&mut self, view: &PassView, plan: &mut Plan) -> HashSet<String> {
+        let mut coders = HashSet::new();
+        let coder_now = view.coder_now();
+        let interval = self.config.interval.to_std().unwrap_or_default();
+        let in_order: HashSet<usize> = view.fleet.stop_order.iter().copied().collect();
+        for (i, j) in view.judged.iter().enumerate() {
+            let (ws, d) = (j.workspace, j.decision);
+            if self.running.contains_key(&ws.id) {
+                self.running_one(view, plan, j, interval, &mut coders);
+                continue;
+            }
+            let Some(length) = d.countdown.filter(|_| in_order.contains(&i) && d.verdict == Verdict::Reclaim) else { continue };
+            if self.failed.get(&ws.id).is_some_and(|(b, n)| *b == ws.latest_build.id && *n >= MAX_COUNTDOWN_FAILURES) {
+                continue;
+            }
+            match countdown::start(coder_now, ws, length) {
+                Start::OwnStop(why) => {
+                    if self.first_time("countdown_not_set", &ws.id, &ws.latest_build.id) {
+                        let text = format!("Coder's countdown cannot be used: {why}; the reclaimer stops it itself");
+                        let mut note = Note::new(Level::Info, "countdown_not_set", text);
+                        note.who = Some(Who::of_workspace(ws));
+                        plan.notes.push(note);
+                    }
+                }
+                Start::Sooner { deadline } => {
+                    let countdown = Countdown {
+                        build_id: ws.latest_build.id.clone(),
+                        last_used_at: ws.last_used_at,
+                        original_deadline: deadline,
+                        deadline,
+                        moved: false,
+                    };
+                    let event = move_event(AuditKind::CountdownSet, view, self.config.mode, j, deadline, deadline);
+                    let text = "idle, and Coder's own autostop deadline is sooner than the countdown: Coder stops it then";
+                    plan.notes.push(Note::new(Level::Info, "countdown_sooner", text).about(&event).fact(super::Fact::Deadline, deadline));
+                    self.running.insert(ws.id.clone(), Running { countdown, event, expired_said: false, ended_said: false });
+                    self.acted.counting_down.push(CountingDown { workspace_id: ws.id.clone(), until: deadline, set: true });
+                    coders.insert(ws.id.clone());
+                }
+                Start::Set { to } if !view.shutting_down => {
+                    let from = countdown::coder_deadline(ws).unwrap_or(to);
+                    let event = move_event(AuditKind::CountdownSet, view, self.config.mode, j, from, to);
+                    let countdown = Countdown {
+                        build_id: ws.latest_build.id.clone(),
+                        last_used_at: ws.last_used_at,
+                        original_deadline: from,
+                        deadline: to,
+                        moved: true,
+                    };
+                    plan.calls.push(Call::Extend { workspace_id: ws.id.clone(), to, event: Box::new(event.clone()) });
+                    self.planned.insert(ws.id.clone(), Planned::Set { countdown, event });
+                    coders.insert(ws.id.clone());
+                }
+                Start::Set { .. } => {}
+            }
+        }
+        let listed: HashSet<&str> = view.judged.iter().map(|j| j.workspace.id.as_str()).collect();
+        let mut gone: Vec<&String> = self.running.keys().filter(|id| !listed.contains(id.as_str())).collect();
+        gone.sort();
+        plan.calls.extend(gone.into_iter().map(|id| Call::FollowCountdown { workspace_id: id.clone() }));
+        coders
+    }
+
+    /// A listed workspace with a countdown: still idle, it runs (or has expired); no longer
+    /// idle, it ends.
+    fn running_one(&mut self, view: &PassView, plan: &mut Plan, j: &Listed, interval: std::time::Duration, coders: &mut HashSet<String>) {
+        let (ws, d) = (j.workspace, j.decision);
+        let coder_now = view.coder_now();
+        let Some(r) = self.running.get_mut(&ws.id) else { return };
+        if d.verdict == Verdict::Reclaim {
+            if countdown::expired(coder_now, &r.countdown, interval) {
+                if !r.expired_said {
+                    r.expired_said = true;
+                    let event = AuditEvent { event: AuditKind::CountdownExpired, time: view.now, ..r.event.clone() };
+                    let text = format!(
+                        "Coder's countdown ended at {} and Coder has not stopped it (a blocked lifecycle executor, no provisioner?): the reclaimer stops it",
+                        crate::pass::mode::at(r.countdown.deadline)
+                    );
+                    plan.notes.push(Note::new(Level::Warn, "countdown_expired", text).audit(event));
+                }
+                return;
+            }
+            self.acted.counting_down.push(CountingDown { workspace_id: ws.id.clone(), until: r.countdown.deadline, set: true });
+            coders.insert(ws.id.clone());
+            return;
+        }
+        let extending = d.deadline.as_ref().and_then(|p| p.extend_to()).is_some();
+        let end = countdown::end(coder_now, ws, &r.countdown, extending);
+        if !r.ended_said {
+            r.ended_said = true;
+            let base = AuditEvent { time: view.now, reason: d.reason.as_str(), message: d.message.clone(), ..r.event.clone() };
+            if end.averted {
+                let text = "used again before Coder's countdown ended: it keeps running";
+                let event = AuditEvent { event: AuditKind::CountdownAverted, ..base };
+                plan.notes.push(Note::new(Level::Info, "countdown_averted", text).audit(event).count(Count::CountdownAverted));
+                self.acted.countdowns_averted.push(ws.id.clone());
+            } else {
+                let text = format!("no longer idle ({}): Coder's countdown is withdrawn", d.reason.as_str());
+                let event = AuditEvent { event: AuditKind::CountdownWithdrawn, ..base };
+                plan.notes.push(Note::new(Level::Info, "countdown_withdrawn", text).audit(event));
+            }
+        }
+        match end.restore {
+            Some(to) if !view.shutting_down => {
+                let from = countdown::coder_deadline(ws).unwrap_or(r.countdown.deadline);
+                let event = move_event(AuditKind::CountdownRestored, view, self.config.mode, j, from, to);
+                plan.calls.push(Call::Extend { workspace_id: ws.id.clone(), to, event: Box::new(event.clone()) });
+                self.planned.insert(ws.id.clone(), Planned::Restore { event });
+            }
+            Some(_) => {}
+            None => {
+                self.running.remove(&ws.id);
+            }
+        }
+    }
+
+    /// Observe mode: what enforce mode would count down, said once per build. Returns the
+    /// workspaces whose stop would be Coder's.
+    pub(super) fn would(&mut self, view: &PassView, plan: &mut Plan) -> HashSet<String> {
+        let mut coders = HashSet::new();
+        let coder_now = view.coder_now();
+        for &i in &view.fleet.stop_order {
+            let Some(j) = view.judged.get(i) else { continue };
+            let (ws, d) = (j.workspace, j.decision);
+            let Some(length) = d.countdown.filter(|_| d.verdict == Verdict::Reclaim) else { continue };
+            let (until, set) = match countdown::start(coder_now, ws, length) {
+                Start::OwnStop(_) => continue,
+                Start::Sooner { deadline } => (deadline, true),
+                Start::Set { to } => (to, false),
+            };
+            if !set && self.first_time("would_countdown", &ws.id, &ws.latest_build.id) {
+                let from = countdown::coder_deadline(ws).unwrap_or(until);
+                let event = move_event(AuditKind::WouldCountdown, view, self.config.mode, j, from, until);
+                let text = format!(
+                    "would start Coder's countdown to {} (observe mode: the deadline is not moved)",
+                    crate::pass::mode::at(until)
+                );
+                plan.notes.push(Note::new(Level::Info, "would_countdown", text).fact(super::Fact::To, until).audit(event));
+            }
+            self.acted.counting_down.push(CountingDown { workspace_id: ws.id.clone(), until, set });
+            coders.insert(ws.id.clone());
+        }
+        coders
+    }
+
+    /// Whether this pass planned a move of this workspace's deadline (its answer is ours).
+    pub(super) fn planned(&self, id: &str) -> bool {
+        self.planned.contains_key(id)
+    }
+
+    /// Coder's answer to a move of the deadline.
+    pub(super) fn moved(&mut self, id: &str, answer: Result<(), Failure>, notes: &mut Vec<Note>) {
+        let Some(planned) = self.planned.remove(id) else { return };
+        match (planned, answer) {
+            (Planned::Set { countdown, event }, Ok(())) => {
+                let text = format!(
+                    "idle: Coder's autostop deadline moved to {}; Coder warns its owner and stops it then unless someone uses it",
+                    crate::pass::mode::at(countdown.deadline)
+                );
+                let note = Note::new(Level::Info, "countdown_set", text).fact(super::Fact::From, countdown.original_deadline);
+                notes.push(note.fact(super::Fact::To, countdown.deadline).audit(event.clone()).count(Count::CountdownSet));
+                let until = countdown.deadline;
+                self.running.insert(id.to_string(), Running { countdown, event, expired_said: false, ended_said: false });
+                self.acted.counting_down.push(CountingDown { workspace_id: id.to_string(), until, set: true });
+            }
+            (Planned::Set { countdown, event }, Err(f)) => {
+                let refused = f.is_refusal();
+                let n = match self.failed.get(id) {
+                    Some((b, n)) if *b == countdown.build_id => n + 1,
+                    _ => 1,
+                };
+                let n = if refused { MAX_COUNTDOWN_FAILURES } else { n };
+                self.failed.insert(id.to_string(), (countdown.build_id, n));
+                let text = if n >= MAX_COUNTDOWN_FAILURES {
+                    "Coder did not take the countdown's deadline: the reclaimer stops it itself from the next pass"
+                } else {
+                    "could not move Coder's deadline for the countdown; trying again next pass"
+                };
+                let kind = if refused { "countdown_refused" } else { "countdown_failed" };
+                notes.push(Note::new(Level::Warn, kind, text).about(&event).error(f.text));
+            }
+            (Planned::Restore { event }, answer) => {
+                match answer {
+                    Ok(()) => {
+                        let to = event.extension.as_ref().map(|x| x.deadline_to);
+                        let note = Note::new(Level::Info, "countdown_restored", "Coder's autostop deadline moved back after its countdown");
+                        notes.push(match to {
+                            Some(to) => note.fact(super::Fact::To, to),
+                            None => note,
+                        }
+                        .audit(event));
+                    }
+                    Err(f) if !f.is_refusal() => {
+                        let text = "could not move Coder's deadline back after its countdown; trying again next pass";
+                        notes.push(Note::new(Level::Warn, "countdown_restore_failed", text).about(&event).error(f.text));
+                        return;
+                    }
+                    Err(f) => {
+                        let text = "Coder refuses to move the deadline back after its countdown: Coder may stop it at the countdown's deadline; extend it in Coder's dashboard";
+                        notes.push(Note::new(Level::Warn, "countdown_restore_refused", text).about(&event).error(f.text));
+                    }
+                }
+                self.running.remove(id);
+            }
+        }
+    }
+
+    /// What became of a workspace counted down that is no longer listed running. Returns the
+    /// `countdown_done` event of a stop Coder made at its end (the stop path remembers it for
+    /// the `resumed` line).
+    pub(super) fn followed(&mut self, id: &str, answer: Result<Option<WorkspaceBuild>, Failure>, notes: &mut Vec<Note>) -> Option<AuditEvent> {
+        let b = match answer {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                self.running.remove(id);
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let autostop = b.transition == Transition::Stop && b.reason == BuildReason::Autostop;
+        if autostop && b.job.status.is_active() {
+            return None;
+        }
+        let r = self.running.remove(id)?;
+        if !autostop {
+            // Stopped, rebuilt or deleted otherwise (its owner, another tool, the service's own
+            // stop after expiry): not Coder's countdown.
+            let text = format!("its countdown ended without Coder's autostop: its latest build is a {} by {}", b.transition.as_str(), b.reason.as_str());
+            notes.push(Note::new(Level::Info, "countdown_ended", text).about(&r.event).build(b.id));
+            return None;
+        }
+        if b.job.status != JobStatus::Succeeded {
+            let text = format!(
+                "Coder's autostop build at the end of the countdown is {}: its pod may keep its GPU outside Coder's running workspaces",
+                b.job.status.as_str()
+            );
+            notes.push(Note::new(Level::Warn, "countdown_stop_failed", text).about(&r.event).build(b.id));
+            return None;
+        }
+        let time = b.job.completed_at.map_or(self.now, |t| (t - self.coder_offset).min(self.now));
+        let done = AuditEvent { event: AuditKind::CountdownDone, time, build_id: Some(b.id.clone()), ..r.event };
+        let text = "Coder stopped it at the end of its countdown: its GPU is free";
+        notes.push(Note::new(Level::Info, "countdown_done", text).audit(done.clone()));
+        self.acted.stops_done.push(id.to_string());
+        Some(done)
+    }
+}
