@@ -16,22 +16,23 @@ use crate::common::service::{Service, exporter, holds_gpu, running, until, until
 /// A 20-second autostop TTL: Coder's deadline passes within the test.
 const TTL_MS: i64 = 20_000;
 
-struct Dir(PathBuf);
+/// A scratch folder with the test's policy file and its audit log (also `countdown`'s).
+pub(crate) struct Dir(PathBuf);
 
 impl Dir {
-    fn new(policy: &str) -> Dir {
+    pub(crate) fn new(policy: &str) -> Dir {
         let dir = std::env::temp_dir().join(format!("cgr-busy-{}", Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("policy.toml"), policy).unwrap();
         Dir(dir)
     }
 
-    fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         let path = |f: &str| self.0.join(f).to_string_lossy().into_owned();
         vec!["--config".into(), path("policy.toml"), "--audit-log".into(), path("audit.jsonl")]
     }
 
-    fn audit(&self, event: &str) -> Vec<Value> {
+    pub(crate) fn audit(&self, event: &str) -> Vec<Value> {
         crate::common::audit_lines(&self.0.join("audit.jsonl")).into_iter().filter(|l| l["event"] == event).collect()
     }
 }
@@ -42,7 +43,7 @@ impl Drop for Dir {
     }
 }
 
-fn strs(v: &[String]) -> Vec<&str> {
+pub(crate) fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
@@ -59,26 +60,26 @@ async fn left_running(coder: &FakeCoder, name: &str, ttl_ms: Option<i64>, load: 
     id
 }
 
-fn deadline(coder: &FakeCoder, id: Uuid) -> Option<chrono::DateTime<chrono::Utc>> {
+pub(crate) fn deadline(coder: &FakeCoder, id: Uuid) -> Option<chrono::DateTime<chrono::Utc>> {
     coder.with(|w| w.ws_index(id).and_then(|i| w.workspaces[i].latest()?.deadline))
 }
 
 /// Stop builds of the workspace with this reason (`autostop`: Coder's lifecycle executor;
 /// `initiator`: this service).
-fn stops_by(coder: &FakeCoder, id: Uuid, reason: &str) -> usize {
+pub(crate) fn stops_by(coder: &FakeCoder, id: Uuid, reason: &str) -> usize {
     coder.with(|w| {
         w.ws_index(id).map_or(0, |i| w.workspaces[i].builds.iter().filter(|b| b.transition == "stop" && b.reason == reason).count())
     })
 }
 
-fn extends(coder: &FakeCoder, id: Uuid) -> usize {
+pub(crate) fn extends(coder: &FakeCoder, id: Uuid) -> usize {
     let path = format!("/api/v2/workspaces/{id}/extend");
     coder.requests().iter().filter(|(m, uri)| m == "PUT" && *uri == path).count()
 }
 
 /// The workspace's status once a pass has ended since the call: a pass logs its events before
 /// it publishes its status, so the document read right after an event may be the pass before.
-async fn status_of(svc: &Service, id: Uuid) -> Value {
+pub(crate) async fn status_of(svc: &Service, id: Uuid) -> Value {
     svc.passes(1, Duration::from_secs(10)).await;
     let addr = svc.addr().await;
     reqwest::get(format!("http://{addr}/api/v1/workspaces/{id}")).await.unwrap().json().await.unwrap()

@@ -15,6 +15,7 @@ mod coder_world;
 mod common;
 mod contention;
 mod contract;
+mod countdown;
 mod dashboard;
 mod decide;
 mod deploy;

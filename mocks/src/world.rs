@@ -476,6 +476,12 @@ pub struct World {
     pub organizations: Vec<(Uuid, String)>,
     /// No provisioner daemon answers: no pending job starts (the reaper fails them in time).
     pub provisioners_down: bool,
+    /// coderd's lifecycle executor makes no build (a stuck executor, or `hasValidProvisioner`
+    /// finding no daemon for the active version's tags, NOTES §16): no autostop, no reminder.
+    pub executor_paused: bool,
+    /// Autostop reminders sent (template `time_til_autostop_notify_ms`, main only): the
+    /// workspace and the deadline each was sent for.
+    pub reminders: Vec<(Uuid, DateTime<Utc>)>,
     /// The provisioner daemons; at first one untagged daemon in the default organization.
     pub provisioners: Vec<Provisioner>,
     pub workspaces: Vec<Workspace>,
@@ -545,6 +551,8 @@ impl World {
             organization_id: default_org,
             organizations: vec![(default_org, "coder".into())],
             provisioners_down: false,
+            executor_paused: false,
+            reminders: Vec::new(),
             provisioners: vec![Provisioner {
                 id: Uuid::new_v4(),
                 name: "provisioner-0".into(),
@@ -1059,9 +1067,10 @@ impl World {
     /// the next tick. The tick is not truncated to the minute here (coderd's is: its stop comes 0
     /// to about 2 minutes after the deadline, this one within a poll).
     fn autostop(&mut self, tick: DateTime<Utc>) {
-        if self.provisioners_down {
+        if self.provisioners_down || self.executor_paused {
             return;
         }
+        self.remind(tick);
         let due: Vec<(Uuid, usize)> = self
             .workspaces
             .iter()
@@ -1083,6 +1092,30 @@ impl World {
             if self.create_build(id, "stop", owner, "autostop").is_ok() {
                 let name = self.workspaces.iter().find(|w| w.id == id).map(|w| w.name.clone()).unwrap_or_default();
                 self.log(&name, "autostop", "the deadline passed: Coder's lifecycle executor stops it".into());
+            }
+        }
+    }
+
+    /// The autostop reminder (main only, `shouldRemindAutostop`, NOTES §16 and §18): a succeeded
+    /// start whose deadline is in the future and within the template's lead gets one "will stop
+    /// soon" per deadline value (`notified_autostop_deadline != deadline`), so every new deadline,
+    /// a `PUT /extend` included, re-arms it.
+    fn remind(&mut self, tick: DateTime<Utc>) {
+        let Some(lead) = self.config.autostop_notify.and_then(|l| chrono::Duration::from_std(l).ok()) else { return };
+        for ws in self.workspaces.iter().filter(|ws| !ws.prebuild) {
+            let Some(deadline) = ws.latest().filter(|b| b.transition == "start" && b.job.status == "succeeded").and_then(|b| b.deadline)
+            else {
+                continue;
+            };
+            let stamped = self.reminders.iter().rev().find(|(id, _)| *id == ws.id).map(|(_, d)| *d);
+            if deadline > tick && deadline <= tick + lead && stamped != Some(deadline) {
+                self.reminders.push((ws.id, deadline));
+                self.events.push(Event {
+                    at: tick,
+                    workspace: ws.name.clone(),
+                    kind: "autostop_reminder",
+                    detail: format!("Your workspace \"{}\" will stop soon (at {deadline})", ws.name),
+                });
             }
         }
     }

@@ -144,7 +144,8 @@ pub fn summarize(path: &Path, since: DateTime<Utc>, until: DateTime<Utc>) -> Res
     let rows: Vec<Row> = rows
         .into_iter()
         .filter(|(_, r)| {
-            r.stops + r.would_stops + r.deadline_extensions + r.would_extend + r.autostops_averted + r.countdowns_averted > 0 || r.gpu_hours_given_back > 0.0
+            r.stops + r.would_stops + r.deadline_extensions + r.would_extend + r.autostops_averted + r.countdowns_averted > 0
+                || r.gpu_hours_given_back > 0.0
         })
         .map(|((template, owner), r)| {
             total.stops += r.stops;

@@ -150,8 +150,7 @@ fn a_deadline_passed_without_coders_stop_is_the_services_own_stop() {
     l.observe(vec![ok("a")]);
     // A 60 s interval: Coder has until two intervals and a minute past the deadline (10:33).
     // (minute, stop calls, notes)
-    let rows: [(i64, usize, &[&str]); 4] =
-        [(32, 0, &[]), (33, 0, &[]), (34, 1, &["countdown_expired"]), (35, 1, &[])];
+    let rows: [(i64, usize, &[&str]); 4] = [(32, 0, &[]), (33, 0, &[]), (34, 1, &["countdown_expired"]), (35, 1, &[])];
     for (minute, stops, notes) in rows {
         let p = plan(&mut l, at(minute), &[counted(Some(30))], &fleet(&[0], 10));
         assert_eq!((stop_calls(&p), events(&p.notes).as_slice()), (stops, notes), "minute {minute}");

@@ -246,10 +246,8 @@ impl Countdowns {
             if !set && self.first_time("would_countdown", &ws.id, &ws.latest_build.id) {
                 let from = countdown::coder_deadline(ws).unwrap_or(until);
                 let event = move_event(AuditKind::WouldCountdown, view, self.config.mode, j, from, until);
-                let text = format!(
-                    "would start Coder's countdown to {} (observe mode: the deadline is not moved)",
-                    crate::pass::mode::at(until)
-                );
+                let text =
+                    format!("would start Coder's countdown to {} (observe mode: the deadline is not moved)", crate::pass::mode::at(until));
                 plan.notes.push(Note::new(Level::Info, "would_countdown", text).fact(super::Fact::To, until).audit(event));
             }
             self.acted.counting_down.push(CountingDown { workspace_id: ws.id.clone(), until, set });
@@ -299,11 +297,13 @@ impl Countdowns {
                     Ok(()) => {
                         let to = event.extension.as_ref().map(|x| x.deadline_to);
                         let note = Note::new(Level::Info, "countdown_restored", "Coder's autostop deadline moved back after its countdown");
-                        notes.push(match to {
-                            Some(to) => note.fact(super::Fact::To, to),
-                            None => note,
-                        }
-                        .audit(event));
+                        notes.push(
+                            match to {
+                                Some(to) => note.fact(super::Fact::To, to),
+                                None => note,
+                            }
+                            .audit(event),
+                        );
                     }
                     Err(f) if !f.is_refusal() => {
                         let text = "could not move Coder's deadline back after its countdown; trying again next pass";
@@ -323,7 +323,12 @@ impl Countdowns {
     /// What became of a workspace counted down that is no longer listed running. Returns the
     /// `countdown_done` event of a stop Coder made at its end (the stop path remembers it for
     /// the `resumed` line).
-    pub(super) fn followed(&mut self, id: &str, answer: Result<Option<WorkspaceBuild>, Failure>, notes: &mut Vec<Note>) -> Option<AuditEvent> {
+    pub(super) fn followed(
+        &mut self,
+        id: &str,
+        answer: Result<Option<WorkspaceBuild>, Failure>,
+        notes: &mut Vec<Note>,
+    ) -> Option<AuditEvent> {
         let b = match answer {
             Ok(Some(b)) => b,
             Ok(None) => {
@@ -340,7 +345,11 @@ impl Countdowns {
         if !autostop {
             // Stopped, rebuilt or deleted otherwise (its owner, another tool, the service's own
             // stop after expiry): not Coder's countdown.
-            let text = format!("its countdown ended without Coder's autostop: its latest build is a {} by {}", b.transition.as_str(), b.reason.as_str());
+            let text = format!(
+                "its countdown ended without Coder's autostop: its latest build is a {} by {}",
+                b.transition.as_str(),
+                b.reason.as_str()
+            );
             notes.push(Note::new(Level::Info, "countdown_ended", text).about(&r.event).build(b.id));
             return None;
         }

@@ -24,6 +24,8 @@
 //! - An autostop averted is counted against the deadline Coder reported before the first
 //!   extension (its activity bumps included), once per build.
 
+#[cfg(test)]
+mod countdown_tests;
 mod countdowns;
 mod deadlines;
 mod intent;
@@ -32,16 +34,14 @@ mod serving;
 mod stops;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod countdown_tests;
 mod tracked;
 
 use chrono::{DateTime, Utc};
 
 pub use countdowns::MAX_COUNTDOWN_FAILURES;
 pub use intent::{
-    Acted, Call, Count, CountingDown, Fact, Failure, LedgerConfig, Level, Listed, MAX_STOP_ATTEMPTS, MAX_STOP_BACKOFF, Note, Outcome, PassView, Plan,
-    STOPPED_MEMORY, StopAnswer, StopCall, StopFailure, Who, needs_at_least, stop_backoff,
+    Acted, Call, Count, CountingDown, Fact, Failure, LedgerConfig, Level, Listed, MAX_STOP_ATTEMPTS, MAX_STOP_BACKOFF, Note, Outcome,
+    PassView, Plan, STOPPED_MEMORY, StopAnswer, StopCall, StopFailure, Who, needs_at_least, stop_backoff,
 };
 pub use recovery::Recovered;
 pub use tracked::{NoProvisioner, StuckStop};

@@ -160,13 +160,8 @@ impl Stops {
 
     /// Observe mode: each would-stop once per idle episode (`coders`: would be Coder's countdown).
     pub(super) fn would_stop(&mut self, view: &PassView, plan: &mut Plan, coders: &HashSet<String>) {
-        let order: Vec<&Listed> = view
-            .fleet
-            .stop_order
-            .iter()
-            .filter_map(|&i| view.judged.get(i))
-            .filter(|j| !coders.contains(&j.workspace.id))
-            .collect();
+        let order: Vec<&Listed> =
+            view.fleet.stop_order.iter().filter_map(|&i| view.judged.get(i)).filter(|j| !coders.contains(&j.workspace.id)).collect();
         let current: HashSet<&str> = order.iter().map(|j| j.workspace.id.as_str()).collect();
         self.reported.retain(|id| current.contains(id.as_str()));
         for j in order {

@@ -178,10 +178,14 @@ impl AuditKind {
             }
             (AuditKind::AutostopAverted, _) => "passed its original autostop deadline while its GPU computes".into(),
             (AuditKind::CountdownSet, _) => match &e.extension {
-                Some(x) => format!("will be stopped by Coder at {} to free its GPU unless someone uses it", crate::pass::mode::at(x.deadline_to)),
+                Some(x) => {
+                    format!("will be stopped by Coder at {} to free its GPU unless someone uses it", crate::pass::mode::at(x.deadline_to))
+                }
                 None => "will be stopped by Coder to free its GPU unless someone uses it".into(),
             },
-            (AuditKind::WouldCountdown, _) => "would get Coder's countdown to free its GPU (observe mode: its deadline is not moved)".into(),
+            (AuditKind::WouldCountdown, _) => {
+                "would get Coder's countdown to free its GPU (observe mode: its deadline is not moved)".into()
+            }
             (AuditKind::CountdownAverted, _) => "was used again before Coder's countdown ended: it keeps running".into(),
             (AuditKind::CountdownWithdrawn, _) => "is no longer idle: Coder's countdown is withdrawn".into(),
             (AuditKind::CountdownRestored, _) => "had its autostop deadline moved back after its countdown".into(),

@@ -1,0 +1,134 @@
+//! Coder's own countdown (`countdown_in_coder`): the real binary against the fake Coder, whose
+//! `PUT .../extend` lets a deadline move earlier while it stays 29 minutes ahead, whose lifecycle
+//! executor stops a workspace once its deadline passes (reason `autostop`), whose activity bump
+//! moves the deadline on a connection, and whose autostop reminder is sent once per deadline value
+//! (reference coder NOTES §16, §18). Deadlines are wall-clock; Coder's clock is moved forward
+//! (`clock_offset`) to reach a deadline 30 minutes away, and the service follows it through
+//! coderd's `Date` header.
+
+use std::time::Duration;
+
+use mocks::{FakeCoder, WorldConfig};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::busy_work::{Dir, deadline, extends, status_of, stops_by, strs};
+use crate::common::service::{Service, exporter, holds_gpu, running, until, until_with, world};
+
+/// An 8 h autostop TTL: Coder's own deadline is far off.
+const EIGHT_HOURS_MS: i64 = 8 * 3600 * 1000;
+
+const COUNTDOWN: &str = "countdown_in_coder = \"30m\"\n";
+
+/// An idle workspace with autostop (`ttl_ms`), nobody connected, holding a GPU.
+async fn idle(coder: &FakeCoder, ttl_ms: Option<i64>) -> Uuid {
+    let id = coder.with(|w| w.create_workspace("alice", "idle", ttl_ms)).unwrap();
+    until(coder, "it holds a GPU", Duration::from_secs(5), |w| holds_gpu(w, id) && running(w, id)).await;
+    id
+}
+
+/// Moves Coder's clock to `past` after the workspace's deadline.
+fn past_the_deadline(coder: &FakeCoder, id: Uuid, past: chrono::Duration) {
+    let to = deadline(coder, id).unwrap() + past;
+    coder.with(|w| w.config.clock_offset = w.config.clock_offset + (to - w.now()));
+}
+
+fn stops_by_the_service(coder: &FakeCoder, id: Uuid) -> usize {
+    coder.with(|w| w.stop_builds_by(id, "admin"))
+}
+
+#[tokio::test]
+async fn an_idle_workspace_gets_coders_countdown_and_coder_stops_it() {
+    let reminder = WorldConfig { autostop_notify: Some(Duration::from_secs(3600)), ..world(1) };
+    let coder = FakeCoder::start(reminder).await.unwrap();
+    let ex = exporter(&coder).await;
+    let id = idle(&coder, Some(EIGHT_HOURS_MS)).await;
+    let dir = Dir::new(COUNTDOWN);
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    svc.wait_event("countdown_set", Duration::from_secs(20)).await;
+    let (set, now) = (deadline(&coder, id).unwrap(), coder.with(|w| w.now()));
+    let ahead = (set - now).num_seconds();
+    assert!((30 * 60 - 5..=30 * 60).contains(&ahead), "Coder's now + 30 min: {ahead} s ahead");
+    let s = status_of(&svc, id).await;
+    assert_eq!(s["verdict"], "warn", "{s}");
+    assert!(s["message"].as_str().unwrap().contains("Coder stops it at "), "{s}");
+    svc.passes(3, Duration::from_secs(10)).await;
+    assert_eq!((extends(&coder, id), stops_by_the_service(&coder, id)), (1, 0), "one move, no stop of its own");
+    let reminded = coder.with(|w| w.reminders.clone());
+    assert_eq!(reminded, [(id, set)], "Coder's reminder, once for the new deadline");
+    // Coder's clock reaches the deadline: its lifecycle executor stops it.
+    past_the_deadline(&coder, id, chrono::Duration::seconds(5));
+    until_with(&coder, Some(&svc), "Coder's autostop stops it", Duration::from_secs(20), |w| !running(w, id)).await;
+    let done = svc.wait_event("countdown_done", Duration::from_secs(20)).await;
+    assert_eq!(done["reason"], "idle", "{done}");
+    assert_eq!((stops_by(&coder, id, "autostop"), stops_by_the_service(&coder, id)), (1, 0));
+    assert_eq!((dir.audit("countdown_set").len(), dir.audit("countdown_done").len()), (1, 1));
+    assert_eq!(dir.audit("countdown_done")[0]["gpus"], 1);
+}
+
+#[tokio::test]
+async fn coming_back_within_the_countdown_averts_it() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let id = idle(&coder, Some(EIGHT_HOURS_MS)).await;
+    let dir = Dir::new(COUNTDOWN);
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    svc.wait_event("countdown_set", Duration::from_secs(20)).await;
+    let set = deadline(&coder, id).unwrap();
+    coder.with(|w| w.open_connection(id));
+    svc.wait_event("countdown_averted", Duration::from_secs(20)).await;
+    assert!(deadline(&coder, id).unwrap() > set, "Coder's activity bump moved it");
+    past_the_deadline(&coder, id, chrono::Duration::minutes(5));
+    svc.passes(3, Duration::from_secs(10)).await;
+    assert!(coder.with(|w| running(w, id)), "kept running past the countdown's deadline");
+    let all_stops = coder.with(|w| w.workspaces.iter().flat_map(|ws| &ws.builds).filter(|b| b.transition == "stop").count());
+    assert_eq!(all_stops, 0, "no stop of any kind");
+    let doc: Value = reqwest::get(format!("http://{}/api/v1/workspaces", svc.addr().await)).await.unwrap().json().await.unwrap();
+    assert_eq!(doc["accounting"]["countdowns_averted_7d"], 1, "{doc}");
+    assert_eq!(dir.audit("countdown_averted").len(), 1);
+}
+
+#[tokio::test]
+async fn with_coders_executor_silent_the_service_stops_it_after_the_deadline() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let id = idle(&coder, Some(EIGHT_HOURS_MS)).await;
+    let dir = Dir::new(COUNTDOWN);
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    svc.wait_event("countdown_set", Duration::from_secs(20)).await;
+    coder.with(|w| w.executor_paused = true);
+    // Two 1 s intervals and a minute past the deadline, and Coder has not stopped it.
+    past_the_deadline(&coder, id, chrono::Duration::seconds(90));
+    until_with(&coder, Some(&svc), "the service stops it", Duration::from_secs(20), |w| w.stop_builds_by(id, "admin") == 1).await;
+    assert_eq!(dir.audit("countdown_expired").len(), 1);
+    assert_eq!(stops_by(&coder, id, "autostop"), 0);
+}
+
+#[tokio::test]
+async fn with_autostop_off_the_service_stops_it_itself() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let id = idle(&coder, None).await;
+    let dir = Dir::new(COUNTDOWN);
+    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    until_with(&coder, Some(&svc), "the service stops it", Duration::from_secs(20), |w| w.stop_builds_by(id, "admin") == 1).await;
+    assert_eq!(extends(&coder, id), 0, "no deadline to move");
+    let said = svc.wait_event("countdown_not_set", Duration::from_secs(1)).await;
+    assert!(said["message"].as_str().unwrap_or_default().contains("autostop is off"), "{said}");
+}
+
+#[tokio::test]
+async fn observe_mode_says_it_would_start_the_countdown_and_sends_nothing() {
+    let coder = FakeCoder::start(world(1)).await.unwrap();
+    let ex = exporter(&coder).await;
+    let id = idle(&coder, Some(EIGHT_HOURS_MS)).await;
+    let dir = Dir::new(COUNTDOWN);
+    let svc = Service::start_observing(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    svc.wait_event("would_countdown", Duration::from_secs(20)).await;
+    let s = status_of(&svc, id).await;
+    assert!(s["message"].as_str().unwrap().contains("would start Coder's countdown to "), "{s}");
+    svc.passes(3, Duration::from_secs(10)).await;
+    assert_eq!((extends(&coder, id), stops_by_the_service(&coder, id)), (0, 0));
+    assert_eq!((svc.events("would_countdown").len(), svc.events("would_stop").len()), (1, 0), "said once, no would-stop");
+    assert_eq!(dir.audit("would_countdown").len(), 1);
+}
