@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::intent::{Acted, Call, Count, CountingDown, Failure, LedgerConfig, Level, Listed, Note, PassView, Plan, Who};
+use super::intent::{Acted, Call, Count, CountingDown, Fact, Failure, LedgerConfig, Level, Listed, Note, PassView, Plan, Who};
 use super::tracked::stop_event;
 use crate::coder::types::{BuildReason, JobStatus, Transition, WorkspaceBuild};
 use crate::pass::audit::{AuditEvent, AuditKind, Extension};
@@ -83,7 +83,7 @@ impl Countdowns {
             failed: HashMap::new(),
             said_once: HashMap::new(),
             planned: HashMap::new(),
-            now: DateTime::UNIX_EPOCH,
+            now: DateTime::<Utc>::MIN_UTC,
             coder_offset: Duration::zero(),
             acted: Acted::default(),
         }
@@ -147,7 +147,7 @@ impl Countdowns {
                     };
                     let event = move_event(AuditKind::CountdownSet, view, self.config.mode, j, deadline, deadline);
                     let text = "idle, and Coder's own autostop deadline is sooner than the countdown: Coder stops it then";
-                    plan.notes.push(Note::new(Level::Info, "countdown_sooner", text).about(&event).fact(super::Fact::Deadline, deadline));
+                    plan.notes.push(Note::new(Level::Info, "countdown_sooner", text).about(&event).fact(Fact::Deadline, deadline));
                     self.running.insert(ws.id.clone(), Running { countdown, event, expired_said: false, ended_said: false });
                     self.acted.counting_down.push(CountingDown { workspace_id: ws.id.clone(), until: deadline, set: true });
                     coders.insert(ws.id.clone());
@@ -248,7 +248,7 @@ impl Countdowns {
                 let event = move_event(AuditKind::WouldCountdown, view, self.config.mode, j, from, until);
                 let text =
                     format!("would start Coder's countdown to {} (observe mode: the deadline is not moved)", crate::pass::mode::at(until));
-                plan.notes.push(Note::new(Level::Info, "would_countdown", text).fact(super::Fact::To, until).audit(event));
+                plan.notes.push(Note::new(Level::Info, "would_countdown", text).fact(Fact::To, until).audit(event));
             }
             self.acted.counting_down.push(CountingDown { workspace_id: ws.id.clone(), until, set });
             coders.insert(ws.id.clone());
@@ -270,8 +270,8 @@ impl Countdowns {
                     "idle: Coder's autostop deadline moved to {}; Coder warns its owner and stops it then unless someone uses it",
                     crate::pass::mode::at(countdown.deadline)
                 );
-                let note = Note::new(Level::Info, "countdown_set", text).fact(super::Fact::From, countdown.original_deadline);
-                notes.push(note.fact(super::Fact::To, countdown.deadline).audit(event.clone()).count(Count::CountdownSet));
+                let note = Note::new(Level::Info, "countdown_set", text).fact(Fact::From, countdown.original_deadline);
+                notes.push(note.fact(Fact::To, countdown.deadline).audit(event.clone()).count(Count::CountdownSet));
                 let until = countdown.deadline;
                 self.running.insert(id.to_string(), Running { countdown, event, expired_said: false, ended_said: false });
                 self.acted.counting_down.push(CountingDown { workspace_id: id.to_string(), until, set: true });
@@ -299,7 +299,7 @@ impl Countdowns {
                         let note = Note::new(Level::Info, "countdown_restored", "Coder's autostop deadline moved back after its countdown");
                         notes.push(
                             match to {
-                                Some(to) => note.fact(super::Fact::To, to),
+                                Some(to) => note.fact(Fact::To, to),
                                 None => note,
                             }
                             .audit(event),
