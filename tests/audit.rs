@@ -80,13 +80,17 @@ fn every_kind_written_is_read_back_under_the_same_names() {
     assert_eq!(names.len(), AuditKind::ALL.len());
 
     // The report counts each kind it reports on once. Each line is another workspace's, so the
-    // completed stop has no `resumed` of its own: its 2 GPUs give back until the period ends.
+    // completed stops have no `resumed` of their own: their 2 GPUs give back until the period ends.
     let until = start + Duration::days(1);
     let report = summarize(&path, start - Duration::days(1), until).unwrap();
     let t = &report.total;
-    assert_eq!((t.stops, t.would_stops, t.deadline_extensions, t.would_extend, t.autostops_averted), (1, 1, 1, 1, 1), "{t:?}");
-    let done = written.iter().find(|e| e.event == AuditKind::StopDone).unwrap().time;
-    let hours = 2.0 * (until - done).num_seconds() as f64 / 3600.0;
+    // Two stops: the service's own (`stop_sent`) and Coder's at the end of a countdown (`countdown_done`).
+    let counts = (t.stops, t.would_stops, t.deadline_extensions, t.would_extend, t.autostops_averted, t.countdowns_averted);
+    assert_eq!(counts, (2, 1, 1, 1, 1, 1), "{t:?}");
+    // Both completed stops give back their 2 GPUs until the period ends.
+    let done = |kind| written.iter().find(|e| e.event == kind).unwrap().time;
+    let seconds = (until - done(AuditKind::StopDone)) + (until - done(AuditKind::CountdownDone));
+    let hours = 2.0 * seconds.num_seconds() as f64 / 3600.0;
     assert_eq!(t.gpu_hours_given_back, (hours * 100.0).round() / 100.0, "{t:?}");
 }
 

@@ -197,11 +197,12 @@ fn report_sums_up_the_audit_log() {
     let (code, csv, _) = run(&["report", "--audit-log", log, "--until", "2026-11-29T09:01:00Z", "--output", "csv"], &[]);
     assert_eq!(code, 0);
     assert!(
-        csv.starts_with("template,owner,stops,would_stops,gpu_hours_given_back,deadline_extensions,would_extend,autostops_averted\n")
-            && csv.contains("gpu-h100,bob,1,0,96.00,0,0,0\n"),
+        csv.starts_with(
+            "template,owner,stops,would_stops,gpu_hours_given_back,deadline_extensions,would_extend,autostops_averted,countdowns_averted\n"
+        ) && csv.contains("gpu-h100,bob,1,0,96.00,0,0,0,0\n"),
         "{csv}"
     );
-    assert!(csv.trim_end().ends_with("(all),(all),2,1,100.00,0,0,0"), "{csv}");
+    assert!(csv.trim_end().ends_with("(all),(all),2,1,100.00,0,0,0,0"), "{csv}");
     let (code, table, _) = run(&["report", "--audit-log", log, "--until", "2026-11-29T09:01:00Z"], &[]);
     assert_eq!(code, 0);
     assert!(table.contains("GPU reclaim report, 2026-11-22 09:01 UTC to 2026-11-29 09:01 UTC") && table.contains("100.00"), "{table}");
@@ -227,12 +228,12 @@ fn report_prices_what_was_given_back() {
     let (_, csv, _) = run(&[&["report", "--audit-log", log, "--output", "csv"][..], &until].concat(), &[]);
     assert!(
         csv.starts_with(
-            "template,owner,stops,would_stops,gpu_hours_given_back,cost_given_back,currency,deadline_extensions,would_extend,autostops_averted\n"
+            "template,owner,stops,would_stops,gpu_hours_given_back,cost_given_back,currency,deadline_extensions,would_extend,autostops_averted,countdowns_averted\n"
         ),
         "{csv}"
     );
-    assert!(csv.contains("gpu-h100,bob,1,0,96.00,240.00,USD,0,0,0\n") && csv.contains("gpu-a10g,carol,0,1,0.00,,USD,0,0,0\n"), "{csv}");
-    assert!(csv.trim_end().ends_with("(all),(all),2,1,100.00,243.00,USD,0,0,0"), "{csv}");
+    assert!(csv.contains("gpu-h100,bob,1,0,96.00,240.00,USD,0,0,0,0\n") && csv.contains("gpu-a10g,carol,0,1,0.00,,USD,0,0,0,0\n"), "{csv}");
+    assert!(csv.trim_end().ends_with("(all),(all),2,1,100.00,243.00,USD,0,0,0,0"), "{csv}");
     let (_, table, _) = run(&[&["report", "--audit-log", log][..], &until].concat(), &[]);
     assert!(table.contains("USD GIVEN BACK") && table.contains("243.00"), "{table}");
 }

@@ -30,7 +30,7 @@ async fn idle(coder: &FakeCoder, ttl_ms: Option<i64>) -> Uuid {
 /// Moves Coder's clock to `past` after the workspace's deadline.
 fn past_the_deadline(coder: &FakeCoder, id: Uuid, past: chrono::Duration) {
     let to = deadline(coder, id).unwrap() + past;
-    coder.with(|w| w.config.clock_offset = w.config.clock_offset + (to - w.now()));
+    coder.with(|w| w.config.clock_offset += to - w.now());
 }
 
 fn stops_by_the_service(coder: &FakeCoder, id: Uuid) -> usize {

@@ -453,7 +453,7 @@ fn report_is_bounded_and_formula_safe_on_a_forged_audit_log() {
     std::fs::remove_dir_all(&dir).ok();
     assert!(status.success(), "{out}");
     assert!(out.contains("\"'=HYPERLINK(\"\"http://evil\"\")\"") && out.contains("'+cmd|' /C calc'!A0"), "formulas are text:\n{out}");
-    assert!(out.contains(",1,0,1.00,0,0,0\n"), "one GPU for one hour, whatever the line claims:\n{out}");
+    assert!(out.contains(",1,0,1.00,0,0,0,0\n"), "one GPU for one hour, whatever the line claims:\n{out}");
     assert!(out.contains("line 3 of the audit log is longer than 65536 bytes"), "the long line is named:\n{out}");
     assert!(peak > 0 && peak < 48 * 1024, "peak RSS {peak} KiB reading a 128 MiB line");
 }
