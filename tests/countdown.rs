@@ -37,14 +37,30 @@ fn stops_by_the_service(coder: &FakeCoder, id: Uuid) -> usize {
     coder.with(|w| w.stop_builds_by(id, "admin"))
 }
 
+/// A story: the fake Coder (`config`), its exporter, one idle workspace with `ttl_ms`, and the
+/// service with `countdown_in_coder = "30m"` (enforce mode unless `observing`).
+struct Story {
+    coder: FakeCoder,
+    _exporter: mocks::FakeExporter,
+    id: Uuid,
+    dir: Dir,
+    svc: Service,
+}
+
+async fn story(config: WorldConfig, ttl_ms: Option<i64>, observing: bool) -> Story {
+    let coder = FakeCoder::start(config).await.unwrap();
+    let ex = exporter(&coder).await;
+    let id = idle(&coder, ttl_ms).await;
+    let dir = Dir::new(COUNTDOWN);
+    let start = if observing { Service::start_observing } else { Service::start };
+    let svc = start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    Story { coder, _exporter: ex, id, dir, svc }
+}
+
 #[tokio::test]
 async fn an_idle_workspace_gets_coders_countdown_and_coder_stops_it() {
     let reminder = WorldConfig { autostop_notify: Some(Duration::from_secs(3600)), ..world(1) };
-    let coder = FakeCoder::start(reminder).await.unwrap();
-    let ex = exporter(&coder).await;
-    let id = idle(&coder, Some(EIGHT_HOURS_MS)).await;
-    let dir = Dir::new(COUNTDOWN);
-    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    let Story { coder, _exporter, id, dir, svc } = story(reminder, Some(EIGHT_HOURS_MS), false).await;
     svc.wait_event("countdown_set", Duration::from_secs(20)).await;
     let (set, now) = (deadline(&coder, id).unwrap(), coder.with(|w| w.now()));
     let ahead = (set - now).num_seconds();
@@ -68,11 +84,7 @@ async fn an_idle_workspace_gets_coders_countdown_and_coder_stops_it() {
 
 #[tokio::test]
 async fn coming_back_within_the_countdown_averts_it() {
-    let coder = FakeCoder::start(world(1)).await.unwrap();
-    let ex = exporter(&coder).await;
-    let id = idle(&coder, Some(EIGHT_HOURS_MS)).await;
-    let dir = Dir::new(COUNTDOWN);
-    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    let Story { coder, _exporter, id, dir, svc } = story(world(1), Some(EIGHT_HOURS_MS), false).await;
     svc.wait_event("countdown_set", Duration::from_secs(20)).await;
     let set = deadline(&coder, id).unwrap();
     coder.with(|w| w.open_connection(id));
@@ -90,11 +102,7 @@ async fn coming_back_within_the_countdown_averts_it() {
 
 #[tokio::test]
 async fn with_coders_executor_silent_the_service_stops_it_after_the_deadline() {
-    let coder = FakeCoder::start(world(1)).await.unwrap();
-    let ex = exporter(&coder).await;
-    let id = idle(&coder, Some(EIGHT_HOURS_MS)).await;
-    let dir = Dir::new(COUNTDOWN);
-    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    let Story { coder, _exporter, id, dir, svc } = story(world(1), Some(EIGHT_HOURS_MS), false).await;
     svc.wait_event("countdown_set", Duration::from_secs(20)).await;
     coder.with(|w| w.executor_paused = true);
     // Two 1 s intervals and a minute past the deadline, and Coder has not stopped it.
@@ -106,11 +114,7 @@ async fn with_coders_executor_silent_the_service_stops_it_after_the_deadline() {
 
 #[tokio::test]
 async fn with_autostop_off_the_service_stops_it_itself() {
-    let coder = FakeCoder::start(world(1)).await.unwrap();
-    let ex = exporter(&coder).await;
-    let id = idle(&coder, None).await;
-    let dir = Dir::new(COUNTDOWN);
-    let svc = Service::start(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    let Story { coder, _exporter, id, dir: _dir, svc } = story(world(1), None, false).await;
     until_with(&coder, Some(&svc), "the service stops it", Duration::from_secs(20), |w| w.stop_builds_by(id, "admin") == 1).await;
     assert_eq!(extends(&coder, id), 0, "no deadline to move");
     let said = svc.wait_event("countdown_not_set", Duration::from_secs(1)).await;
@@ -119,11 +123,7 @@ async fn with_autostop_off_the_service_stops_it_itself() {
 
 #[tokio::test]
 async fn observe_mode_says_it_would_start_the_countdown_and_sends_nothing() {
-    let coder = FakeCoder::start(world(1)).await.unwrap();
-    let ex = exporter(&coder).await;
-    let id = idle(&coder, Some(EIGHT_HOURS_MS)).await;
-    let dir = Dir::new(COUNTDOWN);
-    let svc = Service::start_observing(&coder, &[ex.url()], &coder.owner_token(), &strs(&dir.args()));
+    let Story { coder, _exporter, id, dir, svc } = story(world(1), Some(EIGHT_HOURS_MS), true).await;
     svc.wait_event("would_countdown", Duration::from_secs(20)).await;
     let s = status_of(&svc, id).await;
     assert!(s["message"].as_str().unwrap().contains("would start Coder's countdown to "), "{s}");

@@ -13,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
 
-use super::intent::{Acted, Call, Count, CountingDown, Fact, Failure, LedgerConfig, Level, Listed, Note, PassView, Plan, Who};
+use super::intent::{Acted, Call, Count, CountingDown, Fact, Failure, LedgerConfig, Level, Listed, Note, PassView, Plan, SaidOnce, Who};
 use super::tracked::stop_event;
 use crate::coder::types::{BuildReason, JobStatus, Transition, WorkspaceBuild};
 use crate::pass::audit::{AuditEvent, AuditKind, Extension};
@@ -52,7 +52,7 @@ pub(super) struct Countdowns {
     /// (`MAX_COUNTDOWN_FAILURES` for a refusal).
     failed: HashMap<String, (String, u32)>,
     /// Per workspace, the build for which a once-per-build line was already said.
-    said_once: HashMap<(String, &'static str), String>,
+    said_once: SaidOnce,
     planned: HashMap<String, Planned>,
     now: DateTime<Utc>,
     coder_offset: Duration,
@@ -81,7 +81,7 @@ impl Countdowns {
             config,
             running: HashMap::new(),
             failed: HashMap::new(),
-            said_once: HashMap::new(),
+            said_once: SaidOnce::default(),
             planned: HashMap::new(),
             now: DateTime::<Utc>::MIN_UTC,
             coder_offset: Duration::zero(),
@@ -98,17 +98,8 @@ impl Countdowns {
         let builds: HashMap<&str, &str> =
             view.judged.iter().map(|j| (j.workspace.id.as_str(), j.workspace.latest_build.id.as_str())).collect();
         self.failed.retain(|id, (b, _)| builds.get(id.as_str()) == Some(&b.as_str()));
-        self.said_once.retain(|(id, _), b| builds.get(id.as_str()) == Some(&b.as_str()));
+        self.said_once.retain(|id, b| builds.get(id) == Some(&b));
         self.running.retain(|id, r| builds.get(id.as_str()).is_none_or(|b| *b == r.countdown.build_id));
-    }
-
-    fn first_time(&mut self, what: &'static str, workspace_id: &str, build_id: &str) -> bool {
-        let key = (workspace_id.to_string(), what);
-        if self.said_once.get(&key).is_some_and(|b| b == build_id) {
-            return false;
-        }
-        self.said_once.insert(key, build_id.to_string());
-        true
     }
 
     /// Enforce mode: the countdowns to start, the ones running, ended and expired, and the ones to
@@ -130,7 +121,7 @@ impl Countdowns {
             }
             match countdown::start(coder_now, ws, length) {
                 Start::OwnStop(why) => {
-                    if self.first_time("countdown_not_set", &ws.id, &ws.latest_build.id) {
+                    if self.said_once.first_time("countdown_not_set", &ws.id, &ws.latest_build.id) {
                         let text = format!("Coder's countdown cannot be used: {why}; the reclaimer stops it itself");
                         let mut note = Note::new(Level::Info, "countdown_not_set", text);
                         note.who = Some(Who::of_workspace(ws));
@@ -243,7 +234,7 @@ impl Countdowns {
                 Start::Sooner { deadline } => (deadline, true),
                 Start::Set { to } => (to, false),
             };
-            if !set && self.first_time("would_countdown", &ws.id, &ws.latest_build.id) {
+            if !set && self.said_once.first_time("would_countdown", &ws.id, &ws.latest_build.id) {
                 let from = countdown::coder_deadline(ws).unwrap_or(until);
                 let event = move_event(AuditKind::WouldCountdown, view, self.config.mode, j, from, until);
                 let text =

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 
 use std::collections::{HashMap, HashSet};
 
-use super::intent::{Acted, Call, Count, Fact, Failure, LedgerConfig, Level, Listed, Note, PassView, Plan, Who};
+use super::intent::{Acted, Call, Count, Fact, Failure, LedgerConfig, Level, Listed, Note, PassView, Plan, SaidOnce, Who};
 use crate::pass::audit::{AuditEvent, AuditKind, Extension};
 use crate::pass::deadline::{DeadlineAction, DeadlinePlan};
 use crate::pass::decide::Verdict;
@@ -82,7 +82,7 @@ pub(super) struct Deadlines {
     /// Builds whose deadline this service moved, while listed.
     extended: HashMap<String, ExtendedBuild>,
     /// Per workspace, the build for which a once-per-build line was already said.
-    said_once: HashMap<(String, &'static str), String>,
+    said_once: SaidOnce,
     /// Extensions planned this pass, by workspace.
     planned_extensions: HashMap<String, PlannedExtension>,
     /// TTL restores planned this pass: workspace -> its template version and `restore_ttl` event.
@@ -98,7 +98,7 @@ impl Deadlines {
             ttl_refused: HashMap::new(),
             extend_refused: HashMap::new(),
             extended: HashMap::new(),
-            said_once: HashMap::new(),
+            said_once: SaidOnce::default(),
             planned_extensions: HashMap::new(),
             planned_ttls: HashMap::new(),
             acted: Acted::default(),
@@ -111,20 +111,10 @@ impl Deadlines {
         self.planned_extensions.clear();
         self.planned_ttls.clear();
         let listed: HashSet<&str> = view.judged.iter().map(|j| j.workspace.id.as_str()).collect();
-        self.said_once.retain(|(id, _), _| listed.contains(id.as_str()));
+        self.said_once.retain(|id, _| listed.contains(id));
         self.extend_refused.retain(|id, _| listed.contains(id.as_str()));
         self.extended.retain(|id, _| listed.contains(id.as_str()));
         self.ttl_refused.retain(|id, _| listed.contains(id.as_str()));
-    }
-
-    /// Whether `what` was already said for this workspace's build; remembers it if not.
-    fn first_time(&mut self, what: &'static str, workspace_id: &str, build_id: &str) -> bool {
-        let key = (workspace_id.to_string(), what);
-        if self.said_once.get(&key).is_some_and(|b| b == build_id) {
-            return false;
-        }
-        self.said_once.insert(key, build_id.to_string());
-        true
     }
 
     /// Observe mode: would-be TTL restores (every pass while they apply) and each would-be
@@ -145,7 +135,7 @@ impl Deadlines {
     pub(super) fn say_limits_once(&mut self, view: &PassView, plan: &mut Plan) {
         for j in view.judged {
             let Some(p) = j.decision.deadline.as_ref().filter(|p| p.action == DeadlineAction::LimitReached) else { continue };
-            if self.first_time("extend_limit_reached", &j.workspace.id, &j.workspace.latest_build.id) {
+            if self.said_once.first_time("extend_limit_reached", &j.workspace.id, &j.workspace.latest_build.id) {
                 let limited_by = p.limited_by.as_str();
                 let text = format!(
                     "its GPU computes, but {limited_by} leaves no extension of 30 minutes or more: Coder's autostop stops it at its deadline"
@@ -164,7 +154,7 @@ impl Deadlines {
     fn would_extend(&mut self, view: &PassView, plan: &mut Plan) {
         for (j, p, to) in extend_order(view) {
             let ws = &j.workspace;
-            if self.first_time("would_extend", &ws.id, &ws.latest_build.id) {
+            if self.said_once.first_time("would_extend", &ws.id, &ws.latest_build.id) {
                 let event = extension_event(AuditKind::WouldExtend, view.now, self.config.mode, j, p, to);
                 let text = "its GPU computes with nobody connected: would move Coder's autostop deadline (observe mode: Coder stops it at its deadline)";
                 plan.notes.push(Note::new(Level::Info, "would_extend", text).fact(Fact::From, p.deadline).fact(Fact::To, to).audit(event));

@@ -448,6 +448,27 @@ pub struct Acted {
     pub audit_failing: bool,
 }
 
+/// Per workspace and line, the build for which a once-per-build line was already said.
+#[derive(Debug, Default)]
+pub(super) struct SaidOnce(std::collections::HashMap<(String, &'static str), String>);
+
+impl SaidOnce {
+    /// Whether `what` was already said for this workspace's build; remembers it if not.
+    pub(super) fn first_time(&mut self, what: &'static str, workspace_id: &str, build_id: &str) -> bool {
+        let key = (workspace_id.to_string(), what);
+        if self.0.get(&key).is_some_and(|b| b == build_id) {
+            return false;
+        }
+        self.0.insert(key, build_id.to_string());
+        true
+    }
+
+    /// Forgets what is not about `keep(workspace, build)`.
+    pub(super) fn retain(&mut self, keep: impl Fn(&str, &str) -> bool) {
+        self.0.retain(|(id, _), b| keep(id, b));
+    }
+}
+
 /// A workspace whose reclaim is Coder's countdown.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CountingDown {
