@@ -132,3 +132,52 @@ async fn observe_mode_says_it_would_start_the_countdown_and_sends_nothing() {
     assert_eq!((svc.events("would_countdown").len(), svc.events("would_stop").len()), (1, 0), "said once, no would-stop");
     assert_eq!(dir.audit("would_countdown").len(), 1);
 }
+
+/// `backtest` models the countdown as `run` acts: the stop of a reclaim handed to Coder comes at
+/// its deadline (30 minutes later than the service's own would), and a use within it averts it:
+/// no stop, nothing regretted.
+#[test]
+fn the_backtest_stops_at_the_countdowns_deadline_unless_someone_comes_back() {
+    use chrono::{DateTime, Utc};
+    use coder_gpu_reclaimer::gpu::signals::{Signal, SignalValues};
+    use coder_gpu_reclaimer::gpu::{Attribution, GpuKey, GpuSeries, Point};
+    use coder_gpu_reclaimer::pass::policy::Policy;
+    use reclaimer_core::backtest::replay::{Chunk, Replay};
+    use reclaimer_core::backtest::timeline::{Use, WorkspaceTimeline};
+
+    let now: DateTime<Utc> = DateTime::parse_from_rfc3339("2026-11-29T18:00:00Z").unwrap().with_timezone(&Utc);
+    let minute = chrono::Duration::minutes;
+    let mut ws = crate::common::running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now - minute(120));
+    ws.latest_build.deadline = Some(now + minute(8 * 60));
+    let idle = SignalValues::default().with(Signal::GpuUtil, 0.0).with(Signal::FbUsedMib, 0.0).with(Signal::SmActive, 0.0);
+    let points = (-60..=90).map(|m| Point { at: now + minute(m), values: idle.clone(), energy_joules: Some(1.0e9 + m as f64) }).collect();
+    let series = [GpuSeries {
+        key: GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some(format!("coder-{}-7d9f8b6c5d-x2x9k", ws.id)) },
+        workspace_id: Some(ws.id.clone()),
+        namespace: Some("coder".into()),
+        model: Some("NVIDIA A10G".into()),
+        source: std::sync::Arc::from("http://10.0.0.7:9400/metrics"),
+        attribution: Attribution::Exclusive,
+        real_pod_uid: false,
+        points,
+    }];
+    // (countdown_in_coder, a use at this minute, the stop's minute after the first reclaim, averted)
+    let rows: [(Option<u64>, Option<i64>, Option<i64>, u64); 4] =
+        [(None, None, Some(0), 0), (Some(30), None, Some(30), 0), (Some(45), None, Some(45), 0), (Some(30), Some(10), None, 1)];
+    for (countdown, used_at, want, averted) in rows {
+        let mut policy = Policy { gpu_templates: vec!["gpu-*".into()], ..Policy::defaults(Duration::from_secs(60)) };
+        policy.thresholds.countdown_in_coder = countdown.map(|m| Duration::from_secs(m * 60));
+        let mut timeline = WorkspaceTimeline::new(ws.clone(), vec![ws.latest_build.clone()]);
+        timeline.uses = used_at.map(|m| Use { seen: now + minute(m), last_used_at: now + minute(m) }).into_iter().collect();
+        let timelines = [timeline];
+        let mut replay = Replay::new("policy".into(), policy, Duration::from_secs(60), Duration::from_secs(3600));
+        let chunk = Chunk::new(&series, None);
+        for m in 0..=60 {
+            let since = (m > 0).then(|| now + minute(m - 1));
+            replay.pass(now + minute(m), since, &timelines, &chunk, Duration::from_secs(60), now + minute(90));
+        }
+        let stops: Vec<i64> = replay.stops.iter().map(|s| (s.at - now).num_minutes()).collect();
+        assert_eq!((stops.first().copied(), replay.countdowns_averted), (want, averted), "countdown {countdown:?}, use {used_at:?}");
+        assert!(replay.stops.iter().all(|s| s.regret.is_none()), "{countdown:?}: an averted countdown is no regret");
+    }
+}

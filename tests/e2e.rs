@@ -353,6 +353,12 @@ async fn the_demo_plays_the_seed_story() {
         "overnight (bob)        reclaim  idle",
         "ACTION    stop build sent for overnight (bob)",
         "overnight ran past its Coder autostop deadline while training (0 autostop builds)",
+        // Coder's countdown: one averted by a return, one stopped by Coder, none by the service.
+        "ACTION    Coder's countdown for c-notebook (alice): its deadline moved to ",
+        "ACTION    Coder's countdown for c-sweep (bob): its deadline moved to ",
+        "c-notebook's countdown is averted",
+        "Coder's lifecycle executor stopped c-sweep at its deadline",
+        "c-sweep was stopped by Coder at its deadline (0 stop builds by the reclaimer)",
     ] {
         assert!(out.contains(want), "missing {want:?} in\n{out}");
     }

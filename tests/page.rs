@@ -190,9 +190,12 @@ async fn the_demo_serves_its_page_to_a_newcomer() {
     let errors = crate::status_schema::errors(&doc, None);
     assert!(errors.is_empty(), "the demo's status document fits docs/status.schema.json: {errors:#?}");
     let metrics = reqwest::get(format!("{url}metrics")).await.unwrap().text().await.unwrap();
-    // a-train, and overnight once its training ended; overnight ran past its deadline first.
+    // a-train, overnight once its training ended (it ran past its deadline first), and c-sweep,
+    // stopped by Coder at the end of its countdown; c-notebook's owner came back.
     for line in [
-        "coder_gpu_reclaimer_gpus_reclaimed_total{template=\"gpu-workspace\"} 2",
+        "coder_gpu_reclaimer_gpus_reclaimed_total{template=\"gpu-workspace\"} 3",
+        "coder_gpu_reclaimer_countdowns_set_total{template=\"gpu-workspace\"} 2",
+        "coder_gpu_reclaimer_countdowns_averted_total{template=\"gpu-workspace\"} 1",
         "coder_gpu_reclaimer_deadline_extensions_total{template=\"gpu-workspace\"} 1",
         "coder_gpu_reclaimer_autostops_averted_total{template=\"gpu-workspace\"} 1",
     ] {

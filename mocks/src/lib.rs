@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 
 pub use coder::Fault;
 pub use exporter::{Behaviour, Counters, Device, ExporterConfig, Holder, Names, PodUid, Stuck, VirtualGpus, pod_uid_of};
+pub use uuid::Uuid;
 pub use world::{Assignment, Load, OrgRole, World, WorldConfig};
 
 /// A running fake Coder and its world. Dropping it stops the server and the ticker.

@@ -69,6 +69,8 @@ pub struct VariantReport {
     pub breaker_passes: u64,
     /// Reclaims the stop cap left for a later pass, summed over passes.
     pub deferred: u64,
+    /// `countdown_in_coder`: Coder's countdowns the history shows a use within (not stopped).
+    pub countdowns_averted: u64,
     /// Workspace-passes per verdict.
     pub verdicts: BTreeMap<String, u64>,
     pub top_workspaces: Vec<Top>,
@@ -109,6 +111,7 @@ impl VariantReport {
             totals: Totals::of(&stops),
             breaker_passes: replay.breaker_passes,
             deferred: replay.deferred,
+            countdowns_averted: replay.countdowns_averted,
             verdicts: replay.verdicts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
             top_workspaces: top(&stops, |s| format!("{}/{}", s.owner, s.workspace)),
             top_templates: top(&stops, |s| s.template.clone()),
@@ -181,6 +184,9 @@ impl Report {
             "regretted: within {} after the stop, a connection, GPU compute or a start by the owner{bound}",
             human_std(self.regret_window)
         );
+        for v in self.variants.iter().filter(|v| v.countdowns_averted > 0) {
+            let _ = writeln!(out, "{}: {} of Coder's countdowns averted by a return (nothing stopped)", v.label, v.countdowns_averted);
+        }
         for v in &self.variants {
             if v.stops.is_empty() {
                 continue;

@@ -4,8 +4,12 @@
 //! and A, started again, waits while B works. Beside them, on a second GPU, bob's overnight
 //! training runs with nobody connected: it passes its Coder autostop deadline while its GPU
 //! computes (`extend_while_busy` moves the deadline) and is reclaimed once its job ends and the
-//! GPU idles. The fakes run Coder's clocks 60x faster, and the policy is scaled to match
-//! (idle_after 10 s = 10 Coder minutes), so it ends in about 30 s.
+//! GPU idles. Then Coder's own countdown (`countdown_in_coder`, for the notebook pool's `c-*`
+//! workspaces): alice's and bob's idle notebooks are not stopped by the service, their deadlines
+//! move to 30 minutes away; alice comes back within it and keeps working, and bob's is stopped by
+//! Coder's lifecycle executor at its deadline (the demo moves Coder's clock there). The fakes run
+//! Coder's clocks 60x faster, and the policy is scaled to match (idle_after 10 s = 10 Coder
+//! minutes), so it ends in about 35 s.
 //! Meanwhile it serves what `run` serves on `--listen`, and `--hold` keeps serving afterwards.
 
 use std::collections::HashMap;
@@ -22,6 +26,7 @@ use crate::error::Error;
 use crate::gpu::SourceConfig;
 use crate::pass::decide::Verdict;
 use crate::pass::mode::Mode;
+use crate::pass::policy::Rule;
 
 const SCALE: f64 = 60.0;
 const INTERVAL: Duration = Duration::from_secs(1);
@@ -29,6 +34,8 @@ const IDLE_AFTER: Duration = Duration::from_secs(10);
 const DEADLINE: Duration = Duration::from_secs(55);
 /// The overnight workspace's autostop TTL: 15 s (15 Coder minutes).
 const OVERNIGHT_TTL_MS: i64 = 15_000;
+/// The notebooks' autostop TTL: 8 h, far beyond their countdown.
+const NOTEBOOK_TTL_MS: i64 = 8 * 3600 * 1000;
 
 fn runtime(e: impl std::fmt::Display) -> Error {
     Error::runtime(format!("demo: {e}"))
@@ -54,14 +61,77 @@ enum Overnight {
     Reclaimed,
 }
 
+/// Where the notebook pool's countdowns are.
+#[derive(Debug, Default)]
+struct Notebooks {
+    /// alice's `c-notebook` and bob's `c-sweep`, once started.
+    ids: Option<(mocks::Uuid, mocks::Uuid)>,
+    said: Vec<mocks::Uuid>,
+    owner_back: bool,
+    averted: bool,
+    clock_moved: bool,
+    sweep_stopped: bool,
+}
+
 /// What stage of the story we are in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
     AStarting,
     AWorking,
     AWalkedAway,
+    NotebooksStarting,
     BWorking,
     ABack,
+}
+
+impl Notebooks {
+    /// The countdown act, after each pass: what the pass did to the notebooks, and what their
+    /// owners do about it. Once `story_done`, Coder's clock is moved to c-sweep's deadline.
+    fn follow(
+        &mut self,
+        coder: &FakeCoder,
+        acted: &crate::pass::actuator::Acted,
+        names: &HashMap<&str, String>,
+        tl: &mut Timeline,
+        story_done: bool,
+    ) {
+        let Some((notebook, sweep)) = self.ids else { return };
+        for c in &acted.counting_down {
+            let Ok(id) = c.workspace_id.parse::<mocks::Uuid>() else { continue };
+            if self.said.contains(&id) {
+                continue;
+            }
+            self.said.push(id);
+            let who = names.get(c.workspace_id.as_str()).cloned().unwrap_or_default();
+            tl.line(&format!(
+                "  ACTION    Coder's countdown for {who}: its deadline moved to {}; Coder shows \"Stop in 30 minutes\" (PUT /api/v2/workspaces/{{id}}/extend, 200; no stop build)",
+                crate::pass::mode::at(c.until)
+            ));
+        }
+        if self.said.contains(&notebook) && !self.owner_back {
+            coder.with(|w| w.open_connection(notebook));
+            tl.line("alice sees \"Stop in 30 minutes\" on c-notebook in Coder's dashboard and opens it again");
+            self.owner_back = true;
+        }
+        if acted.countdowns_averted.contains(&notebook.to_string()) {
+            tl.line("c-notebook's countdown is averted: alice is back, Coder's activity bump moved the deadline, nothing is stopped");
+            self.averted = true;
+        }
+        if story_done && self.averted && self.said.contains(&sweep) && !self.clock_moved {
+            coder.with(|w| {
+                let deadline = w.ws_index(sweep).and_then(|i| w.workspaces[i].latest()?.deadline);
+                if let Some(d) = deadline {
+                    w.config.clock_offset += d - w.now() + chrono::Duration::seconds(5);
+                }
+            });
+            tl.line("(the demo moves Coder's clock 30 minutes ahead, past c-sweep's deadline)");
+            self.clock_moved = true;
+        }
+        if acted.stops_done.contains(&sweep.to_string()) && !self.sweep_stopped {
+            tl.line("Coder's lifecycle executor stopped c-sweep at its deadline (\"Stop by Coder\", reason autostop): its GPU is free");
+            self.sweep_stopped = true;
+        }
+    }
 }
 
 pub async fn run(args: DemoArgs) -> Result<(), Error> {
@@ -73,7 +143,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     })?;
     let bound = listener.local_addr().map_err(runtime)?;
     let world = WorldConfig {
-        gpus: 2,
+        gpus: 4,
         scale: SCALE,
         build_queue: Duration::from_secs(5),
         build_run: Duration::from_secs(60),
@@ -81,12 +151,14 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
         ..WorldConfig::default()
     };
     let coder = FakeCoder::start(world).await.map_err(runtime)?;
+    // GPUs 2 and 3 are the notebook pool's: a taint keeps other sessions' pods off them.
+    coder.with(|w| w.cordoned[2..].fill(true));
     let exporter = FakeExporter::start(coder.world.clone(), ExporterConfig::default()).await.map_err(runtime)?;
     println!("coder-gpu-reclaimer demo: the seed experiment on built-in fakes (no network, no GPU).");
-    println!("Fake Coder at {}, fake dcgm-exporter at {}; two GPUs.", coder.url(), exporter.url());
+    println!("Fake Coder at {}, fake dcgm-exporter at {}; four GPUs (two in the notebook pool).", coder.url(), exporter.url());
     println!("Coder's clocks run 60x faster here: 1 s below is 1 Coder minute (usage refresh, batching, builds).");
     println!(
-        "Policy: idle_after {} (= 10 Coder minutes), a pass every {}, extend_while_busy, enforce mode.\n",
+        "Policy: idle_after {} (= 10 Coder minutes), a pass every {}, extend_while_busy, countdown_in_coder 30m for c-* workspaces, enforce mode.\n",
         human(chrono::Duration::seconds(10)),
         human(chrono::Duration::seconds(1))
     );
@@ -97,6 +169,11 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     settings.mode = Mode::Enforce;
     settings.policy.thresholds.idle_after = IDLE_AFTER;
     settings.policy.thresholds.extend_while_busy = true;
+    settings.policy.rules.push(Rule {
+        workspace: Some("c-*".into()),
+        countdown_in_coder: Some(Duration::from_secs(30 * 60)),
+        ..Rule::default()
+    });
     let mut app = Application::build(&settings, Role::Run).await.map_err(runtime)?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = tokio::spawn(crate::serve::serve(listener, app.state.clone(), None, stop_rx.clone()));
@@ -115,6 +192,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     let mut b_waited = false;
     let mut a_waited_again = 0;
     let mut stopped_a = false;
+    let mut notebooks = Notebooks::default();
 
     while tl.started.elapsed() < DEADLINE {
         // The story: what people do, driven by what happened.
@@ -178,6 +256,20 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
                 if let Some((home, tmp)) = files {
                     tl.line(&format!("a-train is stopped: home files kept {home:?}, /tmp files {tmp:?} (lost, as in the seed)"));
                 }
+                let notebook =
+                    coder.with(|w| w.create_workspace("alice", "c-notebook", Some(NOTEBOOK_TTL_MS))).map_err(|e| runtime(e.message))?;
+                let sweep = coder.with(|w| w.create_workspace("bob", "c-sweep", Some(NOTEBOOK_TTL_MS))).map_err(|e| runtime(e.message))?;
+                coder.with(|w| w.cordoned[2..].fill(false));
+                notebooks.ids = Some((notebook, sweep));
+                tl.line("alice and bob also start c-notebook and c-sweep in the notebook pool (autostop 8 h) and leave them idle");
+                stage = Stage::NotebooksStarting;
+            }
+            Stage::NotebooksStarting
+                if notebooks
+                    .ids
+                    .is_some_and(|(c, d)| coder.with(|w| w.gpu_holders.contains(&Some(c)) && w.gpu_holders.contains(&Some(d)))) =>
+            {
+                coder.with(|w| w.cordoned[2..].fill(true));
                 coder.with(|w| w.create_build(a, "start", 1, "dashboard")).map_err(|e| runtime(e.message))?;
                 tl.line("alice comes back and starts a-train again");
                 stage = Stage::BWorking;
@@ -235,18 +327,19 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
             let who = names.get(id.as_str()).cloned().unwrap_or_default();
             tl.line(&format!("  ACTION    stop build sent for {who} (POST /api/v2/workspaces/{{id}}/builds, 201)"));
         }
+        notebooks.follow(&coder, &pass.acted, &names, &mut tl, stage == Stage::ABack && night == Overnight::Reclaimed);
         if stage == Stage::BWorking && a_waited_again >= 3 {
             stage = Stage::ABack;
             tl.line("a-train, started again, waits while bob works on b-notebook");
         }
-        if stage == Stage::ABack && night == Overnight::Reclaimed {
+        if stage == Stage::ABack && night == Overnight::Reclaimed && notebooks.averted && notebooks.sweep_stopped {
             break;
         }
         tokio::time::sleep(INTERVAL).await;
     }
-    if stage != Stage::ABack || !stopped_a || night != Overnight::Reclaimed {
+    if stage != Stage::ABack || !stopped_a || night != Overnight::Reclaimed || !notebooks.averted || !notebooks.sweep_stopped {
         return Err(runtime(format!(
-            "the story did not finish within {}s (stage {stage:?}, overnight {night:?}); run with --verbose to see every pass",
+            "the story did not finish within {}s (stage {stage:?}, overnight {night:?}, notebooks {notebooks:?}); run with --verbose to see every pass",
             DEADLINE.as_secs()
         )));
     }
@@ -258,6 +351,10 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
     );
     println!(
         "overnight ran past its Coder autostop deadline while training ({autostops} autostop builds) and was reclaimed once its GPU idled."
+    );
+    println!(
+        "c-notebook got Coder's countdown and alice came back within it; c-sweep was stopped by Coder at its deadline ({} stop builds by the reclaimer).",
+        notebooks.ids.map_or(0, |(c, d)| coder.with(|w| w.stop_builds_by(c, "admin") + w.stop_builds_by(d, "admin")))
     );
     if args.hold {
         println!("Serving http://{bound}/ until Ctrl-C.");

@@ -4,7 +4,10 @@
 //! back-off), answered as a Coder whose stops always succeed. A simulated stop changes the future: the workspace counts as stopped until its next real start build, and
 //! the GPU time it really held until then is given back. A stop is regretted when, within the
 //! regret window after it, the real history shows a connection, GPU compute, or a start by its
-//! owner. Pure: time, history and readings come in as values.
+//! owner. With `countdown_in_coder`, a reclaim the ledger hands to Coder (its deadline moved to
+//! now plus the countdown) is stopped at that deadline, as Coder's lifecycle executor would, unless
+//! the history shows a use before it: then it is averted (`countdowns_averted`), not regretted.
+//! Pure: time, history and readings come in as values.
 
 use std::collections::{HashMap, HashSet};
 
@@ -14,6 +17,7 @@ use serde::Serialize;
 use crate::coder::types::{BuildReason, JobStatus, JobTags, ProvisionerJob, Transition, Workspace, WorkspaceBuild, WorkspaceStatus};
 use crate::gpu::GpuSeries;
 use crate::ledger::{Call, Ledger, LedgerConfig, Listed, Outcome, PassView, StopAnswer};
+use crate::pass::audit::AuditKind;
 use crate::pass::decide::{SampleContext, SampleState, classify};
 use crate::pass::judge::{Judge, PassContext};
 use crate::pass::mode::Mode;
@@ -112,6 +116,19 @@ pub struct Replay {
     pub deferred: u64,
     /// Workspace-passes each verdict was given (`verdict` names), for the report.
     pub verdicts: HashMap<&'static str, u64>,
+    /// Coder's countdowns running (`countdown_in_coder`), by timeline index.
+    countdowns: HashMap<usize, PendingCountdown>,
+    /// Countdowns the history shows a use within: nothing was stopped.
+    pub countdowns_averted: u64,
+}
+
+/// A reclaim handed to Coder: stopped at `until` unless used since `since`.
+#[derive(Debug, Clone, Copy)]
+struct PendingCountdown {
+    since: DateTime<Utc>,
+    until: DateTime<Utc>,
+    reason: &'static str,
+    gpus: u64,
 }
 
 /// What a listed workspace was built from: its build, moment of use and agent facts so far.
@@ -141,6 +158,8 @@ impl Replay {
             breaker_passes: 0,
             deferred: 0,
             verdicts: HashMap::new(),
+            countdowns: HashMap::new(),
+            countdowns_averted: 0,
         }
     }
 
@@ -162,6 +181,7 @@ impl Replay {
     ) {
         self.passes += 1;
         self.stopped.retain(|_, until| until.is_none_or(|u| u > now));
+        self.count_down(now, timelines, end);
         self.relist(now, timelines);
         let in_pass = |s: &GpuSeries| {
             let lo = since.map_or(0, |t| s.points.partition_point(|p| p.at <= t));
@@ -245,7 +265,22 @@ impl Replay {
                 Call::ListProvisioners { organization, tags } => {
                     outcomes.push(Outcome::ListProvisioners { organization, tags, answer: Ok(true) })
                 }
-                Call::Extend { workspace_id, .. } => outcomes.push(Outcome::Extend { workspace_id, answer: Ok(()) }),
+                Call::Extend { workspace_id, to, event } => {
+                    // Coder's countdown: its lifecycle executor stops the workspace at `to`.
+                    let pos = self.listing.iter().position(|w| w.id == workspace_id);
+                    match (pos.and_then(|p| self.owner.get(p)).copied(), event.event) {
+                        (Some(t), AuditKind::CountdownSet) => {
+                            let c = PendingCountdown { since: now, until: to, reason: event.reason, gpus: event.gpus.unwrap_or(0) };
+                            self.countdowns.insert(t, c);
+                        }
+                        // Withdrawn (no longer idle): the deadline is put back, Coder stops nothing.
+                        (Some(t), AuditKind::CountdownRestored) => {
+                            self.countdowns.remove(&t);
+                        }
+                        _ => {}
+                    }
+                    outcomes.push(Outcome::Extend { workspace_id, answer: Ok(()) });
+                }
                 Call::RestoreTtl { workspace_id, .. } => outcomes.push(Outcome::RestoreTtl { workspace_id, answer: Ok(()) }),
                 Call::Settle { workspace_id } => outcomes.push(Outcome::Settle { workspace_id, answer: Ok(None) }),
                 Call::FollowCountdown { workspace_id } => outcomes.push(Outcome::FollowCountdown { workspace_id, answer: Ok(None) }),
@@ -255,6 +290,38 @@ impl Replay {
         for (t, reason, gpus) in stopped {
             let Some(timeline) = timelines.get(t) else { continue };
             let stop = self.simulate_stop(timeline, now, reason, gpus, end);
+            self.stopped.insert(t, stop.stopped_until);
+            self.open.push((self.stops.len(), t));
+            self.stops.push(stop);
+        }
+    }
+
+    /// Coder's countdowns at `now`: one the history shows a use within is averted; one whose
+    /// deadline passed is Coder's stop at that deadline; one whose workspace stopped in the real
+    /// history meanwhile ends there.
+    fn count_down(&mut self, now: DateTime<Utc>, timelines: &[WorkspaceTimeline], end: DateTime<Utc>) {
+        let mut due: Vec<(usize, PendingCountdown)> = Vec::new();
+        let mut averted = 0;
+        self.countdowns.retain(|&t, c| {
+            let Some(timeline) = timelines.get(t) else { return false };
+            if timeline.used_within(c.since, c.until.min(now)).is_some() {
+                averted += 1;
+                return false;
+            }
+            if timeline.running_at(c.until.min(now)).is_none() {
+                return false;
+            }
+            if c.until <= now {
+                due.push((t, *c));
+                return false;
+            }
+            true
+        });
+        self.countdowns_averted += averted;
+        due.sort_by_key(|(t, _)| *t);
+        for (t, c) in due {
+            let Some(timeline) = timelines.get(t) else { continue };
+            let stop = self.simulate_stop(timeline, c.until, c.reason, c.gpus, end);
             self.stopped.insert(t, stop.stopped_until);
             self.open.push((self.stops.len(), t));
             self.stops.push(stop);
