@@ -150,7 +150,7 @@ fn the_backtest_stops_at_the_countdowns_deadline_unless_someone_comes_back() {
     let mut ws = crate::common::running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now - minute(120));
     ws.latest_build.deadline = Some(now + minute(8 * 60));
     let idle = SignalValues::default().with(Signal::GpuUtil, 0.0).with(Signal::FbUsedMib, 0.0).with(Signal::SmActive, 0.0);
-    let points = (-60..=90).map(|m| Point { at: now + minute(m), values: idle.clone(), energy_joules: Some(1.0e9 + m as f64) }).collect();
+    let points = (-60..=90).map(|m| Point { at: now + minute(m), values: idle, energy_joules: Some(1.0e9 + m as f64) }).collect();
     let series = [GpuSeries {
         key: GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some(format!("coder-{}-7d9f8b6c5d-x2x9k", ws.id)) },
         workspace_id: Some(ws.id.clone()),
@@ -162,7 +162,8 @@ fn the_backtest_stops_at_the_countdowns_deadline_unless_someone_comes_back() {
         points,
     }];
     // (countdown_in_coder, a use at this minute, the stop's minute after the first reclaim, averted)
-    let rows: [(Option<u64>, Option<i64>, Option<i64>, u64); 4] =
+    type Row = (Option<u64>, Option<i64>, Option<i64>, u64);
+    let rows: [Row; 4] =
         [(None, None, Some(0), 0), (Some(30), None, Some(30), 0), (Some(45), None, Some(45), 0), (Some(30), Some(10), None, 1)];
     for (countdown, used_at, want, averted) in rows {
         let mut policy = Policy { gpu_templates: vec!["gpu-*".into()], ..Policy::defaults(Duration::from_secs(60)) };
