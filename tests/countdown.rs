@@ -139,8 +139,6 @@ async fn observe_mode_says_it_would_start_the_countdown_and_sends_nothing() {
 #[test]
 fn the_backtest_stops_at_the_countdowns_deadline_unless_someone_comes_back() {
     use chrono::{DateTime, Utc};
-    use coder_gpu_reclaimer::gpu::signals::{Signal, SignalValues};
-    use coder_gpu_reclaimer::gpu::{Attribution, GpuKey, GpuSeries, Point};
     use coder_gpu_reclaimer::pass::policy::Policy;
     use reclaimer_core::backtest::replay::{Chunk, Replay};
     use reclaimer_core::backtest::timeline::{Use, WorkspaceTimeline};
@@ -149,18 +147,7 @@ fn the_backtest_stops_at_the_countdowns_deadline_unless_someone_comes_back() {
     let minute = chrono::Duration::minutes;
     let mut ws = crate::common::running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now - minute(120));
     ws.latest_build.deadline = Some(now + minute(8 * 60));
-    let idle = SignalValues::default().with(Signal::GpuUtil, 0.0).with(Signal::FbUsedMib, 0.0).with(Signal::SmActive, 0.0);
-    let points = (-60..=90).map(|m| Point { at: now + minute(m), values: idle, energy_joules: Some(1.0e9 + m as f64) }).collect();
-    let series = [GpuSeries {
-        key: GpuKey { uuid: "GPU-1".into(), gpu_instance: None, pod: Some(format!("coder-{}-7d9f8b6c5d-x2x9k", ws.id)) },
-        workspace_id: Some(ws.id.clone()),
-        namespace: Some("coder".into()),
-        model: Some("NVIDIA A10G".into()),
-        source: std::sync::Arc::from("http://10.0.0.7:9400/metrics"),
-        attribution: Attribution::Exclusive,
-        real_pod_uid: false,
-        points,
-    }];
+    let series = [crate::common::idle_gpu_series(&ws, now, -60, 90)];
     // (countdown_in_coder, a use at this minute, the stop's minute after the first reclaim, averted)
     type Row = (Option<u64>, Option<i64>, Option<i64>, u64);
     let rows: [Row; 4] =

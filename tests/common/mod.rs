@@ -70,6 +70,25 @@ pub fn never_connected_workspace(created: chrono::DateTime<chrono::Utc>, connect
     w
 }
 
+/// One idle GPU of `ws`'s pod, as a source reports it: a point every minute from `from_min` to
+/// `to_min` minutes after `at0`, its energy counter moving (not frozen).
+pub fn idle_gpu_series(ws: &Workspace, at0: DateTime<Utc>, from_min: i64, to_min: i64) -> coder_gpu_reclaimer::gpu::GpuSeries {
+    use coder_gpu_reclaimer::gpu::signals::{Signal, SignalValues};
+    use coder_gpu_reclaimer::gpu::{Attribution, GpuKey, GpuSeries, Point};
+    let idle = SignalValues::default().with(Signal::GpuUtil, 0.0).with(Signal::FbUsedMib, 0.0).with(Signal::SmActive, 0.0);
+    let minute = chrono::Duration::minutes;
+    GpuSeries {
+        key: GpuKey { uuid: format!("GPU-{}", ws.id), gpu_instance: None, pod: Some(format!("coder-{}-7d9f8b6c5d-x2x9k", ws.id)) },
+        workspace_id: Some(ws.id.clone()),
+        namespace: Some("coder".into()),
+        model: Some("NVIDIA A10G".into()),
+        source: std::sync::Arc::from("http://10.0.0.7:9400/metrics"),
+        attribution: Attribution::Exclusive,
+        real_pod_uid: false,
+        points: (from_min..=to_min).map(|m| Point { at: at0 + minute(m), values: idle, energy_joules: Some(1.0e9 + m as f64) }).collect(),
+    }
+}
+
 /// Readings are stored as f32: compare within its precision. `None` must match `None`.
 #[track_caller]
 pub fn assert_close(got: Option<f64>, want: Option<f64>, context: impl std::fmt::Debug) {

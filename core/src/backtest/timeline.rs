@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::coder::types::{AgentLifecycle, AgentStatus, BuildParameter, JobStatus, Transition, Workspace, WorkspaceBuild};
+use crate::coder::types::{
+    AgentLifecycle, AgentStatus, BuildParameter, BuildReason, JobStatus, PREBUILDS_USER_ID, Transition, Workspace, WorkspaceBuild,
+};
 
 /// Where the moments of use came from, in the order the backtest prefers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -90,13 +92,23 @@ impl WorkspaceTimeline {
         self.running_index_at(t).and_then(|i| self.builds.get(i))
     }
 
+    /// Until when it was a prebuild: the creation of the first build another user initiated,
+    /// when its builds begin with the prebuilds user's (`DateTime::MAX_UTC`: never claimed).
+    pub fn prebuild_until(&self) -> Option<DateTime<Utc>> {
+        let by_prebuilds = |b: &WorkspaceBuild| b.initiator_id.as_deref().is_some_and(|i| i.eq_ignore_ascii_case(PREBUILDS_USER_ID));
+        if !self.builds.first().is_some_and(by_prebuilds) {
+            return None;
+        }
+        Some(self.builds.iter().find(|b| !by_prebuilds(b)).and_then(|b| b.created_at).unwrap_or(DateTime::<Utc>::MAX_UTC))
+    }
+
     /// The first start build created after `t` (a stop simulated at `t` lasts until it).
     pub fn next_start_after(&self, t: DateTime<Utc>) -> Option<&WorkspaceBuild> {
         let i = self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t));
         self.builds[i..].iter().find(|b| b.transition == Transition::Start)
     }
 
-    /// How long it really ran within `[from, to)`, in seconds.
+    /// How long it really ran (held its GPU) within `[from, to)`, in seconds.
     pub fn running_seconds(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
         let mut total = 0.0;
         for (i, b) in self.builds.iter().enumerate() {
@@ -104,7 +116,10 @@ impl WorkspaceTimeline {
                 continue;
             }
             let Some(began) = b.job.completed_at.or(b.created_at) else { continue };
-            let ended = self.builds.get(i + 1).and_then(|n| n.created_at).unwrap_or(to);
+            // A stop that did not succeed (failed, canceled, reaped) leaves the pod and its GPU:
+            // it ran on until a later build ends it, a stop that succeeded or another start.
+            let ends = |n: &&WorkspaceBuild| n.transition != Transition::Stop || n.job.status == JobStatus::Succeeded;
+            let ended = self.builds[i + 1..].iter().find(ends).and_then(|n| n.created_at).unwrap_or(to);
             let (a, z) = (began.max(from), ended.min(to));
             if z > a {
                 total += (z - a).num_milliseconds() as f64 / 1000.0;
@@ -155,7 +170,10 @@ impl WorkspaceTimeline {
     pub fn owner_started_within(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.builds
             .iter()
-            .filter(|b| b.transition == Transition::Start && b.initiator_id.as_deref() == Some(self.record.owner_id.as_str()))
+            // Autostart builds carry the owner as initiator too (NOTES §18): only `reason` tells
+            // a scheduled start from the owner coming back.
+            .filter(|b| b.transition == Transition::Start && b.reason != BuildReason::Autostart)
+            .filter(|b| b.initiator_id.as_deref() == Some(self.record.owner_id.as_str()))
             .filter_map(|b| b.created_at)
             .find(|&at| at > from && at <= to)
     }
@@ -166,6 +184,14 @@ impl WorkspaceTimeline {
     pub fn listed_at(&self, t: DateTime<Utc>) -> Option<Workspace> {
         let build = self.running_at(t)?;
         let mut ws = self.record.clone();
+        // A claim keeps the workspace's id and changes its owner in place; the builds before it
+        // keep the prebuilds user as initiator (NOTES §18): until the claimer's first build it
+        // was a prebuild, whoever owns it now.
+        if self.prebuild_until().is_some_and(|claimed| t < claimed) {
+            ws.owner_id = PREBUILDS_USER_ID.to_string();
+            ws.owner_name = "prebuilds".into();
+            ws.is_prebuild = true;
+        }
         ws.last_used_at = self.last_used_at(t, build);
         ws.latest_build = build.clone();
         ws.latest_build.status = crate::coder::types::WorkspaceStatus::Running;
@@ -215,16 +241,17 @@ fn agent_at(agent: &mut crate::coder::types::WorkspaceAgent, t: DateTime<Utc>, j
 /// last tick. coderd commits new values only when some agent in the deployment reported
 /// connection stats since its last tick (`prometheusmetrics.go`: `if len(stats) > 0`), so while
 /// nobody anywhere is connected the last values persist (reference coder NOTES §17): a step
-/// whose every gauge equals the previous step's is a repeat and no evidence of anything; only
-/// agents with a connection appear (idle is absent, not 0).
+/// whose every gauge equals the previous step's is a repeat and no evidence of anything, and a
+/// workspace whose values equal its previous ones was not committed afresh; only agents with a
+/// connection appear (idle is absent, not 0).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GaugeStep {
     pub by_workspace: HashMap<(String, String), (f64, f64)>,
 }
 
-/// Reads a run of gauge steps into moments of use per (owner, workspace name): a step counts
-/// only when it differs from the one before it (a fresh commit), and then each workspace with a
-/// connection count above zero was in use at that step.
+/// Reads a run of gauge steps into moments of use per (owner, workspace name): a workspace with a
+/// connection count above zero was in use at a step where its values differ from the step
+/// before (a fresh commit of its own).
 #[derive(Debug, Default)]
 pub struct GaugeReader {
     previous: Option<GaugeStep>,
@@ -234,19 +261,24 @@ pub struct GaugeReader {
 }
 
 impl GaugeReader {
-    /// The workspaces in use at this step, or none when the step repeats the last one.
+    /// The workspaces in use at this step: a connection count above zero in a fresh commit of
+    /// that workspace's gauges. Freshness is per workspace, not per step: a step may hold one
+    /// person's first commit beside the repeated values of people who left (NOTES §18), and
+    /// a real commit changes that workspace's values (its rx/tx bytes since the last tick).
     pub fn read(&mut self, step: GaugeStep) -> Vec<(String, String)> {
         self.steps += 1;
-        let repeat = self.previous.as_ref().is_some_and(|p| *p == step) && !step.by_workspace.is_empty();
-        let used = if repeat {
+        let previous = self.previous.as_ref();
+        if previous.is_some_and(|p| *p == step) && !step.by_workspace.is_empty() {
             self.repeats += 1;
-            Vec::new()
-        } else {
-            let mut used: Vec<(String, String)> =
-                step.by_workspace.iter().filter(|(_, (connections, _))| *connections > 0.0).map(|(k, _)| k.clone()).collect();
-            used.sort();
-            used
-        };
+        }
+        let mut used: Vec<(String, String)> = step
+            .by_workspace
+            .iter()
+            .filter(|(_, (connections, _))| *connections > 0.0)
+            .filter(|(key, values)| previous.and_then(|p| p.by_workspace.get(*key)) != Some(*values))
+            .map(|(k, _)| k.clone())
+            .collect();
+        used.sort();
         self.previous = Some(step);
         used
     }
@@ -331,5 +363,59 @@ mod tests {
         assert!(r.read(step(&[("a", 1.0, 180.0)])).is_empty(), "the same values again: nobody in the deployment connected");
         assert!(r.read(step(&[])).is_empty(), "no gauge: nobody connected");
         assert_eq!((r.steps, r.repeats), (4, 1));
+    }
+
+    /// Three people left at 23:36; their last values repeat in every later commit. Another
+    /// person's first commit makes a step unlike the one before: the three are not in use.
+    #[test]
+    fn freshness_is_per_workspace_in_a_step_that_mixes_a_repeated_set_and_a_fresh_commit() {
+        let step = |pairs: &[(&str, f64, f64)]| GaugeStep {
+            by_workspace: pairs.iter().map(|(w, c, b)| (("u".to_string(), w.to_string()), (*c, *b))).collect(),
+        };
+        let left = [("a", 1.0, 300.0), ("b", 2.0, 40.0), ("c", 1.0, 12.0)];
+        let mut r = GaugeReader::default();
+        assert_eq!(r.read(step(&left)).len(), 3, "23:36: their last commit");
+        assert!(r.read(step(&left)).is_empty(), "23:37: repeated");
+        let mut mixed = left.to_vec();
+        mixed.push(("d", 1.0, 90.0));
+        assert_eq!(r.read(step(&mixed)), [("u".to_string(), "d".to_string())], "01:05: only d's commit is fresh");
+        mixed[3] = ("d", 1.0, 95.0);
+        mixed[0] = ("a", 1.0, 310.0);
+        let used = r.read(step(&mixed));
+        assert_eq!(used, [("u".to_string(), "a".to_string()), ("u".to_string(), "d".to_string())], "a came back");
+    }
+
+    #[test]
+    fn a_claimed_prebuild_was_a_prebuild_until_its_claim() {
+        let mut b1 = build("b1", "start", 0, Some(1));
+        b1.initiator_id = Some(PREBUILDS_USER_ID.into());
+        let mut b2 = build("b2", "start", 120, Some(121));
+        b2.initiator_id = Some("owner".into());
+        let t = timeline(vec![b1.clone(), b2]);
+        assert_eq!(t.prebuild_until(), Some(at(120)));
+        let before = t.listed_at(at(60)).unwrap();
+        assert!(before.is_prebuild() && before.owner_name == "prebuilds", "judged as run judged it then: a prebuild");
+        let after = t.listed_at(at(130)).unwrap();
+        assert!(!after.is_prebuild() && after.owner_name == "alice", "the claimer's from the claim on");
+        assert_eq!(timeline(vec![build("b1", "start", 0, None)]).prebuild_until(), None, "never a prebuild");
+        assert_eq!(timeline(vec![b1]).prebuild_until(), Some(DateTime::<Utc>::MAX_UTC), "not claimed yet");
+    }
+
+    #[test]
+    fn a_failed_stop_leaves_the_gpu_held_until_a_stop_succeeds() {
+        let mut failed = build("s1", "stop", 60, None);
+        failed.job.status = JobStatus::Failed;
+        let t = timeline(vec![build("b1", "start", 0, Some(1)), failed, build("s2", "stop", 100, None)]);
+        assert_eq!(t.running_seconds(at(30), at(200)), 70.0 * 60.0, "from 30 to the stop that succeeded at 100");
+        assert!(t.listed_at(at(80)).is_none(), "not listed running meanwhile, as Coder lists it");
+    }
+
+    #[test]
+    fn an_autostart_is_not_the_owner_coming_back() {
+        let mut auto = build("b2", "start", 120, None);
+        auto.reason = BuildReason::Autostart;
+        let t = timeline(vec![build("b1", "stop", 0, None), auto, build("b3", "start", 150, None)]);
+        assert_eq!(t.owner_started_within(at(100), at(140)), None, "the schedule, not the owner");
+        assert_eq!(t.owner_started_within(at(100), at(160)), Some(at(150)));
     }
 }
