@@ -95,3 +95,32 @@ fn an_autostart_within_the_regret_window_does_not_make_a_stop_regretted() {
         assert_eq!((first.at, first.regret.is_some()), (now(), regretted), "{reason:?}: {:?}", first.regret);
     }
 }
+
+/// `docs/backtest.md` documents the journal's format for people who write their own: every field
+/// a line carries, and every `change`.
+#[test]
+fn the_journal_format_in_the_docs_names_every_field_and_change() {
+    use reclaimer_core::history::{Change, JournalLine};
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/backtest.md")).unwrap();
+    let table = docs.split("**The journal's format**").nth(1).unwrap().split("A `gone` line").next().unwrap();
+    for change in [Change::Running, Change::Used, Change::Agent, Change::Gone] {
+        let line = JournalLine {
+            time: now(),
+            change,
+            workspace_id: "w".into(),
+            owner: "alice".into(),
+            workspace: "train".into(),
+            template: "gpu".into(),
+            last_used_at: Some(now()),
+            build_id: "b".into(),
+            agent: Some("connected".into()),
+        };
+        let value = serde_json::to_value(&line).unwrap();
+        for (key, v) in value.as_object().unwrap() {
+            assert!(table.contains(&format!("`{key}`")), "the field {key} is documented:\n{table}");
+            if key == "change" {
+                assert!(table.contains(&format!("`{}`", v.as_str().unwrap())), "the change {v} is documented");
+            }
+        }
+    }
+}
