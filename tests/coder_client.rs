@@ -262,6 +262,32 @@ async fn a_429_holds_the_route_until_retry_after_then_asks_again() {
     assert_eq!(server.received_requests().await.unwrap().len(), 2);
 }
 
+/// coderd's limiter counts per user and URL path (`httprate.KeyByEndpoint`, reference NOTES §2):
+/// one workspace's 429 holds that workspace's path, not the route of every workspace.
+#[tokio::test]
+async fn a_429_holds_its_own_path_only() {
+    let server = MockServer::start().await;
+    let a = "a0000000-0000-4000-8000-000000000001";
+    let b = "b0000000-0000-4000-8000-000000000002";
+    Mock::given(method("GET"))
+        .and(path(format!("/api/v2/workspacebuilds/{a}/parameters")))
+        .respond_with(ResponseTemplate::new(429).insert_header("Retry-After", "60").set_body_json(json!({"message": "rate limited"})))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(format!("/api/v2/workspacebuilds/{b}/parameters")))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"name": "gpu_count", "value": "1"}])))
+        .mount(&server)
+        .await;
+    let c = client(&server, quick_retry());
+    assert_eq!(c.build_parameters(a).await.unwrap_err().kind, ErrorKind::RateLimited);
+    assert_eq!(c.build_parameters(b).await.unwrap().len(), 1, "another path is not held");
+    assert_eq!(c.build_parameters(a).await.unwrap_err().kind, ErrorKind::RateLimited, "its own is");
+    assert_eq!(server.received_requests().await.unwrap().len(), 2, "no request on the held path");
+    let left = c.hold_left();
+    assert!(left > Duration::from_secs(58) && left <= Duration::from_secs(60), "{left:?}");
+}
+
 #[tokio::test]
 async fn a_5xx_burst_is_retried_until_success() {
     let server = MockServer::start().await;

@@ -34,6 +34,17 @@ pub const CHUNK_STEPS: u32 = 30;
 /// Workspaces read from Coder at once when a chunk names new ones.
 const CODER_READS_IN_FLIGHT: usize = 8;
 
+/// New workspaces read from Coder in the first chunk (the fleet running at the window's start),
+/// in each later chunk (those started since: ids beyond it wait for the next chunk), and in all:
+/// GPU series name workspaces by their pod's name, and a store others can write could name any
+/// number of made-up ids, each a Coder read. What could not be read is counted, not listed.
+const FIRST_CHUNK_READS: usize = 20_000;
+const CHUNK_READS: usize = 256;
+const TOTAL_READS: usize = 25_000;
+/// Workspaces Coder did not answer for are named in the report's gaps up to this many; the rest
+/// are counted.
+const UNREAD_NAMED: usize = 10;
+
 /// Which connection source to read; `Auto` takes the first that exists, in the order of
 /// `ConnectionSource`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,15 +175,37 @@ fn builds_that_may_wait(journal: Option<&JournalHistory>, id: &str) -> Vec<Strin
 /// parameters of `may_wait` (builds the journal saw without a connected agent). A parameter read
 /// that fails leaves that start judged as a waiter, as `run` would with no answer.
 async fn read_timeline(coder: &CoderClient, id: &str, start: DateTime<Utc>, may_wait: Vec<String>) -> Result<WorkspaceTimeline, String> {
-    let record = coder.workspace_including_deleted(id).await.map_err(|e| e.to_string())?;
-    let builds = coder.workspace_history(id, start).await.map_err(|e| e.to_string())?;
+    let record = patiently(coder, || coder.workspace_including_deleted(id)).await.map_err(|e| e.to_string())?;
+    let builds = patiently(coder, || coder.workspace_history(id, start)).await.map_err(|e| e.to_string())?;
     let mut timeline = WorkspaceTimeline::new(record, builds);
     for build in may_wait.into_iter().filter(|b| timeline.builds.iter().any(|t| &t.id == b)) {
-        if let Ok(parameters) = coder.build_parameters(&build).await {
+        if let Ok(parameters) = patiently(coder, || coder.build_parameters(&build)).await {
             timeline.parameters.insert(build, parameters);
         }
     }
     Ok(timeline)
+}
+
+/// How often a backtest's Coder read is tried when Coder rate-limits it.
+const RATE_LIMITED_TRIES: u32 = 3;
+
+/// A Coder read, asked again once Coder's `Retry-After` has passed (at most `RATE_LIMITED_TRIES`
+/// times): a backtest is a batch job, and a workspace dropped for a 429 would change its
+/// figures. (`run` never waits: a later pass asks again.)
+async fn patiently<T, F, Fut>(coder: &CoderClient, mut read: F) -> Result<T, crate::coder::CoderError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, crate::coder::CoderError>>,
+{
+    for _ in 1..RATE_LIMITED_TRIES {
+        match read().await {
+            Err(e) if e.kind == crate::coder::ErrorKind::RateLimited => {
+                tokio::time::sleep(coder.hold_left().max(Duration::from_millis(100))).await;
+            }
+            other => return other,
+        }
+    }
+    read().await
 }
 
 /// The history and the replays over it, fetched and replayed chunk by chunk.
@@ -289,12 +322,14 @@ pub async fn run(
         }
         pending_ids.sort();
         pending_ids.dedup();
-        // New workspaces: read from Coder, a few at a time.
+        // New workspaces: read from Coder, a few at a time, within the chunk's budget; the rest
+        // wait for the next chunk.
         let mut reads = JoinSet::new();
-        for id in std::mem::take(&mut pending_ids) {
-            if fleet.knows(&id) {
-                continue;
-            }
+        let budget = if chunks == 1 { FIRST_CHUNK_READS } else { CHUNK_READS }.min(TOTAL_READS.saturating_sub(fleet.reads));
+        pending_ids.retain(|id| !fleet.knows(id));
+        let waiting = pending_ids.split_off(budget.min(pending_ids.len()));
+        for id in std::mem::replace(&mut pending_ids, waiting) {
+            fleet.reads += 1;
             let coder = coder.clone();
             let start = history_from;
             let may_wait = builds_that_may_wait(journal.as_ref(), &id);
@@ -358,6 +393,15 @@ pub async fn run(
         }
         chunk_end = (chunk_end + chunk_span).min(until);
     }
+    if fleet.unreadable.len() > UNREAD_NAMED {
+        gaps.push(format!("and {} more workspaces Coder did not answer for", fleet.unreadable.len() - UNREAD_NAMED));
+    }
+    if !pending_ids.is_empty() {
+        gaps.push(format!(
+            "{} workspace ids the GPU series name were not read from Coder: more new ids than {CHUNK_READS} a chunk, or {TOTAL_READS} in all (made-up pod names in a store others can write?)",
+            pending_ids.len()
+        ));
+    }
     if fleet.timelines.is_empty() && !fleet.unreadable.is_empty() {
         return Err(Error::runtime(format!(
             "Coder answered for none of the {} workspaces the history names ({}): check --coder-url and that the token is an owner's",
@@ -401,6 +445,8 @@ struct Fleet {
     index: HashMap<String, usize>,
     unreadable: HashSet<String>,
     by_name: HashMap<(String, String), Vec<usize>>,
+    /// Workspaces read from Coder so far (`TOTAL_READS`).
+    reads: usize,
 }
 
 impl Fleet {
@@ -428,10 +474,61 @@ impl Fleet {
                 self.timelines.push(timeline);
             }
             Ok((id, Err(e))) => {
-                gaps.push(format!("workspace {id}: Coder did not answer for it ({e}): its GPU series are not replayed"));
+                if self.unreadable.len() < UNREAD_NAMED {
+                    gaps.push(format!("workspace {id}: Coder did not answer for it ({e}): its GPU series are not replayed"));
+                }
                 self.unreadable.insert(id);
             }
             Err(e) => gaps.push(format!("a Coder read failed: {e}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coder::token::SessionToken;
+    use crate::retry::RetryPolicy;
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    /// One workspace's `/builds` answers 429 once (coderd limits per user and path): the
+    /// backtest waits for its `Retry-After` and reads it, instead of dropping the workspace.
+    #[tokio::test]
+    async fn a_rate_limited_read_is_asked_again_after_retry_after() {
+        let server = MockServer::start().await;
+        let id = "a0000000-0000-4000-8000-000000000001";
+        let listed: serde_json::Value = serde_json::from_str(include_str!("../../tests/fixtures/coder/workspaces_running.json")).unwrap();
+        let record = listed["workspaces"][0].clone();
+        Mock::given(method("GET"))
+            .and(path(format!("/api/v2/workspaces/{id}")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(record))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(format!("/api/v2/workspaces/{id}/builds")))
+            .respond_with(
+                ResponseTemplate::new(429).insert_header("Retry-After", "1").set_body_json(serde_json::json!({"message": "rate limited"})),
+            )
+            .up_to_n_times(1)
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(format!("/api/v2/workspaces/{id}/builds")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!([])))
+            .mount(&server)
+            .await;
+        let retry = RetryPolicy {
+            initial: Duration::from_millis(10),
+            max_interval: Duration::from_millis(50),
+            max_elapsed: Duration::from_secs(2),
+        };
+        let url = reqwest::Url::parse(&server.uri()).unwrap();
+        let coder = CoderClient::new(&url, SessionToken::new("t0k3n-for-the-test").unwrap(), Duration::from_secs(2), retry).unwrap();
+        let started = std::time::Instant::now();
+        let timeline = read_timeline(&coder, id, Utc::now(), Vec::new()).await;
+        assert!(timeline.is_ok(), "{:?}", timeline.err());
+        assert!(started.elapsed() >= Duration::from_millis(900), "waited for Retry-After: {:?}", started.elapsed());
     }
 }

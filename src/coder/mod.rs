@@ -1,7 +1,8 @@
 //! The Coder REST client: every call this service makes to Coder, with the session token header,
 //! timeouts, retries of transient failures (500/502/503/504, connection errors, timeouts),
-//! bounded bodies, no redirects (the token never leaves Coder's host), a 429 that holds the
-//! route until its `Retry-After` has passed (a later pass asks again; nothing sleeps inside one),
+//! bounded bodies, no redirects (the token never leaves Coder's host), a 429 that holds its URL
+//! path (coderd limits per user and path) until its `Retry-After` has passed (a later pass asks
+//! again; nothing sleeps inside one),
 //! and errors that carry Coder's own `message` and `detail` plus what to do about them.
 
 pub mod actions;
@@ -31,7 +32,7 @@ pub const TOKEN_HEADER: &str = "Coder-Session-Token";
 
 /// The longest `Retry-After` honoured: a larger (or absurd) value waits this long.
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
-/// How long a 429 without `Retry-After` holds its route (httprate's window is one minute).
+/// How long a 429 without `Retry-After` holds its path (httprate's window is one minute).
 const DEFAULT_RATE_LIMIT_HOLD: Duration = Duration::from_secs(60);
 /// Error bodies are read up to this much (Coder's are a few hundred bytes).
 const MAX_ERROR_BODY: usize = 64 << 10;
@@ -51,7 +52,7 @@ pub enum ErrorKind {
     NoPermission,
     /// 409: a build is already active, or the workspace was deleted.
     Conflict,
-    /// 429: the route is held until its `Retry-After` passed.
+    /// 429: the path is held until its `Retry-After` passed.
     RateLimited,
     /// Any other HTTP status.
     Status(u16),
@@ -169,7 +170,9 @@ pub struct CoderClient {
     retry: RetryPolicy,
     max_listing_bytes: usize,
     /// Routes Coder rate-limited, and until when (from `Retry-After`).
-    held: Arc<Mutex<HashMap<&'static str, Instant>>>,
+    /// URL paths Coder rate-limited, until when: coderd's limiter counts per user and URL path
+    /// (`httprate.KeyByEndpoint`, reference NOTES §2), so one workspace's 429 holds its own path only.
+    held: Arc<Mutex<HashMap<String, Instant>>>,
     observer: Option<RequestObserver>,
 }
 
@@ -269,7 +272,7 @@ impl CoderClient {
     pub async fn listing(&self) -> Result<Listing, CoderError> {
         const ENDPOINT: &str = "GET /api/v2/workspaces";
         let url = format!("{}/api/v2/workspaces?q=status%3Arunning", self.base);
-        self.check_hold(ENDPOINT)?;
+        self.check_hold(ENDPOINT, "/api/v2/workspaces")?;
         let (resp, clock_offset) = self.with_fresh_token(|| retry(self.retry, || self.list_once(ENDPOINT, &url))).await?;
         Ok(Listing { workspaces: resp.workspaces, clock_offset })
     }
@@ -455,7 +458,7 @@ impl CoderClient {
         path_and_query: String,
         body: Option<&impl Serialize>,
     ) -> Result<T, CoderError> {
-        self.check_hold(endpoint)?;
+        self.check_hold(endpoint, path_and_query.split('?').next().unwrap_or_default())?;
         let url = format!("{}{}", self.base, path_and_query);
         let body = match body.map(serde_json::to_vec).transpose() {
             Ok(b) => b,
@@ -469,21 +472,29 @@ impl CoderClient {
         self.http.request(method, url).header(TOKEN_HEADER, self.token.current().expose()).header("Accept", "application/json")
     }
 
-    /// Fails at once while Coder's `Retry-After` for this route has not passed.
-    fn check_hold(&self, endpoint: &'static str) -> Result<(), CoderError> {
+    /// Fails at once while Coder's `Retry-After` for this path has not passed.
+    fn check_hold(&self, endpoint: &'static str, path: &str) -> Result<(), CoderError> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        match held.get(endpoint) {
+        match held.get(path) {
             Some(until) if *until > Instant::now() => {
                 let left = until.saturating_duration_since(Instant::now()).as_secs() + 1;
                 let message = format!("rate limited by Coder; asking again in {left}s (its Retry-After)");
                 Err(CoderError { kind: ErrorKind::RateLimited, endpoint, message })
             }
             Some(_) => {
-                held.remove(endpoint);
+                held.remove(path);
                 Ok(())
             }
             None => Ok(()),
         }
+    }
+
+    /// How long until every path Coder rate-limited may be asked again (zero: none is held).
+    /// `backtest` waits this long and asks again; a pass never waits.
+    pub fn hold_left(&self) -> Duration {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        held.values().map(|until| until.saturating_duration_since(now)).max().unwrap_or_default()
     }
 
     fn too_large(&self, endpoint: &'static str) -> CoderError {
@@ -506,6 +517,7 @@ impl CoderClient {
     /// redirect is refused (and names only the target's host), others are final.
     async fn status_failure<T>(&self, endpoint: &'static str, resp: reqwest::Response) -> Attempt<T, CoderError> {
         let status = resp.status();
+        let path = resp.url().path().to_string();
         if let Some(message) = refused_redirect(&resp) {
             return Attempt::Done(Err(CoderError { kind: ErrorKind::Status(status.as_u16()), endpoint, message }));
         }
@@ -515,12 +527,17 @@ impl CoderClient {
         match status.as_u16() {
             429 => {
                 let hold = after.unwrap_or(DEFAULT_RATE_LIMIT_HOLD);
-                self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(endpoint, Instant::now() + hold);
+                let now = Instant::now();
+                let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                // Expired holds go: the map holds only paths Coder limits now.
+                held.retain(|_, until| *until > now);
+                held.insert(path, now + hold);
+                drop(held);
                 tracing::warn!(
                     event = "rate_limited",
                     endpoint,
                     retry_after_seconds = hold.as_secs(),
-                    "Coder rate-limited this route; the next pass after its Retry-After asks again"
+                    "Coder rate-limited this path; the next pass after its Retry-After asks again"
                 );
                 Attempt::Done(Err(error))
             }
