@@ -456,7 +456,7 @@ async fn build_history_is_read_page_by_page_and_each_build_once() {
             .await;
     }
     let since = chrono::DateTime::parse_from_rfc3339("2026-11-25T10:00:00.250+00:00").unwrap().with_timezone(&chrono::Utc);
-    let builds = client(&server, RetryPolicy::none()).workspace_builds(WS_ID, since).await.unwrap();
+    let builds = client(&server, RetryPolicy::none()).workspace_builds(WS_ID, since, Default::default()).await.unwrap();
     assert_eq!(builds.len(), BUILDS_PAGE + 3);
     assert_eq!(builds.last().unwrap().id, format!("11111111-0000-4000-8000-{:012}", BUILDS_PAGE + 2));
     let mut ids: Vec<&str> = builds.iter().map(|b| b.id.as_str()).collect();

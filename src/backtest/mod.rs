@@ -16,11 +16,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reclaimer_core::backtest::replay::{Chunk, Failed, Replay};
 use reclaimer_core::backtest::timeline::{ConnectionSource, GaugeReader, GaugeStep, Use, WorkspaceTimeline};
-use reclaimer_core::coder::types::AgentStatus;
+use reclaimer_core::coder::types::{AgentStatus, WorkspaceBuild};
 use reclaimer_core::history::JournalLine;
 use tokio::task::JoinSet;
 
-use crate::coder::CoderClient;
+use crate::coder::{CoderClient, HistoryBounds};
 use crate::error::Error;
 use crate::gpu::prometheus::PrometheusSource;
 use crate::gpu::{GpuSeries, GpuSource};
@@ -174,9 +174,19 @@ fn builds_that_may_wait(journal: Option<&JournalHistory>, id: &str) -> Vec<Strin
 /// Reads one workspace's record (deleted ones too), its builds from `start` on, and the
 /// parameters of `may_wait` (builds the journal saw without a connected agent). A parameter read
 /// that fails leaves that start judged as a waiter, as `run` would with no answer.
-async fn read_timeline(coder: &CoderClient, id: &str, start: DateTime<Utc>, may_wait: Vec<String>) -> Result<WorkspaceTimeline, String> {
+async fn read_timeline(
+    coder: &CoderClient,
+    id: &str,
+    (start, until): (DateTime<Utc>, DateTime<Utc>),
+    may_wait: Vec<String>,
+) -> Result<WorkspaceTimeline, String> {
     let record = patiently(coder, || coder.workspace_including_deleted(id)).await.map_err(|e| e.to_string())?;
-    let builds = patiently(coder, || coder.workspace_history(id, start)).await.map_err(|e| e.to_string())?;
+    let bounds = HistoryBounds { until: Some(until), ..HistoryBounds::default() };
+    let builds = patiently(coder, || coder.workspace_history(id, start, bounds)).await.map_err(|e| e.to_string())?;
+    if let Some((b, why)) = builds.iter().find_map(|b| impossible_times(b, until).map(|why| (b, why))) {
+        let id: String = b.id.chars().take(64).collect();
+        return Err(format!("its build {id:?} {why}: a record no Coder writes is not replayed"));
+    }
     let mut timeline = WorkspaceTimeline::new(record, builds);
     for build in may_wait.into_iter().filter(|b| timeline.builds.iter().any(|t| &t.id == b)) {
         if let Ok(parameters) = patiently(coder, || coder.build_parameters(&build)).await {
@@ -184,6 +194,22 @@ async fn read_timeline(coder: &CoderClient, id: &str, start: DateTime<Utc>, may_
         }
     }
     Ok(timeline)
+}
+
+/// What makes a build's times impossible (no Coder writes them), if anything: a time before
+/// 2000 (Go's zero time is year 1) or more than a day after the window's end (year 9999), or a job
+/// completed before its build was created.
+fn impossible_times(b: &WorkspaceBuild, until: DateTime<Utc>) -> Option<String> {
+    let earliest = DateTime::from_timestamp(946_684_800, 0).unwrap_or_default();
+    let latest = until + chrono::Duration::days(1);
+    let times = [("created", b.created_at), ("completed", b.job.completed_at)];
+    if let Some((what, t)) = times.iter().find_map(|(what, t)| t.filter(|t| *t < earliest || *t > latest).map(|t| (what, t))) {
+        return Some(format!("was {what} at {}", t.to_rfc3339()));
+    }
+    match (b.created_at, b.job.completed_at) {
+        (Some(c), Some(d)) if d < c => Some(format!("was completed at {} before it was created at {}", d.to_rfc3339(), c.to_rfc3339())),
+        _ => None,
+    }
 }
 
 /// How often a backtest's Coder read is tried when Coder rate-limits it.
@@ -334,7 +360,7 @@ pub async fn run(
             let start = history_from;
             let may_wait = builds_that_may_wait(journal.as_ref(), &id);
             reads.spawn(async move {
-                let t = read_timeline(&coder, &id, start, may_wait).await;
+                let t = read_timeline(&coder, &id, (start, until), may_wait).await;
                 (id, t)
             });
             if reads.len() >= CODER_READS_IN_FLIGHT {
@@ -527,7 +553,7 @@ mod tests {
         let url = reqwest::Url::parse(&server.uri()).unwrap();
         let coder = CoderClient::new(&url, SessionToken::new("t0k3n-for-the-test").unwrap(), Duration::from_secs(2), retry).unwrap();
         let started = std::time::Instant::now();
-        let timeline = read_timeline(&coder, id, Utc::now(), Vec::new()).await;
+        let timeline = read_timeline(&coder, id, (Utc::now(), Utc::now()), Vec::new()).await;
         assert!(timeline.is_ok(), "{:?}", timeline.err());
         assert!(started.elapsed() >= Duration::from_millis(900), "waited for Retry-After: {:?}", started.elapsed());
     }

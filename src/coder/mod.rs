@@ -138,6 +138,25 @@ impl OnElement for ListedWorkspaces {
     }
 }
 
+/// How much of a workspace's build history `workspace_builds` keeps: builds created after
+/// `until` are dropped as they come (a replay ends there), and past `max_bytes` of pages the
+/// read fails (a hostile or broken Coder cannot make one workspace's history fill memory).
+#[derive(Debug, Clone, Copy)]
+pub struct HistoryBounds {
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+    pub max_bytes: usize,
+}
+
+impl Default for HistoryBounds {
+    fn default() -> Self {
+        HistoryBounds { until: None, max_bytes: MAX_HISTORY_BYTES }
+    }
+}
+
+/// The most page bytes one workspace's build history may take (`HistoryBounds`): a workspace
+/// started and stopped three times a day for a year is about 2,200 builds, a few MB.
+pub const MAX_HISTORY_BYTES: usize = 8 << 20;
+
 /// Builds one history request asks for (`workspace_builds`), and the most read for one
 /// workspace: started and stopped three times a day, a year is about 2,200 builds.
 pub const BUILDS_PAGE: usize = 100;
@@ -353,35 +372,60 @@ impl CoderClient {
     }
 
     /// `GET /api/v2/workspaces/{id}/builds?since=..&limit=..&offset=..`: every build created after
-    /// `since` (sent to the microsecond, as coderd stores times), newest first, page by page (`BUILDS_PAGE`), at most `MAX_BUILDS_READ` (a build
-    /// met twice across pages, when one was created meanwhile, is kept once). Answers for a
-    /// deleted workspace too.
+    /// `since` (sent to the microsecond, as coderd stores times), newest first, page by page
+    /// (`BUILDS_PAGE`), at most `MAX_BUILDS_READ` (a build met twice across pages, when one was
+    /// created meanwhile, is kept once), within `bounds`. Answers for a deleted workspace too.
     pub async fn workspace_builds(
         &self,
         workspace_id: &str,
         since: chrono::DateTime<chrono::Utc>,
+        bounds: HistoryBounds,
     ) -> Result<Vec<WorkspaceBuild>, CoderError> {
+        self.builds_since(workspace_id, since, bounds).await.map(|(builds, _)| builds)
+    }
+
+    /// `workspace_builds`, with how many builds Coder answered (those past `bounds.until` too).
+    async fn builds_since(
+        &self,
+        workspace_id: &str,
+        since: chrono::DateTime<chrono::Utc>,
+        bounds: HistoryBounds,
+    ) -> Result<(Vec<WorkspaceBuild>, usize), CoderError> {
+        const ENDPOINT: &str = "GET /api/v2/workspaces/{workspace}/builds";
         let since = since.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         let mut builds: Vec<WorkspaceBuild> = Vec::new();
         let mut ids: std::collections::HashSet<String> = std::collections::HashSet::new();
+        let (mut received, mut bytes) = (0usize, 0usize);
         loop {
             let path = format!(
-                "/api/v2/workspaces/{}/builds?since={}&limit={BUILDS_PAGE}&offset={}",
+                "/api/v2/workspaces/{}/builds?since={}&limit={BUILDS_PAGE}&offset={received}",
                 encode_path(workspace_id),
                 encode_path(&since),
-                builds.len()
             );
-            let page: Vec<WorkspaceBuild> = self.call(Method::GET, "GET /api/v2/workspaces/{workspace}/builds", path, None::<&()>).await?;
+            let (page, size): (Vec<WorkspaceBuild>, usize) = self.get_sized(ENDPOINT, path).await?;
+            bytes += size;
+            if bytes > bounds.max_bytes {
+                let message = format!(
+                    "its build history is larger than {} from the window's start: not read (a Coder that answers this is not one to replay)",
+                    crate::http::bytes_human(bounds.max_bytes)
+                );
+                return Err(CoderError { kind: ErrorKind::Decode, endpoint: ENDPOINT, message });
+            }
             let full = page.len() == BUILDS_PAGE;
-            let before = builds.len();
+            received += page.len();
+            let mut new = 0;
             for b in page {
                 if ids.insert(b.id.clone()) {
-                    builds.push(b);
+                    new += 1;
+                    // Past the window's end a build changes nothing a replay reads.
+                    if bounds.until.is_none_or(|u| b.created_at.is_none_or(|c| c <= u)) {
+                        builds.push(b);
+                    }
                 }
             }
-            if !full || builds.len() == before || builds.len() >= MAX_BUILDS_READ {
+            if !full || new == 0 || received >= MAX_BUILDS_READ {
                 builds.truncate(MAX_BUILDS_READ);
-                return Ok(builds);
+                return Ok((builds, received));
             }
         }
     }
@@ -394,10 +438,14 @@ impl CoderClient {
         &self,
         workspace_id: &str,
         start: chrono::DateTime<chrono::Utc>,
+        bounds: HistoryBounds,
     ) -> Result<Vec<WorkspaceBuild>, CoderError> {
-        let mut builds = self.workspace_builds(workspace_id, start).await?;
-        if builds.len() < MAX_BUILDS_READ {
-            let path = format!("/api/v2/workspaces/{}/builds?limit=2&offset={}", encode_path(workspace_id), builds.len());
+        let (mut builds, received) = self.builds_since(workspace_id, start, bounds).await?;
+        if received < MAX_BUILDS_READ {
+            // Past every build after `start` in coderd's newest-first order (those dropped past
+            // the window's end too): the one current at `start` and its predecessor.
+            let after = received;
+            let path = format!("/api/v2/workspaces/{}/builds?limit=2&offset={after}", encode_path(workspace_id));
             let older: Vec<WorkspaceBuild> = self.call(Method::GET, "GET /api/v2/workspaces/{workspace}/builds", path, None::<&()>).await?;
             if let Some(current) = older.into_iter().find(|b| b.created_at.is_some_and(|c| c <= start)) {
                 if builds.iter().all(|b| b.id != current.id) {
@@ -553,6 +601,26 @@ impl CoderClient {
         url: &str,
         body: Option<&[u8]>,
     ) -> Attempt<T, CoderError> {
+        match self.try_once_sized(method, endpoint, url, body).await {
+            Attempt::Done(r) => Attempt::Done(r.map(|(t, _)| t)),
+            Attempt::Retry { error, after } => Attempt::Retry { error, after },
+        }
+    }
+
+    /// A `GET` of `path`, with the size of the body it was read from (for a byte budget).
+    async fn get_sized<T: DeserializeOwned>(&self, endpoint: &'static str, path: String) -> Result<(T, usize), CoderError> {
+        self.check_hold(endpoint, path.split('?').next().unwrap_or_default())?;
+        let url = format!("{}{}", self.base, path);
+        self.with_fresh_token(|| retry(self.retry, || self.try_once_sized(Method::GET, endpoint, &url, None))).await
+    }
+
+    async fn try_once_sized<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        endpoint: &'static str,
+        url: &str,
+        body: Option<&[u8]>,
+    ) -> Attempt<(T, usize), CoderError> {
         let mut req = self.request(method, url);
         if let Some(body) = body {
             req = req.header("Content-Type", "application/json").body(body.to_vec());
@@ -570,8 +638,9 @@ impl CoderClient {
             Ok(b) => b,
             Err(e) => return body_failure(endpoint, e),
         };
+        let size = bytes.len();
         let bytes: &[u8] = if status == StatusCode::NO_CONTENT || bytes.is_empty() { b"null" } else { &bytes };
-        Attempt::Done(serde_json::from_slice(bytes).map_err(|e| unexpected_body(endpoint, e)))
+        Attempt::Done(serde_json::from_slice(bytes).map(|t| (t, size)).map_err(|e| unexpected_body(endpoint, e)))
     }
 
     fn count_request(&self, endpoint: &'static str, status: u16) {
