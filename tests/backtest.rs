@@ -39,7 +39,7 @@ fn minutes(t0: DateTime<Utc>, m: i64) -> DateTime<Utc> {
     t0 + chrono::Duration::minutes(m)
 }
 
-fn labels(uuid: &str, pod: &str) -> String {
+pub(crate) fn labels(uuid: &str, pod: &str) -> String {
     format!(
         r#"{{"UUID":"{uuid}","gpu":"0","modelName":"NVIDIA A10G","exported_container":"dev","exported_namespace":"coder","exported_pod":"{pod}","container":"nvidia-dcgm-exporter","namespace":"gpu-operator","pod":"nvidia-dcgm-exporter-7xk2p","job":"nvidia-dcgm-exporter","instance":"10.0.3.7:9400"}}"#
     )

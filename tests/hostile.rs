@@ -401,8 +401,20 @@ proptest! {
 
 /// Peak RSS (KiB) of a command run to its end, polled from /proc while it runs; its output.
 fn run_measured(args: &[&str]) -> (std::process::ExitStatus, String, u64) {
-    let mut child =
-        Command::new(binary()).args(args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    run_measured_with(args, &[])
+}
+
+/// `run_measured`, with these environment variables set.
+pub(crate) fn run_measured_with(args: &[&str], envs: &[(&str, &str)]) -> (std::process::ExitStatus, String, u64) {
+    let mut child = Command::new(binary())
+        .args(args)
+        .envs(envs.iter().copied())
+        .env_remove("CODER_URL")
+        .env_remove("CODER_GPU_RECLAIMER_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let mut peak = 0;
     let mut out = String::new();

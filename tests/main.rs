@@ -8,6 +8,7 @@ mod alerts;
 mod architecture;
 mod audit;
 mod backtest;
+mod backtest_bounds;
 mod backtest_history;
 mod busy_work;
 mod cli;

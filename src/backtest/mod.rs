@@ -66,6 +66,8 @@ pub struct Plan {
     pub variants: Vec<(String, Policy)>,
     pub connections: ConnectionChoice,
     pub journal: Option<PathBuf>,
+    /// coderd's scrape job (`coderd_job`); `None`: the one job that carries its gauges.
+    pub coderd_job: Option<String>,
 }
 
 /// How far the fetch has come, for the progress line.
@@ -115,17 +117,40 @@ fn read_journal(path: &std::path::Path, until: DateTime<Utc>) -> Result<JournalH
     Ok(j)
 }
 
-/// The coderd gauges one chunk of steps holds, read into a `GaugeStep` per step.
-async fn gauge_steps(prom: &PrometheusSource, range: (i64, i64, u64)) -> Result<Vec<(i64, GaugeStep)>, String> {
+/// The most bytes a username or workspace name in coderd's gauges may have (Coder's are at most
+/// 32 characters): a longer one is no workspace's and is not read.
+const MAX_GAUGE_NAME: usize = 128;
+
+/// The coderd gauges one chunk of steps holds, read into a `GaugeStep` per step: from coderd's
+/// scrape job only, for the workspaces the backtest knows (`known`, by owner and name), points
+/// on the chunk's grid only. Memory follows the fleet and the chunk, whatever the store holds.
+/// Returns the steps and how many series were not read (unknown, or names no Coder has).
+async fn gauge_steps(
+    prom: &PrometheusSource,
+    job: &str,
+    range: (i64, i64, u64),
+    known: &HashMap<(String, String), Vec<usize>>,
+) -> Result<(Vec<(i64, GaugeStep)>, usize), String> {
     let step = range.2;
     let mut steps: HashMap<i64, GaugeStep> = HashMap::new();
+    let mut skipped = 0;
+    let on_grid = |at: i64| at >= range.0 && at <= range.1 && (at - range.0) % step as i64 == 0;
     for (i, metric) in ["coderd_agentstats_connection_count", "coderd_agentstats_rx_bytes", "coderd_agentstats_tx_bytes"].iter().enumerate()
     {
-        let query = format!("max by (username, workspace_name) (max_over_time({metric}[{step}s]))");
+        let query = format!("max by (username, workspace_name) (max_over_time({metric}{{job=\"{job}\"}}[{step}s]))");
         let mut on = |s: crate::gpu::prometheus::Series<'_>| {
-            let key = (s.metric.get("username").unwrap_or("").to_string(), s.metric.get("workspace_name").unwrap_or("").to_string());
+            let (user, name) = (s.metric.get("username").unwrap_or(""), s.metric.get("workspace_name").unwrap_or(""));
+            let key = (user.to_string(), name.to_string());
+            if user.len() > MAX_GAUGE_NAME || name.len() > MAX_GAUGE_NAME || !known.contains_key(&key) {
+                skipped += 1;
+                return;
+            }
             for (at, v) in s.values {
-                let entry = steps.entry(at as i64).or_default().by_workspace.entry(key.clone()).or_insert((0.0, 0.0));
+                let at = at as i64;
+                if !on_grid(at) {
+                    continue;
+                }
+                let entry = steps.entry(at).or_default().by_workspace.entry(key.clone()).or_insert((0.0, 0.0));
                 let v = v.filter(|v| v.is_finite()).unwrap_or(0.0);
                 if i == 0 { entry.0 = v } else { entry.1 += v }
             }
@@ -140,17 +165,26 @@ async fn gauge_steps(prom: &PrometheusSource, range: (i64, i64, u64)) -> Result<
         all.push((t, steps.remove(&t).unwrap_or_default()));
         t += step as i64;
     }
-    Ok(all)
+    Ok((all, skipped / 3))
 }
 
-/// Whether coderd's agent-stat gauges are in the store over the window.
-async fn coderd_gauges_exist(prom: &PrometheusSource, since: DateTime<Utc>, until: DateTime<Utc>) -> Result<bool, String> {
+/// The scrape jobs whose series carry coderd's agent-stat gauges over the window (none: the
+/// store has no gauges).
+async fn coderd_gauge_jobs(prom: &PrometheusSource, since: DateTime<Utc>, until: DateTime<Utc>) -> Result<Vec<String>, String> {
     let span = (until - since).num_seconds().max(60);
     let step = (span / 50).max(60);
-    let query = format!("count(max_over_time(coderd_agentstats_connection_count[{step}s]))");
-    let mut any = false;
-    prom.query_each(query, (since.timestamp(), until.timestamp(), step as u64), &mut |s| any |= !s.values.is_empty()).await?;
-    Ok(any)
+    let query = format!("count by (job) (max_over_time(coderd_agentstats_connection_count[{step}s]))");
+    let mut jobs: Vec<String> = Vec::new();
+    prom.query_each(query, (since.timestamp(), until.timestamp(), step as u64), &mut |s| {
+        let job = s.metric.get("job").unwrap_or("");
+        let plain = job.len() <= 256 && !job.chars().any(|c| c.is_control() || c == '"' || c == '\\');
+        if !s.values.is_empty() && plain && !jobs.iter().any(|j| j == job) && jobs.len() < 16 {
+            jobs.push(job.to_string());
+        }
+    })
+    .await?;
+    jobs.sort();
+    Ok(jobs)
 }
 
 /// The most builds of one workspace whose parameters a backtest reads.
@@ -267,14 +301,30 @@ pub async fn run(
         (ConnectionChoice::Journal, _) | (ConnectionChoice::Auto, Some(_)) => ConnectionSource::Journal,
         (ConnectionChoice::CoderdMetrics, _) => ConnectionSource::CoderdMetrics,
         (ConnectionChoice::None, _) => ConnectionSource::None,
-        (ConnectionChoice::Auto, None) => match coderd_gauges_exist(prom, since, until).await {
-            Ok(true) => ConnectionSource::CoderdMetrics,
-            Ok(false) => ConnectionSource::None,
+        (ConnectionChoice::Auto, None) => ConnectionSource::CoderdMetrics,
+    };
+    // coderd's gauges from coderd's scrape job only: the one named, else the one that carries them.
+    let mut gauge_job = plan.coderd_job.clone();
+    let connections = match (connections, &gauge_job) {
+        (ConnectionSource::CoderdMetrics, None) => match coderd_gauge_jobs(prom, since, until).await {
+            Ok(jobs) if jobs.len() == 1 => {
+                gauge_job = jobs.into_iter().next();
+                ConnectionSource::CoderdMetrics
+            }
+            Ok(jobs) if jobs.is_empty() => ConnectionSource::None,
+            Ok(jobs) => {
+                gaps.push(format!(
+                    "coderd's gauges are in several scrape jobs ({}): none is read as coderd's; set coderd_job in the config file to the job that scrapes coderd",
+                    jobs.join(", ")
+                ));
+                ConnectionSource::None
+            }
             Err(e) => {
                 gaps.push(format!("coderd's gauges could not be looked for ({e}): no connection source"));
                 ConnectionSource::None
             }
         },
+        (c, _) => c,
     };
     let mut connection_report = SourceReport { name: connections.as_str().into(), detail: String::new(), gaps: Vec::new() };
     match (&journal, connections) {
@@ -294,7 +344,10 @@ pub async fn run(
             }
         }
         (_, ConnectionSource::CoderdMetrics) => {
-            connection_report.detail = "coderd_agentstats_connection_count, rx and tx bytes (fresh steps only)".into();
+            connection_report.detail = format!(
+                "coderd_agentstats_connection_count, rx and tx bytes of job {:?} (fresh values per workspace only)",
+                gauge_job.as_deref().unwrap_or_default()
+            );
         }
         _ => {
             connection_report.detail = "none: the GPU alone is the evidence".into();
@@ -311,6 +364,7 @@ pub async fn run(
     let mut replays: Vec<Replay> =
         plan.variants.iter().map(|(label, policy)| Replay::new(label.clone(), policy.clone(), plan.interval, plan.regret_window)).collect();
     let mut gauges = GaugeReader::default();
+    let mut gauges_skipped = 0usize;
     let mut gpu_gaps = Vec::new();
     let mut gpu_hours_reported = 0.0;
     let mut chunks = 0usize;
@@ -377,9 +431,11 @@ pub async fn run(
         // The gauges from the look-back on: a use just before the window counts in its first passes.
         let gauges_from = last_pass.map_or(history_from, |_| first);
         let range = (gauges_from.timestamp(), chunk_end.timestamp(), step_secs as u64);
-        if connections == ConnectionSource::CoderdMetrics && first <= chunk_end {
-            match gauge_steps(prom, range).await {
-                Ok(steps) => {
+        let reading = gauge_job.as_deref().filter(|_| connections == ConnectionSource::CoderdMetrics && first <= chunk_end);
+        if let Some(job) = reading {
+            match gauge_steps(prom, job, range, &fleet.by_name).await {
+                Ok((steps, skipped)) => {
+                    gauges_skipped = gauges_skipped.max(skipped);
                     for (at, step) in steps {
                         let Some(at) = DateTime::from_timestamp(at, 0) else { continue };
                         for key in gauges.read(step) {
@@ -434,6 +490,11 @@ pub async fn run(
             fleet.unreadable.len(),
             gaps.first().map_or("", String::as_str)
         )));
+    }
+    if gauges_skipped > 0 {
+        connection_report.detail.push_str(&format!(
+            "; up to {gauges_skipped} gauge series a chunk named no workspace the history holds (or a name longer than {MAX_GAUGE_NAME} bytes) and were not read"
+        ));
     }
     if connections == ConnectionSource::CoderdMetrics && gauges.repeats > 0 {
         connection_report.detail.push_str(&format!(

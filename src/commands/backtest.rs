@@ -83,6 +83,7 @@ pub async fn report(settings: Settings, args: &BacktestArgs, now: DateTime<Utc>)
             ConnectionsArg::None => ConnectionChoice::None,
         },
         journal: args.journal.clone().or_else(|| settings.history_journal.clone()),
+        coderd_job: settings.coderd_job.clone(),
     };
     let terminal = std::io::stderr().is_terminal();
     let mut shown_tenth = 0;

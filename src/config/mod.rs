@@ -28,7 +28,7 @@ use crate::retry::RetryPolicy;
 
 mod names;
 pub use names::OneOrMore;
-use names::{gpu_parameters, prometheus_jobs};
+use names::{coderd_job, gpu_parameters, prometheus_jobs};
 
 fn err<T>(msg: impl Into<String>) -> Result<T, Error> {
     Err(Error::Config(msg.into()))
@@ -80,6 +80,9 @@ pub struct FileConfig {
     /// The exporter's scrape job, or a list of them: behind Prometheus only their series count.
     /// Unset: the one job Prometheus names (`gpu::prometheus::jobs`).
     pub prometheus_job: Option<OneOrMore>,
+    /// coderd's scrape job, whose agent-stat gauges `backtest` reads (unset: the one job that
+    /// carries them).
+    pub coderd_job: Option<String>,
     /// The one HTTP proxy outgoing requests use; proxies in the environment are ignored.
     pub proxy_url: Option<String>,
 
@@ -193,6 +196,8 @@ pub struct Settings {
     pub history_journal: Option<PathBuf>,
     /// One journal file's bound in bytes (the older half kept beside it).
     pub history_journal_max: usize,
+    /// coderd's scrape job for `backtest`'s gauges (`None`: the one job that carries them).
+    pub coderd_job: Option<String>,
     pub notify_webhook: Option<Url>,
     /// Required as a bearer token on the fleet-wide HTTP routes, when set.
     pub status_token: Option<std::sync::Arc<crate::http::SecretFile>>,
@@ -260,6 +265,7 @@ impl Settings {
             audit_log: None,
             history_journal: None,
             history_journal_max: crate::pass::journal::DEFAULT_MAX_BYTES,
+            coderd_job: None,
             notify_webhook: None,
             status_token: None,
             outbound: Outbound::default(),
@@ -473,6 +479,7 @@ impl Settings {
             audit_log: run.audit_log.or_else(|| file.audit_log.clone()),
             history_journal: run.history_journal.or_else(|| file.history_journal.clone()),
             history_journal_max,
+            coderd_job: file.coderd_job.as_deref().map(coderd_job).transpose()?,
             notify_webhook,
             status_token,
             outbound,

@@ -45,6 +45,18 @@ pub fn prometheus_jobs(jobs: &[String]) -> Result<Vec<String>, Error> {
     Ok(out)
 }
 
+/// `coderd_job`: the scrape job of coderd's own metrics (`backtest` reads its agent-stat gauges
+/// from it only), matched exactly.
+pub fn coderd_job(job: &str) -> Result<String, Error> {
+    let bad = job.trim().is_empty() || job.len() > 256 || job.chars().any(|c| c.is_control() || c == '\u{22}' || c == '\u{5c}');
+    if bad {
+        return Err(Error::config(format!(
+            "coderd_job {job:?}: name the scrape job of coderd's metrics (the `job` label of coderd_agentstats_* series), e.g. coderd_job = \"coder\""
+        )));
+    }
+    Ok(job.trim().to_string())
+}
+
 /// The most names `gpu_parameters` may list.
 const MAX_GPU_PARAMETERS: usize = 32;
 
