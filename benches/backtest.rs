@@ -276,7 +276,18 @@ fn run(exe: &Path, n: usize, days: i64, prometheus: &Path, promtool: &Path) {
         Killed(Command::new(exe).args(["--serve", &n.to_string(), &end.to_string()]).stdout(Stdio::piped()).spawn().expect("server"));
     let mut coder_port = String::new();
     BufReader::new(server.0.stdout.take().expect("stdout")).read_line(&mut coder_port).expect("port");
-    let status = Command::new(exe)
+    // `BENCH_PROFILER="perf record -g -o /tmp/backtest.perf --"` runs the measured process under
+    // a profiler (its figures then include the profiler's cost).
+    let mut measured = match std::env::var("BENCH_PROFILER") {
+        Ok(p) if !p.trim().is_empty() => {
+            let mut parts = p.split_whitespace();
+            let mut c = Command::new(parts.next().unwrap_or("env"));
+            c.args(parts).arg(exe);
+            c
+        }
+        _ => Command::new(exe),
+    };
+    let status = measured
         .args(["--measure", &n.to_string(), &days.to_string(), &end.to_string(), coder_port.trim(), &port.to_string()])
         .env("MALLOC_ARENA_MAX", std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into()))
         .status()
