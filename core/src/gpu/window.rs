@@ -339,9 +339,14 @@ impl Windows {
 
     /// Drops samples older than the retention and workspaces that are no longer running.
     pub fn prune(&mut self, now: DateTime<Utc>, live: &HashSet<&str>) {
+        self.prune_by(now, |id| live.contains(id));
+    }
+
+    /// `prune`, with whether a workspace is listed answered by `live`.
+    pub fn prune_by(&mut self, now: DateTime<Utc>, live: impl Fn(&str) -> bool) {
         let cutoff = now - self.retain;
         self.by_workspace.retain(|ws, gpus| {
-            if !live.contains(ws.as_str()) {
+            if !live(ws.as_str()) {
                 return false;
             }
             gpus.retain(|w| {

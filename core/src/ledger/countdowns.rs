@@ -95,6 +95,9 @@ impl Countdowns {
         self.acted = Acted::default();
         self.planned.clear();
         (self.now, self.coder_offset) = (view.now, view.coder_offset);
+        if self.failed.is_empty() && self.said_once.is_empty() && self.running.is_empty() {
+            return;
+        }
         let builds: HashMap<&str, &str> =
             view.judged.iter().map(|j| (j.workspace.id.as_str(), j.workspace.latest_build.id.as_str())).collect();
         self.failed.retain(|id, (b, _)| builds.get(id.as_str()) == Some(&b.as_str()));
@@ -159,6 +162,9 @@ impl Countdowns {
                 }
                 Start::Set { .. } => {}
             }
+        }
+        if self.running.is_empty() {
+            return coders;
         }
         let listed: HashSet<&str> = view.judged.iter().map(|j| j.workspace.id.as_str()).collect();
         let mut gone: Vec<&String> = self.running.keys().filter(|id| !listed.contains(id.as_str())).collect();

@@ -110,6 +110,9 @@ impl Deadlines {
         self.acted = Acted::default();
         self.planned_extensions.clear();
         self.planned_ttls.clear();
+        if self.said_once.is_empty() && self.extend_refused.is_empty() && self.extended.is_empty() && self.ttl_refused.is_empty() {
+            return;
+        }
         let listed: HashSet<&str> = view.judged.iter().map(|j| j.workspace.id.as_str()).collect();
         self.said_once.retain(|id, _| listed.contains(id));
         self.extend_refused.retain(|id, _| listed.contains(id.as_str()));

@@ -463,6 +463,10 @@ impl SaidOnce {
         true
     }
 
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Forgets what is not about `keep(workspace, build)`.
     pub(super) fn retain(&mut self, keep: impl Fn(&str, &str) -> bool) {
         self.0.retain(|(id, _), b| keep(id, b));

@@ -215,6 +215,9 @@ impl Stops {
     /// episode may stop it), and of any other stop not in flight whose workspace is not listed
     /// running and whose state has not changed for a day.
     fn reconcile(&mut self, view: &PassView) {
+        if self.stops.is_empty() {
+            return;
+        }
         let listed: HashMap<&str, (&str, bool)> = view
             .judged
             .iter()
@@ -299,7 +302,9 @@ impl Stops {
             }
         }
         let slots_left = view.fleet.stop_slots.saturating_sub(candidates.len());
-        let listed: HashSet<&str> = view.judged.iter().map(|j| j.workspace.id.as_str()).collect();
+        // Tracked stops of workspaces not listed: only when some stop is tracked.
+        let listed: HashSet<&str> =
+            if self.stops.is_empty() { HashSet::new() } else { view.judged.iter().map(|j| j.workspace.id.as_str()).collect() };
         let mut retries: Vec<(&String, &TrackedStop, String)> = self
             .stops
             .iter()

@@ -200,7 +200,8 @@ impl Judge {
     /// Begins a pass over these running workspaces: one restarted since the last pass (a new
     /// latest build) starts afresh, its samples and warning forgotten.
     pub fn begin<'a>(&'a mut self, workspaces: &'a [Workspace], context: PassContext) -> JudgePass<'a> {
-        let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
+        // Keyed by the listed ids: it answers "is it listed" for the whole pass too.
+        let session_start = session_starts(workspaces, context.coder_offset);
         for ws in workspaces {
             let build = &ws.latest_build.id;
             match self.sessions.get_mut(&ws.id) {
@@ -216,10 +217,14 @@ impl Judge {
                 }
             }
         }
-        self.sessions.retain(|id, _| live.contains(id.as_str()));
-        let latest: HashSet<&str> = workspaces.iter().map(|w| w.latest_build.id.as_str()).collect();
-        self.build_parameters.retain(|build, _| latest.contains(build.as_str()));
-        let session_start = session_starts(workspaces, context.coder_offset);
+        // Every listed id is in `sessions` now: only when it holds more is one no longer listed.
+        if self.sessions.len() > session_start.len() {
+            self.sessions.retain(|id, _| session_start.contains_key(id.as_str()));
+        }
+        if !self.build_parameters.is_empty() {
+            let latest: HashSet<&str> = workspaces.iter().map(|w| w.latest_build.id.as_str()).collect();
+            self.build_parameters.retain(|build, _| latest.contains(build.as_str()));
+        }
         JudgePass { judge: self, workspaces, context, session_start }
     }
 
@@ -305,11 +310,10 @@ impl JudgePass<'_> {
     /// fleet rules applied. `may_stop` answers whether the token may stop a workspace (`None`:
     /// not known yet, tried).
     pub fn decide(self, now: DateTime<Utc>, failed_sources: &HashSet<&str>, may_stop: impl Fn(&Workspace) -> Option<bool>) -> Judgement {
-        let JudgePass { judge, workspaces, context, .. } = self;
+        let JudgePass { judge, workspaces, context, session_start } = self;
         judge.windows.flush();
         judge.windows.mark_failed_sources(failed_sources);
-        let live: HashSet<&str> = workspaces.iter().map(|w| w.id.as_str()).collect();
-        judge.windows.prune(now, &live);
+        judge.windows.prune_by(now, |id| session_start.contains_key(id));
         judge.learn_gpu_templates(workspaces, now);
         let mut decisions: Vec<Decision> = workspaces
             .iter()
