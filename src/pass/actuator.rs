@@ -164,7 +164,8 @@ impl Actuator {
         let Some(path) = self.outputs.audit.as_ref().filter(|a| a.is_regular()).map(|a| a.path().to_path_buf()) else { return };
         let mut records = Vec::new();
         if let Err(e) = crate::pass::audit::read_records(&path, |r| {
-            if r.kind().is_some_and(|k| k.as_str().starts_with("stop_") || k == AuditKind::Resumed) {
+            if r.kind().is_some_and(|k| k.as_str().starts_with("stop_") || k.as_str().starts_with("countdown_") || k == AuditKind::Resumed)
+            {
                 records.push(r);
             }
         }) {
@@ -172,12 +173,13 @@ impl Actuator {
             return;
         }
         let found = self.ledger.recover(now, records);
-        if found.followed + found.resumable + found.unconfirmed > 0 {
+        if found.followed + found.resumable + found.unconfirmed + found.countdowns > 0 {
             tracing::info!(
                 event = "audit_recovered",
                 followed = found.followed,
                 resumable = found.resumable,
                 unconfirmed = found.unconfirmed,
+                countdowns = found.countdowns,
                 "read back the stops of the previous run from the audit log"
             );
         }

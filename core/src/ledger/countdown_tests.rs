@@ -225,3 +225,30 @@ fn a_countdown_is_left_alone_when_coder_stops_it_otherwise() {
     assert!(l.acted(false).stops_done.is_empty(), "not the countdown's reclaim");
     assert!(plan(&mut l, at(3), &[], &fleet(&[], 10)).calls.is_empty(), "forgotten");
 }
+
+/// After a restart the countdown a previous run set is read back from its audit line: a return
+/// still puts back the deadline it moved (on a template whose bump would not), and a countdown
+/// that ended is not revived.
+#[test]
+fn a_countdown_of_a_previous_run_is_read_back_from_its_audit_line() {
+    let line = |event: &str, minute: i64| -> crate::pass::audit::AuditRecord {
+        serde_json::from_value(serde_json::json!({
+            "time": at(minute), "event": event, "workspace_id": "a", "workspace": "a-name", "owner": "alice",
+            "template": "gpu", "reason": "idle", "build_id": "start-1", "gpus": 1,
+            "deadline_from": at(240), "deadline_to": at(30)
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let mut l = ledger();
+    let found = l.recover(at(5), vec![line("countdown_set", 0)]);
+    assert_eq!(found.countdowns, 1);
+    let p = plan(&mut l, at(12), &[used(30, 11)], &fleet(&[], 10));
+    assert_eq!(events(&p.notes), ["countdown_averted"]);
+    assert_eq!(moves(&p), [("a".into(), at(12 + 480), "countdown_restored")], "put back: later of 14:00 and now + 8 h");
+    // Ended before the restart: nothing to follow.
+    let mut l = ledger();
+    assert_eq!(l.recover(at(5), vec![line("countdown_set", 0), line("countdown_averted", 2)]).countdowns, 0);
+    assert!(plan(&mut l, at(12), &[used(30, 11)], &fleet(&[], 10)).calls.is_empty());
+    // Observe mode reads nothing back.
+    assert_eq!(observing().recover(at(5), vec![line("countdown_set", 0)]).countdowns, 0);
+}

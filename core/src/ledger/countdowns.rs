@@ -16,7 +16,7 @@ use chrono::{DateTime, Duration, Utc};
 use super::intent::{Acted, Call, Count, CountingDown, Fact, Failure, LedgerConfig, Level, Listed, Note, PassView, Plan, SaidOnce, Who};
 use super::tracked::stop_event;
 use crate::coder::types::{BuildReason, JobStatus, Transition, WorkspaceBuild};
-use crate::pass::audit::{AuditEvent, AuditKind, Extension};
+use crate::pass::audit::{AuditEvent, AuditKind, AuditRecord, Extension};
 use crate::pass::countdown::{self, Countdown, Start};
 use crate::pass::decide::Verdict;
 
@@ -251,6 +251,29 @@ impl Countdowns {
             coders.insert(ws.id.clone());
         }
         coders
+    }
+
+    /// Reads back the countdowns a previous run left running: a workspace whose latest countdown
+    /// line is `countdown_set` (no end after it) is counted down again, so that a return still
+    /// puts back the deadline this service moved and Coder's stop is still read as a reclaim.
+    /// Its `last_used_at` then is not in the line: the line's time stands for it (a use after the
+    /// countdown began is a return). Returns how many.
+    pub(super) fn recover(&mut self, records: Vec<AuditRecord>) -> usize {
+        let mut latest: HashMap<String, AuditRecord> = HashMap::new();
+        for r in records {
+            latest.insert(r.workspace_id.clone(), r);
+        }
+        for (id, r) in latest {
+            let (Some(AuditKind::CountdownSet), Some(build_id), Some(from), Some(to)) =
+                (r.kind(), r.build_id.clone(), r.deadline_from, r.deadline_to)
+            else {
+                continue;
+            };
+            let countdown = Countdown { build_id, last_used_at: r.time, original_deadline: from, deadline: to, moved: from != to };
+            let event = AuditEvent { extension: None, ..AuditEvent::recovered(AuditKind::CountdownSet, &r) };
+            self.running.insert(id, Running { countdown, event, expired_said: false, ended_said: false });
+        }
+        self.running.len()
     }
 
     /// Whether this pass planned a move of this workspace's deadline (its answer is ours).

@@ -99,7 +99,13 @@ impl Ledger {
 
     /// Reads back the audit records of a previous run, oldest first (enforce mode only).
     pub fn recover(&mut self, now: DateTime<Utc>, records: impl IntoIterator<Item = AuditRecord>) -> Recovered {
-        self.stops.recover(now, records)
+        let (countdowns, stops): (Vec<AuditRecord>, Vec<AuditRecord>) =
+            records.into_iter().partition(|r| r.kind().is_some_and(|k| k.as_str().starts_with("countdown_")));
+        let mut found = self.stops.recover(now, stops);
+        if self.stops.config.enforce {
+            found.countdowns = self.countdowns.recover(countdowns);
+        }
+        found
     }
 
     /// The first crossing of a pass: what to do, as values.

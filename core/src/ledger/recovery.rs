@@ -17,6 +17,8 @@ pub struct Recovered {
     pub resumable: usize,
     /// `stop_sending` lines without an outcome, settled at the next pass.
     pub unconfirmed: usize,
+    /// Coder's countdowns still running (`countdown_set` with no end after it), followed again.
+    pub countdowns: usize,
 }
 
 /// Where a workspace's stop stood at its latest stop line.

@@ -503,13 +503,15 @@ fn a_stop_sending_line_without_an_outcome_is_settled_by_the_latest_build() {
         gpu_seconds_given_back: None,
         gpu_hour_price: None,
         currency: None,
+        deadline_from: None,
+        deadline_to: None,
     };
     let mut l = ledger();
     let found = l.recover(
         at(5),
         vec![record("stop_sent", -60, Some("old")), record("stop_done", -59, Some("old")), record("stop_sending", 0, None)],
     );
-    assert_eq!(found, Recovered { followed: 0, resumable: 0, unconfirmed: 1 }, "the latest line of a workspace wins");
+    assert_eq!(found, Recovered { followed: 0, resumable: 0, unconfirmed: 1, countdowns: 0 }, "the latest line of a workspace wins");
     let p = plan(&mut l, at(5), &[], &fleet(&[], 10));
     assert_eq!(p.calls, [Call::Settle { workspace_id: "a".into() }]);
     let mut ours = stop_build("stop-1", JobStatus::Pending);

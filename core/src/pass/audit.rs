@@ -348,6 +348,11 @@ pub struct AuditRecord {
     pub gpu_hour_price: Option<f64>,
     #[serde(default)]
     pub currency: Option<String>,
+    /// A deadline move's (`countdown_set`, `deadline_extended`): Coder's deadline before and after.
+    #[serde(default)]
+    pub deadline_from: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub deadline_to: Option<DateTime<Utc>>,
 }
 
 impl AuditRecord {
