@@ -5,6 +5,7 @@ use super::tests::{at, audited, build, events, fleet, idle, judged, ledger, obse
 use super::*;
 use crate::coder::types::{BuildReason, JobStatus, Transition, WorkspaceBuild};
 use crate::pass::decide::{Reason, Verdict};
+use crate::pass::fleet::FleetOutcome;
 use crate::pass::judge::Judged;
 
 const THIRTY: std::time::Duration = std::time::Duration::from_secs(30 * 60);
@@ -181,6 +182,15 @@ fn a_workspace_no_longer_idle_withdraws_it_and_an_extension_is_never_doubled() {
     l.observe(vec![ok("a")]);
     busy.decision.verdict = Verdict::Unknown;
     let p = plan(&mut l, at(5), &[busy], &fleet(&[], 10));
+    assert_eq!((moves(&p).len(), stop_calls(&p)), (1, 0));
+    // Still judged idle, but the breaker holds every stop (zeros from a broken exporter): the
+    // countdown is a stop too, and is withdrawn.
+    let mut l = ledger();
+    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
+    l.observe(vec![ok("a")]);
+    let held = FleetOutcome { breaker: Some("the breaker".into()), ..FleetOutcome::default() };
+    let p = plan(&mut l, at(5), &[counted(Some(30))], &held);
+    assert_eq!(events(&p.notes), ["countdown_withdrawn"]);
     assert_eq!((moves(&p).len(), stop_calls(&p)), (1, 0));
 }
 

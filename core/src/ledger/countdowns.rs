@@ -179,7 +179,9 @@ impl Countdowns {
         let (ws, d) = (j.workspace, j.decision);
         let coder_now = view.coder_now();
         let Some(r) = self.running.get_mut(&ws.id) else { return };
-        if d.verdict == Verdict::Reclaim {
+        // The breaker holds every stop (a broken exporter reads as zeros): Coder's countdown is one
+        // too, and is withdrawn like any countdown of a workspace no longer judged idle.
+        if d.verdict == Verdict::Reclaim && view.fleet.breaker.is_none() {
             if countdown::expired(coder_now, &r.countdown, interval) {
                 if !r.expired_said {
                     r.expired_said = true;
@@ -207,7 +209,10 @@ impl Countdowns {
                 plan.notes.push(Note::new(Level::Info, "countdown_averted", text).audit(event).count(Count::CountdownAverted));
                 self.acted.countdowns_averted.push(ws.id.clone());
             } else {
-                let text = format!("no longer idle ({}): Coder's countdown is withdrawn", d.reason.as_str());
+                let text = match &view.fleet.breaker {
+                    Some(_) => "the circuit breaker holds every stop this pass: Coder's countdown is withdrawn".to_string(),
+                    None => format!("no longer idle ({}): Coder's countdown is withdrawn", d.reason.as_str()),
+                };
                 let event = AuditEvent { event: AuditKind::CountdownWithdrawn, ..base };
                 plan.notes.push(Note::new(Level::Info, "countdown_withdrawn", text).audit(event));
             }
