@@ -223,6 +223,18 @@ impl Replay {
             self.breaker_passes += 1;
         }
         self.deferred += judgement.fleet.deferred as u64;
+        // A countdown whose workspace is no longer judged idle (or that the breaker holds) ends,
+        // as `run`'s ledger withdraws it: Coder stops nothing; ended by a use, it was averted.
+        if !self.countdowns.is_empty() {
+            for (t, d) in self.owner.iter().zip(&judgement.decisions) {
+                if d.verdict != crate::pass::decide::Verdict::Reclaim || judgement.fleet.breaker.is_some() {
+                    if let Some(c) = self.countdowns.remove(t) {
+                        let used = timelines.get(*t).is_some_and(|tl| tl.used_within(c.since, now).is_some());
+                        self.countdowns_averted += u64::from(used);
+                    }
+                }
+            }
+        }
         // The stops, as `run`'s ledger plans them, and Coder's answers: every stop is queued and
         // succeeds by the next pass.
         let windows = self.judge.windows();

@@ -91,9 +91,9 @@ fn a_reclaim_becomes_coders_countdown_and_coders_stop_is_a_reclaim() {
 
 #[test]
 fn coming_back_averts_it_and_puts_back_a_deadline_coder_did_not_bump() {
-    // (Coder's deadline after the use: bumped by Coder, or still the countdown's; the restore:
-    // now plus its 8 h TTL, later than where it was)
-    let rows = [(90, None), (30, Some(at(12 + 480)))];
+    // (Coder's deadline after the use: bumped by Coder past where it was, bumped short of it, or
+    // still the countdown's; the restore: now plus its 8 h TTL, later than where it was)
+    let rows = [(600, None), (90, Some(at(12 + 480))), (30, Some(at(12 + 480)))];
     for (deadline, restore) in rows {
         let mut l = ledger();
         plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
@@ -255,10 +255,72 @@ fn a_countdown_of_a_previous_run_is_read_back_from_its_audit_line() {
     let p = plan(&mut l, at(12), &[used(30, 11)], &fleet(&[], 10));
     assert_eq!(events(&p.notes), ["countdown_averted"]);
     assert_eq!(moves(&p), [("a".into(), at(12 + 480), "countdown_restored")], "put back: later of 14:00 and now + 8 h");
-    // Ended before the restart: nothing to follow.
+    // Averted before the restart, its deadline not put back yet: put back, said once.
     let mut l = ledger();
-    assert_eq!(l.recover(at(5), vec![line("countdown_set", 0), line("countdown_averted", 2)]).countdowns, 0);
-    assert!(plan(&mut l, at(12), &[used(30, 11)], &fleet(&[], 10)).calls.is_empty());
+    assert_eq!(l.recover(at(5), vec![line("countdown_set", 0), line("countdown_averted", 2)]).countdowns, 1);
+    let p = plan(&mut l, at(12), &[used(30, 11)], &fleet(&[], 10));
+    assert_eq!((events(&p.notes).len(), moves(&p).len()), (0, 1));
+    // Ended for good (put back, done, expired): nothing to follow.
+    for end in ["countdown_restored", "countdown_done", "countdown_expired"] {
+        let mut l = ledger();
+        assert_eq!(l.recover(at(5), vec![line("countdown_set", 0), line("countdown_averted", 2), line(end, 3)]).countdowns, 0, "{end}");
+        assert!(plan(&mut l, at(12), &[used(30, 11)], &fleet(&[], 10)).calls.is_empty());
+    }
     // Observe mode reads nothing back.
     assert_eq!(observing().recover(at(5), vec![line("countdown_set", 0)]).countdowns, 0);
+}
+
+/// Someone moves the deadline later in Coder's dashboard (+1 h): the countdown ends there, and
+/// the service's own stop comes only after that deadline, not the countdown's first one.
+#[test]
+fn a_deadline_moved_later_in_the_dashboard_is_the_countdowns_new_end() {
+    let mut l = ledger();
+    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
+    l.observe(vec![ok("a")]);
+    // (minute, Coder's deadline, stop calls): +1 h at minute 10 moves the end to 11:30.
+    for (minute, deadline, stops) in [(10, 90, 0), (34, 90, 0), (92, 90, 0), (94, 90, 1)] {
+        let p = plan(&mut l, at(minute), &[counted(Some(deadline))], &fleet(&[0], 10));
+        assert_eq!((stop_calls(&p), moves(&p).len()), (stops, 0), "minute {minute}");
+        if stops > 0 {
+            l.observe(vec![Outcome::Stop {
+                workspace_id: "a".into(),
+                answer: StopAnswer::Refused(Failure { status: Some(400), text: "400".into() }),
+            }]);
+        }
+    }
+}
+
+/// The move's answer was lost (a timeout after Coder applied it): the next pass finds the
+/// countdown's deadline and knows it as this service's, so a return still puts it back.
+#[test]
+fn a_move_whose_answer_was_lost_is_still_put_back() {
+    let mut l = ledger();
+    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
+    l.observe(vec![Outcome::Extend { workspace_id: "a".into(), answer: Err(Failure { status: None, text: "timed out".into() }) }]);
+    let p = plan(&mut l, at(1), &[counted(Some(30))], &fleet(&[0], 10));
+    assert_eq!((events(&p.notes).as_slice(), p.calls.len()), (["countdown_sooner"].as_slice(), 0));
+    let p = plan(&mut l, at(12), &[used(30, 11)], &fleet(&[], 10));
+    assert_eq!(moves(&p), [("a".into(), at(12 + 480), "countdown_restored")]);
+}
+
+/// A countdown put back while the GPU computes again (`extend_while_busy` finds an extension
+/// due): one write this pass, the put-back; the extension waits for the next pass.
+#[test]
+fn a_put_back_and_an_extension_are_never_both_sent_in_one_pass() {
+    let mut l = ledger();
+    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
+    l.observe(vec![ok("a")]);
+    let mut busy = counted(Some(30));
+    busy.decision.verdict = Verdict::Keep;
+    busy.decision.reason = Reason::GpuActive;
+    busy.decision.deadline = Some(Box::new(crate::pass::deadline::DeadlinePlan {
+        deadline: at(30),
+        action: crate::pass::deadline::DeadlineAction::Extend { to: at(65) },
+        limit: at(24 * 60),
+        limited_by: crate::pass::deadline::Limit::ExtendLimit,
+        evidence: crate::pass::deadline::GpuEvidence::default(),
+    }));
+    let extending = FleetOutcome { extend_order: vec![0], extension_slots: 10, ..FleetOutcome::default() };
+    let p = plan(&mut l, at(5), &[busy], &extending);
+    assert_eq!(moves(&p), [("a".into(), at(5 + 480), "countdown_restored")], "one write: {:?}", p.calls);
 }

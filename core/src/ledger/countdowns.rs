@@ -48,9 +48,11 @@ enum Planned {
 pub(super) struct Countdowns {
     config: LedgerConfig,
     running: HashMap<String, Running>,
-    /// Per workspace, the build whose countdown Coder refused or that failed, and how often
-    /// (`MAX_COUNTDOWN_FAILURES` for a refusal).
-    failed: HashMap<String, (String, u32)>,
+    /// Per workspace, the build whose countdown Coder refused or that failed, how often
+    /// (`MAX_COUNTDOWN_FAILURES` for a refusal), and, after a move whose answer was lost, the
+    /// deadline before it (the move may have been applied: a later pass that finds the
+    /// countdown's deadline there knows it was this service's).
+    failed: HashMap<String, (String, u32, Option<DateTime<Utc>>)>,
     /// Per workspace, the build for which a once-per-build line was already said.
     said_once: SaidOnce,
     planned: HashMap<String, Planned>,
@@ -100,7 +102,7 @@ impl Countdowns {
         }
         let builds: HashMap<&str, &str> =
             view.judged.iter().map(|j| (j.workspace.id.as_str(), j.workspace.latest_build.id.as_str())).collect();
-        self.failed.retain(|id, (b, _)| builds.get(id.as_str()) == Some(&b.as_str()));
+        self.failed.retain(|id, (b, _, _)| builds.get(id.as_str()) == Some(&b.as_str()));
         self.said_once.retain(|id, b| builds.get(id) == Some(&b));
         self.running.retain(|id, r| builds.get(id.as_str()).is_none_or(|b| *b == r.countdown.build_id));
     }
@@ -119,10 +121,12 @@ impl Countdowns {
                 continue;
             }
             let Some(length) = d.countdown.filter(|_| in_order.contains(&i) && d.verdict == Verdict::Reclaim) else { continue };
-            if self.failed.get(&ws.id).is_some_and(|(b, n)| *b == ws.latest_build.id && *n >= MAX_COUNTDOWN_FAILURES) {
+            let failed = self.failed.get(&ws.id).filter(|(b, _, _)| *b == ws.latest_build.id);
+            if failed.is_some_and(|(_, n, _)| *n >= MAX_COUNTDOWN_FAILURES) {
                 continue;
             }
-            match countdown::start(coder_now, ws, length) {
+            let lost_move = failed.and_then(|(_, _, original)| *original);
+            match countdown::start(coder_now, ws, length, d.reason) {
                 Start::OwnStop(why) => {
                     if self.said_once.first_time("countdown_not_set", &ws.id, &ws.latest_build.id) {
                         let text = format!("Coder's countdown cannot be used: {why}; the reclaimer stops it itself");
@@ -132,12 +136,13 @@ impl Countdowns {
                     }
                 }
                 Start::Sooner { deadline } => {
+                    // After a move whose answer was lost, a deadline this soon is that move's.
                     let countdown = Countdown {
                         build_id: ws.latest_build.id.clone(),
                         last_used_at: ws.last_used_at,
-                        original_deadline: deadline,
+                        original_deadline: lost_move.unwrap_or(deadline),
                         deadline,
-                        moved: false,
+                        moved: lost_move.is_some(),
                     };
                     let event = move_event(AuditKind::CountdownSet, view, self.config.mode, j, deadline, deadline);
                     let text = "idle, and Coder's own autostop deadline is sooner than the countdown: Coder stops it then";
@@ -180,14 +185,16 @@ impl Countdowns {
         let coder_now = view.coder_now();
         let Some(r) = self.running.get_mut(&ws.id) else { return };
         // The breaker holds every stop (a broken exporter reads as zeros): Coder's countdown is one
-        // too, and is withdrawn like any countdown of a workspace no longer judged idle.
-        if d.verdict == Verdict::Reclaim && view.fleet.breaker.is_none() {
+        // too, and is withdrawn like any countdown of a workspace no longer judged idle. An ended
+        // countdown whose deadline is still to be put back never resumes.
+        if d.verdict == Verdict::Reclaim && view.fleet.breaker.is_none() && !r.ended_said {
+            countdown::follow_coder(&mut r.countdown, ws);
             if countdown::expired(coder_now, &r.countdown, interval) {
                 if !r.expired_said {
                     r.expired_said = true;
                     let event = AuditEvent { event: AuditKind::CountdownExpired, time: view.now, ..r.event.clone() };
                     let text = format!(
-                        "Coder's countdown ended at {} and Coder has not stopped it (a blocked lifecycle executor, no provisioner?): the reclaimer stops it",
+                        "Coder's countdown ended at {} and Coder has not stopped it (autostop switched off since, a blocked lifecycle executor, no provisioner?): the reclaimer stops it",
                         crate::pass::mode::at(r.countdown.deadline)
                     );
                     plan.notes.push(Note::new(Level::Warn, "countdown_expired", text).audit(event));
@@ -198,8 +205,7 @@ impl Countdowns {
             coders.insert(ws.id.clone());
             return;
         }
-        let extending = d.deadline.as_ref().and_then(|p| p.extend_to()).is_some();
-        let end = countdown::end(coder_now, ws, &r.countdown, extending);
+        let end = countdown::end(coder_now, ws, &r.countdown);
         if !r.ended_said {
             r.ended_said = true;
             let base = AuditEvent { time: view.now, reason: d.reason.as_str(), message: d.message.clone(), ..r.event.clone() };
@@ -240,7 +246,7 @@ impl Countdowns {
             let Some(j) = view.judged.get(i) else { continue };
             let (ws, d) = (j.workspace, j.decision);
             let Some(length) = d.countdown.filter(|_| d.verdict == Verdict::Reclaim) else { continue };
-            let (until, set) = match countdown::start(coder_now, ws, length) {
+            let (until, set) = match countdown::start(coder_now, ws, length, d.reason) {
                 Start::OwnStop(_) => continue,
                 Start::Sooner { deadline } => (deadline, true),
                 Start::Set { to } => (to, false),
@@ -264,21 +270,44 @@ impl Countdowns {
     /// Its `last_used_at` then is not in the line: the line's time stands for it (a use after the
     /// countdown began is a return). Returns how many.
     pub(super) fn recover(&mut self, records: Vec<AuditRecord>) -> usize {
-        let mut latest: HashMap<String, AuditRecord> = HashMap::new();
+        // Per workspace: its latest `countdown_set`, whether a line ended it for good since
+        // (done, expired, its deadline put back), and whether one ended it while its deadline
+        // may still be to put back (averted, withdrawn).
+        let mut latest: HashMap<String, (AuditRecord, bool, bool)> = HashMap::new();
         for r in records {
-            latest.insert(r.workspace_id.clone(), r);
+            match r.kind() {
+                Some(AuditKind::CountdownSet) => {
+                    latest.insert(r.workspace_id.clone(), (r, false, false));
+                }
+                Some(AuditKind::CountdownAverted | AuditKind::CountdownWithdrawn) => {
+                    if let Some(l) = latest.get_mut(&r.workspace_id) {
+                        l.2 = true;
+                    }
+                }
+                Some(_) => {
+                    if let Some(l) = latest.get_mut(&r.workspace_id) {
+                        l.1 = true;
+                    }
+                }
+                None => {}
+            }
         }
-        for (id, r) in latest {
-            let (Some(AuditKind::CountdownSet), Some(build_id), Some(from), Some(to)) =
-                (r.kind(), r.build_id.clone(), r.deadline_from, r.deadline_to)
-            else {
+        for (id, (r, over, ended)) in latest {
+            let (Some(build_id), Some(from), Some(to)) = (r.build_id.clone(), r.deadline_from, r.deadline_to) else { continue };
+            if over {
                 continue;
-            };
+            }
             let countdown = Countdown { build_id, last_used_at: r.time, original_deadline: from, deadline: to, moved: from != to };
             let event = AuditEvent { extension: None, ..AuditEvent::recovered(AuditKind::CountdownSet, &r) };
-            self.running.insert(id, Running { countdown, event, expired_said: false, ended_said: false });
+            self.running.insert(id, Running { countdown, event, expired_said: false, ended_said: ended });
         }
         self.running.len()
+    }
+
+    /// The workspaces whose deadline this pass moves for a countdown (no extension is planned
+    /// for them this pass: one write per workspace).
+    pub(super) fn moving(&self) -> HashSet<String> {
+        self.planned.keys().cloned().collect()
     }
 
     /// Whether this pass planned a move of this workspace's deadline (its answer is ours).
@@ -304,11 +333,12 @@ impl Countdowns {
             (Planned::Set { countdown, event }, Err(f)) => {
                 let refused = f.is_refusal();
                 let n = match self.failed.get(id) {
-                    Some((b, n)) if *b == countdown.build_id => n + 1,
+                    Some((b, n, _)) if *b == countdown.build_id => n + 1,
                     _ => 1,
                 };
                 let n = if refused { MAX_COUNTDOWN_FAILURES } else { n };
-                self.failed.insert(id.to_string(), (countdown.build_id, n));
+                let maybe_moved = f.is_unclear().then_some(countdown.original_deadline);
+                self.failed.insert(id.to_string(), (countdown.build_id, n, maybe_moved));
                 let text = if n >= MAX_COUNTDOWN_FAILURES {
                     "Coder did not take the countdown's deadline: the reclaimer stops it itself from the next pass"
                 } else {

@@ -224,12 +224,13 @@ impl Deadlines {
     }
 
     /// The extensions the fleet rules found due, in their slots; one Coder refused for this
-    /// build is skipped without a slot.
-    pub(super) fn extensions_to_send(&mut self, view: &PassView, plan: &mut Plan) {
+    /// build, or whose deadline a countdown moves this pass (`moving`), is skipped without a slot.
+    pub(super) fn extensions_to_send(&mut self, view: &PassView, plan: &mut Plan, moving: &HashSet<String>) {
         let mut slots = view.fleet.extension_slots;
         for (j, p, to) in extend_order(view) {
             let ws = &j.workspace;
-            if self.extend_refused.get(&ws.id) == Some(&ws.latest_build.id) {
+            // A countdown's deadline is put back this pass: the extension waits for the next.
+            if self.extend_refused.get(&ws.id) == Some(&ws.latest_build.id) || moving.contains(&ws.id) {
                 continue;
             }
             if slots == 0 {

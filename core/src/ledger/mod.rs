@@ -129,7 +129,8 @@ impl Ledger {
         }
         self.deadlines.count_averted(view, &mut plan);
         if !view.shutting_down {
-            self.deadlines.extensions_to_send(view, &mut plan);
+            let moving = self.countdowns.moving();
+            self.deadlines.extensions_to_send(view, &mut plan, &moving);
         }
         plan
     }

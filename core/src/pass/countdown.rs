@@ -23,6 +23,7 @@ use chrono::{DateTime, Duration, Utc};
 
 use crate::coder::types::{JobStatus, Transition, Workspace};
 use crate::duration::chrono as dur;
+use crate::pass::decide::Reason;
 use crate::pass::policy::CODER_MIN_AHEAD;
 
 /// A countdown the service started (or found Coder's own deadline sooner than), remembered for
@@ -52,8 +53,13 @@ pub enum Start {
 }
 
 /// The start of a countdown of `countdown` for a workspace the pass would reclaim.
-pub fn start(coder_now: DateTime<Utc>, ws: &Workspace, countdown: std::time::Duration) -> Start {
+pub fn start(coder_now: DateTime<Utc>, ws: &Workspace, countdown: std::time::Duration, reason: Reason) -> Start {
     let b = &ws.latest_build;
+    // Someone is connected: each connection moves Coder's deadline (the activity bump), so no
+    // countdown could end; the service stops it itself.
+    if matches!(reason, Reason::ConnectedButGpuIdle | Reason::MaxLifetime) {
+        return Start::OwnStop("someone is connected (Coder's activity bump would move every countdown)");
+    }
     if ws.is_prebuild() {
         return Start::OwnStop("a prebuild: Coder moves no prebuild's deadline");
     }
@@ -85,24 +91,38 @@ pub fn expired(coder_now: DateTime<Utc>, c: &Countdown, interval: std::time::Dur
     coder_now > c.deadline + expiry_margin(interval)
 }
 
+/// A countdown whose deadline someone moved later in Coder (the dashboard's +1 h, an activity
+/// bump without a use the listing shows yet) ends at that later deadline: the person's choice
+/// stands, and the service's own stop, if Coder does not stop it, comes only after it.
+pub fn follow_coder(c: &mut Countdown, ws: &Workspace) {
+    if let Some(d) = coder_deadline(ws).filter(|d| *d > c.deadline) {
+        c.deadline = d;
+    }
+}
+
 /// How a countdown ends while its workspace runs the same build and is no longer judged idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct End {
     /// `last_used_at` moved since it began: someone came back (`countdowns_averted`).
     pub averted: bool,
-    /// Where to move Coder's deadline back to, when the countdown's is still there.
+    /// Where to move Coder's deadline back to: where it was before the countdown, or now plus
+    /// the workspace's TTL when later, never less than Coder's 30 minutes nor past `max_deadline`;
+    /// `None` when Coder's deadline is already there or later (or the service moved nothing).
     pub restore: Option<DateTime<Utc>>,
 }
 
-/// The end of a countdown. `extending`: this pass moves the deadline anyway (busy GPU work,
-/// `extend_while_busy`), so nothing else is sent.
-pub fn end(coder_now: DateTime<Utc>, ws: &Workspace, c: &Countdown, extending: bool) -> End {
+/// The end of a countdown.
+pub fn end(coder_now: DateTime<Utc>, ws: &Workspace, c: &Countdown) -> End {
     let averted = ws.last_used_at > c.last_used_at;
-    let still_ours = coder_deadline(ws).is_some_and(|d| d <= c.deadline);
-    let restore = (c.moved && still_ours && !extending).then(|| {
-        let ttl = ws.ttl_ms.filter(|t| *t > 0).map_or(Duration::zero(), Duration::milliseconds);
-        whole_seconds(c.original_deadline.max(coder_now + ttl).max(coder_now + dur(CODER_MIN_AHEAD) + Duration::seconds(1)))
-    });
+    let ttl = ws.ttl_ms.filter(|t| *t > 0).map_or(Duration::zero(), Duration::milliseconds);
+    let mut to = whole_seconds(c.original_deadline.max(coder_now + ttl).max(coder_now + dur(CODER_MIN_AHEAD) + Duration::seconds(1)));
+    if let Some(max) = ws.latest_build.max_deadline.filter(|m| m.timestamp() > 0) {
+        to = to.min(max);
+    }
+    // A bump that moved it past the countdown's deadline but short of where it was still puts
+    // it back: a job started after the return must not meet the shortened deadline.
+    let short = coder_deadline(ws).is_some_and(|d| d < to);
+    let restore = (c.moved && short).then_some(to);
     End { averted, restore }
 }
 
@@ -168,7 +188,7 @@ mod tests {
             (stopping, THIRTY, Start::OwnStop("its latest build is not a completed start")),
         ];
         for (i, (w, countdown, want)) in rows.into_iter().enumerate() {
-            assert_eq!(start(t(0) + Duration::milliseconds(400), &w, countdown), want, "row {i}");
+            assert_eq!(start(t(0) + Duration::milliseconds(400), &w, countdown, Reason::Idle), want, "row {i}");
         }
     }
 
@@ -187,25 +207,48 @@ mod tests {
     fn an_ended_countdown_puts_back_what_coder_did_not_move() {
         let (c, late, sooner) = (counted(240, 30, true), counted(35, 30, true), counted(20, 20, false));
         let back = |min: i64| Some(t(min));
-        // (workspace, countdown, extending this pass, end), at 12:10
+        let mut capped = used(30, 60);
+        capped.latest_build.max_deadline = Some(t(200));
+        // (workspace, countdown, end), at 12:10
         let rows = [
-            // Coder's activity bump moved it past the countdown: nothing to send.
-            (used(70, 480), &c, false, End { averted: true, restore: None }),
+            // Coder's activity bump moved it to where it was, or later: nothing to send.
+            (used(240, 60), &c, End { averted: true, restore: None }),
+            (used(300, 60), &c, End { averted: true, restore: None }),
+            // A bump past the countdown's deadline but short of where it was: put back.
+            (used(70, 60), &c, End { averted: true, restore: back(240) }),
             // No bump (activity_bump 0, or one too short to move it): back to where it was...
-            (used(30, 60), &c, false, End { averted: true, restore: back(240) }),
+            (used(30, 60), &c, End { averted: true, restore: back(240) }),
             // ...or to now plus the workspace's TTL, whichever is later...
-            (used(30, 360), &c, false, End { averted: true, restore: back(370) }),
-            // ...and never less than Coder's 30 minutes.
-            (used(30, 10), &late, false, End { averted: true, restore: Some(t(40) + Duration::seconds(1)) }),
+            (used(30, 360), &c, End { averted: true, restore: back(370) }),
+            // ...never less than Coder's 30 minutes...
+            (used(30, 10), &late, End { averted: true, restore: Some(t(40) + Duration::seconds(1)) }),
+            // ...and never past max_deadline (Coder refuses it).
+            (capped, &c, End { averted: true, restore: back(200) }),
             // No use (the GPU computes again, the data turned doubtful): put back, not averted.
-            (ws(Some(30)), &c, false, End { averted: false, restore: back(480 + 10) }),
-            // Busy GPU work is extended this pass anyway.
-            (ws(Some(30)), &c, true, End { averted: false, restore: None }),
+            (ws(Some(30)), &c, End { averted: false, restore: back(480 + 10) }),
             // Coder's own deadline was sooner: the service moved nothing.
-            (used(20, 480), &sooner, false, End { averted: true, restore: None }),
+            (used(20, 480), &sooner, End { averted: true, restore: None }),
         ];
-        for (i, (w, c, extending, want)) in rows.into_iter().enumerate() {
-            assert_eq!(end(t(10), &w, c, extending), want, "row {i}");
+        for (i, (w, c, want)) in rows.into_iter().enumerate() {
+            assert_eq!(end(t(10), &w, c), want, "row {i}");
         }
+    }
+
+    #[test]
+    fn a_deadline_moved_later_in_coder_is_the_countdowns_new_end() {
+        // (Coder's deadline now, the countdown's end after it)
+        for (coder, want) in [(Some(30), 30), (Some(90), 90), (Some(20), 30), (None, 30)] {
+            let mut c = counted(240, 30, true);
+            follow_coder(&mut c, &ws(coder));
+            assert_eq!(c.deadline, t(want), "{coder:?}");
+        }
+    }
+
+    #[test]
+    fn a_workspace_someone_is_connected_to_is_never_counted_down() {
+        for reason in [Reason::ConnectedButGpuIdle, Reason::MaxLifetime] {
+            assert!(matches!(start(t(0), &ws(Some(240)), THIRTY, reason), Start::OwnStop(_)), "{reason:?}");
+        }
+        assert_eq!(start(t(0), &ws(Some(240)), THIRTY, Reason::MemoryHeldIdle), Start::Set { to: t(30) });
     }
 }
