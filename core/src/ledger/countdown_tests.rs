@@ -324,3 +324,27 @@ fn a_put_back_and_an_extension_are_never_both_sent_in_one_pass() {
     let p = plan(&mut l, at(5), &[busy], &extending);
     assert_eq!(moves(&p), [("a".into(), at(5 + 480), "countdown_restored")], "one write: {:?}", p.calls);
 }
+
+/// Coder's autostop build at a countdown's end fails: the pod keeps its GPU outside Coder's
+/// running workspaces. The stop becomes the service's own, a failed one due at once, sent under
+/// the guard of that failed build.
+#[test]
+fn a_failed_autostop_at_a_countdowns_end_becomes_the_services_own_stop() {
+    let mut l = ledger();
+    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
+    l.observe(vec![ok("a")]);
+    plan(&mut l, at(31), &[], &fleet(&[], 10));
+    let notes = l.observe(vec![Outcome::FollowCountdown { workspace_id: "a".into(), answer: Ok(Some(coders_stop(JobStatus::Failed))) }]);
+    assert_eq!(events(&notes), ["countdown_stop_failed"]);
+    assert!(l.acted(false).stops_done.is_empty(), "no GPU was freed");
+    let p = plan(&mut l, at(32), &[], &fleet(&[], 10));
+    let stops: Vec<(String, String)> = p
+        .calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::Stop(s) => Some((s.event.workspace_id.clone(), s.expect_build.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stops, [("a".to_string(), "autostop-1".to_string())]);
+}

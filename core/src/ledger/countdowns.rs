@@ -375,15 +375,14 @@ impl Countdowns {
         }
     }
 
-    /// What became of a workspace counted down that is no longer listed running. Returns the
-    /// `countdown_done` event of a stop Coder made at its end (the stop path remembers it for
-    /// the `resumed` line).
+    /// What became of a workspace counted down that is no longer listed running: for the stop
+    /// path, a stop Coder made at its end (`countdown_done`), or one Coder's build failed.
     pub(super) fn followed(
         &mut self,
         id: &str,
         answer: Result<Option<WorkspaceBuild>, Failure>,
         notes: &mut Vec<Note>,
-    ) -> Option<AuditEvent> {
+    ) -> Option<Followed> {
         let b = match answer {
             Ok(Some(b)) => b,
             Ok(None) => {
@@ -410,17 +409,28 @@ impl Countdowns {
         }
         if b.job.status != JobStatus::Succeeded {
             let text = format!(
-                "Coder's autostop build at the end of the countdown is {}: its pod may keep its GPU outside Coder's running workspaces",
+                "Coder's autostop build at the end of the countdown is {}: its pod keeps its GPU; the reclaimer stops it itself",
                 b.job.status.as_str()
             );
-            notes.push(Note::new(Level::Warn, "countdown_stop_failed", text).about(&r.event).build(b.id));
-            return None;
+            notes.push(Note::new(Level::Warn, "countdown_stop_failed", text).about(&r.event).build(b.id.clone()));
+            let event = AuditEvent { time: self.now, build_id: Some(b.id.clone()), ..r.event };
+            return Some(Followed::StopFailed { event, build_id: b.id });
         }
         let time = b.job.completed_at.map_or(self.now, |t| (t - self.coder_offset).min(self.now));
         let done = AuditEvent { event: AuditKind::CountdownDone, time, build_id: Some(b.id.clone()), ..r.event };
         let text = "Coder stopped it at the end of its countdown: its GPU is free";
         notes.push(Note::new(Level::Info, "countdown_done", text).audit(done.clone()));
         self.acted.stops_done.push(id.to_string());
-        Some(done)
+        Some(Followed::Done(done))
     }
+}
+
+/// What a read of a counted-down workspace that is no longer listed found, for the stop path.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Followed {
+    /// Coder stopped it: a reclaim (its `resumed` line comes as for the service's own stops).
+    Done(AuditEvent),
+    /// Coder's autostop build failed (or was canceled, reaped): the pod keeps its GPU, and the
+    /// service's own stop is tried as for a stop of its own that failed.
+    StopFailed { event: AuditEvent, build_id: String },
 }

@@ -144,11 +144,11 @@ impl Ledger {
                     self.countdowns.moved(&workspace_id, answer, &mut notes);
                 }
                 Outcome::Extend { workspace_id, answer } => self.deadlines.extend_answered(&workspace_id, answer, &mut notes),
-                Outcome::FollowCountdown { workspace_id, answer } => {
-                    if let Some(done) = self.countdowns.followed(&workspace_id, answer, &mut notes) {
-                        self.stops.stopped_by_coder(done);
-                    }
-                }
+                Outcome::FollowCountdown { workspace_id, answer } => match self.countdowns.followed(&workspace_id, answer, &mut notes) {
+                    Some(countdowns::Followed::Done(done)) => self.stops.stopped_by_coder(done),
+                    Some(countdowns::Followed::StopFailed { event, build_id }) => self.stops.adopt_failed(event, build_id),
+                    None => {}
+                },
                 Outcome::RestoreTtl { workspace_id, answer } => self.deadlines.ttl_answered(&workspace_id, answer, &mut notes),
                 other => self.stops.observe(other, &mut notes),
             }

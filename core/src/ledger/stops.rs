@@ -182,6 +182,16 @@ impl Stops {
         self.stopped.insert(done.workspace_id.clone(), (done, at));
     }
 
+    /// Coder's autostop build at a countdown's end failed: its pod keeps its GPU. The stop is
+    /// the service's own from now on, a failed one due at once (the retries of workspaces no
+    /// longer listed send it, under the guard of that failed build).
+    pub(super) fn adopt_failed(&mut self, event: AuditEvent, build_id: String) {
+        let retry_at = event.time;
+        self.stops
+            .entry(event.workspace_id.clone())
+            .or_insert_with(|| TrackedStop::recovered(event, StopState::Failed { retry_at, build_id: Some(build_id) }));
+    }
+
     /// Workspaces this service stopped that run again: one `resumed` line each, with the
     /// GPU-seconds they gave back. Forgotten after `STOPPED_MEMORY`.
     fn resumed(&mut self, view: &PassView, plan: &mut Plan) {
