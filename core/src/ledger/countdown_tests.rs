@@ -348,3 +348,25 @@ fn a_failed_autostop_at_a_countdowns_end_becomes_the_services_own_stop() {
         .collect();
     assert_eq!(stops, [("a".to_string(), "autostop-1".to_string())]);
 }
+
+/// One waiter, one stop: Coder's stop at a countdown's end serves a waiter of its pool from the
+/// pass its workspace leaves the listing past its deadline, until its GPU is on its way.
+#[test]
+fn coders_stop_at_a_countdowns_end_serves_one_waiter() {
+    let mut l = ledger();
+    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
+    l.observe(vec![ok("a")]);
+    assert!(l.serving().iter().all(|n| *n == 0), "a countdown running serves nobody yet");
+    plan(&mut l, at(31), &[], &fleet(&[], 10));
+    assert_eq!(l.serving(), [1], "gone past its deadline: Coder is stopping it");
+    l.observe(vec![Outcome::FollowCountdown { workspace_id: "a".into(), answer: Ok(Some(coders_stop(JobStatus::Pending))) }]);
+    plan(&mut l, at(32), &[], &fleet(&[], 10));
+    assert_eq!(l.serving(), [1], "counted once");
+    // Stopped by its owner instead: nothing is on its way.
+    let mut l = ledger();
+    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
+    l.observe(vec![ok("a")]);
+    plan(&mut l, at(31), &[], &fleet(&[], 10));
+    l.observe(vec![Outcome::FollowCountdown { workspace_id: "a".into(), answer: Ok(Some(stop_build("by-owner", JobStatus::Succeeded))) }]);
+    assert!(l.serving().iter().all(|n| *n == 0));
+}

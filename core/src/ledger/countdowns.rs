@@ -34,12 +34,16 @@ struct Running {
     event: AuditEvent,
     expired_said: bool,
     ended_said: bool,
+    /// Its GPU pool (`Policy::pools`), and whether Coder's stop at its end already counts as
+    /// serving a waiter of that pool (`ledger::serving`).
+    pool: usize,
+    serving: bool,
 }
 
 /// A move planned this pass.
 #[derive(Debug, Clone)]
 enum Planned {
-    Set { countdown: Countdown, event: AuditEvent },
+    Set { countdown: Countdown, event: AuditEvent, pool: usize },
     Restore { event: AuditEvent },
 }
 
@@ -56,6 +60,8 @@ pub(super) struct Countdowns {
     /// Per workspace, the build for which a once-per-build line was already said.
     said_once: SaidOnce,
     planned: HashMap<String, Planned>,
+    /// Coder's stops at countdowns' ends that began serving a waiter this pass: (workspace, pool).
+    serving_new: Vec<(String, usize)>,
     now: DateTime<Utc>,
     coder_offset: Duration,
     pub(super) acted: Acted,
@@ -85,6 +91,7 @@ impl Countdowns {
             failed: HashMap::new(),
             said_once: SaidOnce::default(),
             planned: HashMap::new(),
+            serving_new: Vec::new(),
             now: DateTime::<Utc>::MIN_UTC,
             coder_offset: Duration::zero(),
             acted: Acted::default(),
@@ -147,7 +154,9 @@ impl Countdowns {
                     let event = move_event(AuditKind::CountdownSet, view, self.config.mode, j, deadline, deadline);
                     let text = "idle, and Coder's own autostop deadline is sooner than the countdown: Coder stops it then";
                     plan.notes.push(Note::new(Level::Info, "countdown_sooner", text).about(&event).fact(Fact::Deadline, deadline));
-                    self.running.insert(ws.id.clone(), Running { countdown, event, expired_said: false, ended_said: false });
+                    let pool = d.pool;
+                    self.running
+                        .insert(ws.id.clone(), Running { countdown, event, expired_said: false, ended_said: false, pool, serving: false });
                     self.acted.counting_down.push(CountingDown { workspace_id: ws.id.clone(), until: deadline, set: true });
                     coders.insert(ws.id.clone());
                 }
@@ -162,7 +171,7 @@ impl Countdowns {
                         moved: true,
                     };
                     plan.calls.push(Call::Extend { workspace_id: ws.id.clone(), to, event: Box::new(event.clone()) });
-                    self.planned.insert(ws.id.clone(), Planned::Set { countdown, event });
+                    self.planned.insert(ws.id.clone(), Planned::Set { countdown, event, pool: d.pool });
                     coders.insert(ws.id.clone());
                 }
                 Start::Set { .. } => {}
@@ -174,7 +183,15 @@ impl Countdowns {
         let listed: HashSet<&str> = view.judged.iter().map(|j| j.workspace.id.as_str()).collect();
         let mut gone: Vec<&String> = self.running.keys().filter(|id| !listed.contains(id.as_str())).collect();
         gone.sort();
-        plan.calls.extend(gone.into_iter().map(|id| Call::FollowCountdown { workspace_id: id.clone() }));
+        plan.calls.extend(gone.iter().map(|id| Call::FollowCountdown { workspace_id: (*id).clone() }));
+        // Gone past its deadline: Coder is stopping it, and its GPU is on its way to a waiter of
+        // its pool (one waiter, one stop: the fleet rules count it from the next pass).
+        for (id, r) in self.running.iter_mut().filter(|(id, _)| !listed.contains(id.as_str())) {
+            if !r.serving && coder_now >= r.countdown.deadline {
+                r.serving = true;
+                self.serving_new.push((id.clone(), r.pool));
+            }
+        }
         coders
     }
 
@@ -299,9 +316,14 @@ impl Countdowns {
             }
             let countdown = Countdown { build_id, last_used_at: r.time, original_deadline: from, deadline: to, moved: from != to };
             let event = AuditEvent { extension: None, ..AuditEvent::recovered(AuditKind::CountdownSet, &r) };
-            self.running.insert(id, Running { countdown, event, expired_said: false, ended_said: ended });
+            self.running.insert(id, Running { countdown, event, expired_said: false, ended_said: ended, pool: 0, serving: false });
         }
         self.running.len()
+    }
+
+    /// Coder's stops that began serving a waiter this pass, for the stop path's count.
+    pub(super) fn take_serving(&mut self) -> Vec<(String, usize)> {
+        std::mem::take(&mut self.serving_new)
     }
 
     /// The workspaces whose deadline this pass moves for a countdown (no extension is planned
@@ -319,7 +341,7 @@ impl Countdowns {
     pub(super) fn moved(&mut self, id: &str, answer: Result<(), Failure>, notes: &mut Vec<Note>) {
         let Some(planned) = self.planned.remove(id) else { return };
         match (planned, answer) {
-            (Planned::Set { countdown, event }, Ok(())) => {
+            (Planned::Set { countdown, event, pool }, Ok(())) => {
                 let text = format!(
                     "idle: Coder's autostop deadline moved to {}; Coder warns its owner and stops it then unless someone uses it",
                     crate::pass::mode::at(countdown.deadline)
@@ -327,10 +349,11 @@ impl Countdowns {
                 let note = Note::new(Level::Info, "countdown_set", text).fact(Fact::From, countdown.original_deadline);
                 notes.push(note.fact(Fact::To, countdown.deadline).audit(event.clone()).count(Count::CountdownSet));
                 let until = countdown.deadline;
-                self.running.insert(id.to_string(), Running { countdown, event, expired_said: false, ended_said: false });
+                self.running
+                    .insert(id.to_string(), Running { countdown, event, expired_said: false, ended_said: false, pool, serving: false });
                 self.acted.counting_down.push(CountingDown { workspace_id: id.to_string(), until, set: true });
             }
-            (Planned::Set { countdown, event }, Err(f)) => {
+            (Planned::Set { countdown, event, .. }, Err(f)) => {
                 let refused = f.is_refusal();
                 let n = match self.failed.get(id) {
                     Some((b, n, _)) if *b == countdown.build_id => n + 1,
@@ -405,7 +428,7 @@ impl Countdowns {
                 b.reason.as_str()
             );
             notes.push(Note::new(Level::Info, "countdown_ended", text).about(&r.event).build(b.id));
-            return None;
+            return Some(Followed::Ended);
         }
         if b.job.status != JobStatus::Succeeded {
             let text = format!(
@@ -433,4 +456,6 @@ pub(super) enum Followed {
     /// Coder's autostop build failed (or was canceled, reaped): the pod keeps its GPU, and the
     /// service's own stop is tried as for a stop of its own that failed.
     StopFailed { event: AuditEvent, build_id: String },
+    /// Stopped, rebuilt or deleted otherwise: not Coder's countdown, and no GPU on its way.
+    Ended,
 }

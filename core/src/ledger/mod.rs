@@ -124,6 +124,9 @@ impl Ledger {
         }
         let coders = self.countdowns.plan(view, &mut plan);
         self.stops.plan(view, &mut plan, &coders);
+        for (id, pool) in self.countdowns.take_serving() {
+            self.stops.serve_coders_stop(&id, pool);
+        }
         if !view.shutting_down {
             self.deadlines.ttls_to_restore(view, &mut plan);
         }
@@ -147,6 +150,7 @@ impl Ledger {
                 Outcome::FollowCountdown { workspace_id, answer } => match self.countdowns.followed(&workspace_id, answer, &mut notes) {
                     Some(countdowns::Followed::Done(done)) => self.stops.stopped_by_coder(done),
                     Some(countdowns::Followed::StopFailed { event, build_id }) => self.stops.adopt_failed(event, build_id),
+                    Some(countdowns::Followed::Ended) => self.stops.coders_stop_ended(&workspace_id),
                     None => {}
                 },
                 Outcome::RestoreTtl { workspace_id, answer } => self.deadlines.ttl_answered(&workspace_id, answer, &mut notes),

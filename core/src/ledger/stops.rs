@@ -179,6 +179,7 @@ impl Stops {
     /// stop of the service's own.
     pub(super) fn stopped_by_coder(&mut self, done: AuditEvent) {
         let at = done.time;
+        self.serving.done(&done.workspace_id, at);
         self.stopped.insert(done.workspace_id.clone(), (done, at));
     }
 
@@ -187,9 +188,22 @@ impl Stops {
     /// longer listed send it, under the guard of that failed build).
     pub(super) fn adopt_failed(&mut self, event: AuditEvent, build_id: String) {
         let retry_at = event.time;
+        // No GPU is on its way; the service's own stop counts again once sent.
+        self.serving.ended(&event.workspace_id);
         self.stops
             .entry(event.workspace_id.clone())
             .or_insert_with(|| TrackedStop::recovered(event, StopState::Failed { retry_at, build_id: Some(build_id) }));
+    }
+
+    /// Coder's stop at a countdown's end serves a waiter of the workspace's pool, as a stop of
+    /// the service's own does from its POST.
+    pub(super) fn serve_coders_stop(&mut self, workspace_id: &str, pool: usize) {
+        self.serving.sent(workspace_id, pool);
+    }
+
+    /// A counted-down workspace was stopped or rebuilt otherwise: nothing serves a waiter.
+    pub(super) fn coders_stop_ended(&mut self, workspace_id: &str) {
+        self.serving.ended(workspace_id);
     }
 
     /// Workspaces this service stopped that run again: one `resumed` line each, with the
