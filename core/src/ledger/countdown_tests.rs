@@ -38,6 +38,14 @@ fn moves(p: &Plan) -> Vec<(String, chrono::DateTime<chrono::Utc>, &'static str)>
         .collect()
 }
 
+/// A ledger whose countdown for "a" was set at 10:00 (Coder's deadline 14:00 moved to 10:30).
+fn counting_down() -> Ledger {
+    let mut l = ledger();
+    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
+    l.observe(vec![ok("a")]);
+    l
+}
+
 fn stop_calls(p: &Plan) -> usize {
     p.calls.iter().filter(|c| matches!(c, Call::Stop(_))).count()
 }
@@ -95,9 +103,7 @@ fn coming_back_averts_it_and_puts_back_a_deadline_coder_did_not_bump() {
     // still the countdown's; the restore: now plus its 8 h TTL, later than where it was)
     let rows = [(600, None), (90, Some(at(12 + 480))), (30, Some(at(12 + 480)))];
     for (deadline, restore) in rows {
-        let mut l = ledger();
-        plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-        l.observe(vec![ok("a")]);
+        let mut l = counting_down();
         let p = plan(&mut l, at(12), &[used(deadline, 11)], &fleet(&[], 10));
         assert_eq!(events(&p.notes), ["countdown_averted"], "deadline {deadline}");
         assert_eq!(p.notes[0].count, Some(Count::CountdownAverted));
@@ -146,9 +152,7 @@ fn the_service_stops_it_itself_where_coder_cannot_count_down() {
 
 #[test]
 fn a_deadline_passed_without_coders_stop_is_the_services_own_stop() {
-    let mut l = ledger();
-    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-    l.observe(vec![ok("a")]);
+    let mut l = counting_down();
     // A 60 s interval: Coder has until two intervals and a minute past the deadline (10:33).
     // (minute, stop calls, notes)
     let rows: [(i64, usize, &[&str]); 4] = [(32, 0, &[]), (33, 0, &[]), (34, 1, &["countdown_expired"]), (35, 1, &[])];
@@ -167,9 +171,7 @@ fn a_deadline_passed_without_coders_stop_is_the_services_own_stop() {
 #[test]
 fn a_workspace_no_longer_idle_withdraws_it_and_an_extension_is_never_doubled() {
     // The GPU computes again (extend_while_busy plans its own move this pass): nothing else.
-    let mut l = ledger();
-    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-    l.observe(vec![ok("a")]);
+    let mut l = counting_down();
     let mut busy = counted(Some(30));
     busy.decision.verdict = Verdict::Keep;
     busy.decision.reason = Reason::GpuActive;
@@ -177,17 +179,13 @@ fn a_workspace_no_longer_idle_withdraws_it_and_an_extension_is_never_doubled() {
     assert_eq!(events(&p.notes), ["countdown_withdrawn"]);
     assert_eq!(moves(&p), [("a".into(), at(5 + 480), "countdown_restored")], "now plus its 8 h TTL, later than 14:00");
     // Doubtful data (unknown): put back too, and the stop is never sent.
-    let mut l = ledger();
-    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-    l.observe(vec![ok("a")]);
+    let mut l = counting_down();
     busy.decision.verdict = Verdict::Unknown;
     let p = plan(&mut l, at(5), &[busy], &fleet(&[], 10));
     assert_eq!((moves(&p).len(), stop_calls(&p)), (1, 0));
     // Still judged idle, but the breaker holds every stop (zeros from a broken exporter): the
     // countdown is a stop too, and is withdrawn.
-    let mut l = ledger();
-    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-    l.observe(vec![ok("a")]);
+    let mut l = counting_down();
     let held = FleetOutcome { breaker: Some("the breaker".into()), ..FleetOutcome::default() };
     let p = plan(&mut l, at(5), &[counted(Some(30))], &held);
     assert_eq!(events(&p.notes), ["countdown_withdrawn"]);
@@ -224,9 +222,7 @@ fn observe_mode_says_it_would_count_down_once_and_sends_nothing() {
 
 #[test]
 fn a_countdown_is_left_alone_when_coder_stops_it_otherwise() {
-    let mut l = ledger();
-    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-    l.observe(vec![ok("a")]);
+    let mut l = counting_down();
     plan(&mut l, at(2), &[], &fleet(&[], 10));
     let mut by_owner = stop_build("stop-by-owner", JobStatus::Succeeded);
     by_owner.initiator_id = Some("owner-id".into());
@@ -274,9 +270,7 @@ fn a_countdown_of_a_previous_run_is_read_back_from_its_audit_line() {
 /// the service's own stop comes only after that deadline, not the countdown's first one.
 #[test]
 fn a_deadline_moved_later_in_the_dashboard_is_the_countdowns_new_end() {
-    let mut l = ledger();
-    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-    l.observe(vec![ok("a")]);
+    let mut l = counting_down();
     // (minute, Coder's deadline, stop calls): +1 h at minute 10 moves the end to 11:30.
     for (minute, deadline, stops) in [(10, 90, 0), (34, 90, 0), (92, 90, 0), (94, 90, 1)] {
         let p = plan(&mut l, at(minute), &[counted(Some(deadline))], &fleet(&[0], 10));
@@ -307,9 +301,7 @@ fn a_move_whose_answer_was_lost_is_still_put_back() {
 /// due): one write this pass, the put-back; the extension waits for the next pass.
 #[test]
 fn a_put_back_and_an_extension_are_never_both_sent_in_one_pass() {
-    let mut l = ledger();
-    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-    l.observe(vec![ok("a")]);
+    let mut l = counting_down();
     let mut busy = counted(Some(30));
     busy.decision.verdict = Verdict::Keep;
     busy.decision.reason = Reason::GpuActive;
@@ -330,9 +322,7 @@ fn a_put_back_and_an_extension_are_never_both_sent_in_one_pass() {
 /// the guard of that failed build.
 #[test]
 fn a_failed_autostop_at_a_countdowns_end_becomes_the_services_own_stop() {
-    let mut l = ledger();
-    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-    l.observe(vec![ok("a")]);
+    let mut l = counting_down();
     plan(&mut l, at(31), &[], &fleet(&[], 10));
     let notes = l.observe(vec![Outcome::FollowCountdown { workspace_id: "a".into(), answer: Ok(Some(coders_stop(JobStatus::Failed))) }]);
     assert_eq!(events(&notes), ["countdown_stop_failed"]);
@@ -353,9 +343,7 @@ fn a_failed_autostop_at_a_countdowns_end_becomes_the_services_own_stop() {
 /// pass its workspace leaves the listing past its deadline, until its GPU is on its way.
 #[test]
 fn coders_stop_at_a_countdowns_end_serves_one_waiter() {
-    let mut l = ledger();
-    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-    l.observe(vec![ok("a")]);
+    let mut l = counting_down();
     assert!(l.serving().iter().all(|n| *n == 0), "a countdown running serves nobody yet");
     plan(&mut l, at(31), &[], &fleet(&[], 10));
     assert_eq!(l.serving(), [1], "gone past its deadline: Coder is stopping it");
@@ -363,9 +351,7 @@ fn coders_stop_at_a_countdowns_end_serves_one_waiter() {
     plan(&mut l, at(32), &[], &fleet(&[], 10));
     assert_eq!(l.serving(), [1], "counted once");
     // Stopped by its owner instead: nothing is on its way.
-    let mut l = ledger();
-    plan(&mut l, at(0), &[counted(Some(240))], &fleet(&[0], 10));
-    l.observe(vec![ok("a")]);
+    let mut l = counting_down();
     plan(&mut l, at(31), &[], &fleet(&[], 10));
     l.observe(vec![Outcome::FollowCountdown { workspace_id: "a".into(), answer: Ok(Some(stop_build("by-owner", JobStatus::Succeeded))) }]);
     assert!(l.serving().iter().all(|n| *n == 0));
