@@ -259,6 +259,8 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
     metrics.passes.get_or_create(&PassLabels { result: PassResult::Ok }).inc();
     metrics.pass_duration.observe(eval.started.elapsed().as_secs_f64());
     metrics.last_pass.set(Utc::now().timestamp_millis() as f64 / 1000.0);
+    let counting_down: std::collections::HashMap<&str, &reclaimer_core::ledger::CountingDown> =
+        acted.counting_down.iter().map(|c| (c.workspace_id.as_str(), c)).collect();
     let doc = StatusDocument {
         generated_at: eval.now,
         mode: mode.as_str(),
@@ -291,7 +293,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
                     entry.deadline = Some(kept.until);
                     entry.kept_running = Some(kept);
                 }
-                if let Some(c) = acted.counting_down.iter().find(|c| c.workspace_id == ws.id) {
+                if let Some(c) = counting_down.get(ws.id.as_str()) {
                     // Coder's countdown: a warning Coder gives, with its deadline as the stop.
                     entry.verdict = Verdict::Warn;
                     entry.message = format!("{}; {}", entry.message, mode.coder_countdown(c.until, c.set));

@@ -120,14 +120,23 @@ impl Countdowns {
         let mut coders = HashSet::new();
         let coder_now = view.coder_now();
         let interval = self.config.interval.to_std().unwrap_or_default();
-        let in_order: HashSet<usize> = view.fleet.stop_order.iter().copied().collect();
-        for (i, j) in view.judged.iter().enumerate() {
+        // The countdowns running (none, most passes: the listing is not walked), then new ones,
+        // from the stop order only.
+        let mut seen: HashSet<&str> = HashSet::new();
+        if !self.running.is_empty() {
+            for j in view.judged {
+                if self.running.contains_key(&j.workspace.id) {
+                    seen.insert(j.workspace.id.as_str());
+                    self.running_one(view, plan, j, interval, &mut coders);
+                }
+            }
+        }
+        for j in view.fleet.stop_order.iter().filter_map(|&i| view.judged.get(i)) {
             let (ws, d) = (j.workspace, j.decision);
-            if self.running.contains_key(&ws.id) {
-                self.running_one(view, plan, j, interval, &mut coders);
+            if seen.contains(ws.id.as_str()) {
                 continue;
             }
-            let Some(length) = d.countdown.filter(|_| in_order.contains(&i) && d.verdict == Verdict::Reclaim) else { continue };
+            let Some(length) = d.countdown.filter(|_| d.verdict == Verdict::Reclaim) else { continue };
             let failed = self.failed.get(&ws.id).filter(|(b, _, _)| *b == ws.latest_build.id);
             if failed.is_some_and(|(_, n, _)| *n >= MAX_COUNTDOWN_FAILURES) {
                 continue;
