@@ -176,7 +176,8 @@ async fn serve(n: usize, end: i64) {
 
 /// Child mode: one backtest of `days` days ending at `end`, behind counting proxies; then the
 /// floor.
-async fn measure(n: usize, days: i64, end: i64, coder_port: u16, prom_port: u16) {
+async fn measure(n: usize, days: i64, end: i64, coder_port: u16, prom_port: u16, prom_pid: u32) {
+    let prom_cpu = || synthetic::cpu_seconds_of(&prom_pid.to_string());
     for _ in 0..600 {
         if reqwest::get(format!("http://127.0.0.1:{prom_port}/-/ready")).await.is_ok_and(|r| r.status().is_success()) {
             break;
@@ -207,7 +208,9 @@ async fn measure(n: usize, days: i64, end: i64, coder_port: u16, prom_port: u16)
     };
     let before = synthetic::proc_status("VmRSS:") as f64 / 1024.0;
     // The report as the command makes it, not written: its size is the stops', not the fetch's.
+    let prom_before = prom_cpu();
     let (done, wall, cpu) = floor::timed(coder_gpu_reclaimer::commands::backtest::report(settings, &args, until)).await;
+    let prom_backtest = prom_cpu() - prom_before;
     let report = done.expect("backtest");
     tokio::time::sleep(Duration::from_millis(50)).await;
     let peak = synthetic::proc_status("VmHWM:") as f64 / 1024.0;
@@ -220,13 +223,15 @@ async fn measure(n: usize, days: i64, end: i64, coder_port: u16, prom_port: u16)
     let (received, coder_received) = (prom_seen.received.load(Ordering::Relaxed), coder_seen.received.load(Ordering::Relaxed));
     let client = floor::client();
     let gzip = [("accept-encoding", "gzip")];
+    let prom_before = prom_cpu();
     let (_, floor_wall, floor_cpu) = floor::timed(async {
         floor::discard_all(&client, &prom_requests, MAX_QUERIES_IN_FLIGHT, &gzip).await;
         floor::discard_all(&client, &coder_requests, 8, &gzip).await;
     })
     .await;
+    let prom_floor = prom_cpu() - prom_before;
     println!(
-        "{n:>6} workspaces x {days} d | {} passes, {} stops, {:.0} GPU-h given back of {:.0} reported, verdicts {} | {} Prometheus queries ({:.1} MB), {} Coder reads ({:.1} MB) | backtest: wall {:.1} s, CPU {:.1} s, peak RSS {:.1} MiB (before {:.1}) | floor: wall {:.1} s, CPU {:.1} s | wall {:.2}x the floor",
+        "{n:>6} workspaces x {days} d | {} passes, {} stops, {:.0} GPU-h given back of {:.0} reported, verdicts {} | {} Prometheus queries ({:.1} MB), {} Coder reads ({:.1} MB) | backtest: wall {:.1} s, CPU {:.1} s, peak RSS {:.1} MiB (before {:.1}), Prometheus's CPU {:.1} s | floor: wall {:.1} s, CPU {:.1} s, Prometheus's CPU {:.1} s | wall {:.2}x the floor",
         report["passes"],
         v["stop_count"],
         v["gpu_hours_given_back"].as_f64().unwrap_or(0.0),
@@ -240,22 +245,33 @@ async fn measure(n: usize, days: i64, end: i64, coder_port: u16, prom_port: u16)
         cpu,
         peak,
         before,
+        prom_backtest,
         floor_wall,
         floor_cpu,
+        prom_floor,
         wall / floor_wall
     );
 }
 
 fn run(exe: &Path, n: usize, days: i64, prometheus: &Path, promtool: &Path) {
-    let dir = std::env::temp_dir().join(format!("reclaimer-backtest-bench-{}-{n}x{days}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    // `BENCH_KEEP_TSDB=1` keeps the written TSDB (and the end it was written for) between runs,
+    // for profiling the same history again without writing it again.
+    let keep = std::env::var("BENCH_KEEP_TSDB").is_ok_and(|v| v == "1");
+    let dir = match keep {
+        true => std::env::temp_dir().join(format!("reclaimer-backtest-bench-kept-{n}x{days}")),
+        false => std::env::temp_dir().join(format!("reclaimer-backtest-bench-{}-{n}x{days}", std::process::id())),
+    };
+    let kept_end = std::fs::read_to_string(dir.join("end")).ok().and_then(|e| e.trim().parse::<i64>().ok()).filter(|_| keep);
+    if kept_end.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     std::fs::create_dir_all(dir.join("data")).expect("dir");
     // History to the last full piece before now; the look-back before the window too.
-    let end = chrono::Utc::now().timestamp() / PIECE * PIECE;
+    let end = kept_end.unwrap_or(chrono::Utc::now().timestamp() / PIECE * PIECE);
     let from = end - days * 86_400 - PIECE;
     let t = Instant::now();
     let (mut text, mut pieces) = (0u64, 0);
-    let mut at = from;
+    let mut at = if kept_end.is_some() { end } else { from };
     while at < end {
         let piece = dir.join("piece.om");
         text += write_piece(&piece, n, at, at + PIECE);
@@ -266,12 +282,15 @@ fn run(exe: &Path, n: usize, days: i64, prometheus: &Path, promtool: &Path) {
         at += PIECE;
     }
     let _ = std::fs::remove_file(dir.join("piece.om"));
+    if keep {
+        std::fs::write(dir.join("end"), end.to_string()).expect("end");
+    }
     println!(
         "{n:>6} workspaces x {days} d | TSDB from {:.1} GB of OpenMetrics in {pieces} pieces, written in {:.0} s",
         text as f64 / 1e9,
         t.elapsed().as_secs_f64()
     );
-    let (_prom, port) = floor::prometheus(prometheus, &dir, "60s", "60d");
+    let (prom, port) = floor::prometheus(prometheus, &dir, "60s", "60d");
     let mut server =
         Killed(Command::new(exe).args(["--serve", &n.to_string(), &end.to_string()]).stdout(Stdio::piped()).spawn().expect("server"));
     let mut coder_port = String::new();
@@ -289,13 +308,16 @@ fn run(exe: &Path, n: usize, days: i64, prometheus: &Path, promtool: &Path) {
     };
     let status = measured
         .args(["--measure", &n.to_string(), &days.to_string(), &end.to_string(), coder_port.trim(), &port.to_string()])
+        .arg(prom.0.id().to_string())
         .env("MALLOC_ARENA_MAX", std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into()))
         .status()
         .expect("measure");
     assert!(status.success());
     drop(server);
-    drop(_prom);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(prom);
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 fn main() {
@@ -304,7 +326,7 @@ fn main() {
     let arg = |i: usize| args.get(i).and_then(|a| a.parse::<i64>().ok()).expect("a number");
     match args.get(1).map(String::as_str) {
         Some("--serve") => return rt.block_on(serve(arg(2) as usize, arg(3))),
-        Some("--measure") => return rt.block_on(measure(arg(2) as usize, arg(3), arg(4), arg(5) as u16, arg(6) as u16)),
+        Some("--measure") => return rt.block_on(measure(arg(2) as usize, arg(3), arg(4), arg(5) as u16, arg(6) as u16, arg(7) as u32)),
         _ => {}
     }
     let (Some(prometheus), Some(promtool)) = (which("prometheus"), which("promtool")) else {

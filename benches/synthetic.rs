@@ -194,7 +194,12 @@ pub fn proc_status(field: &str) -> u64 {
 
 /// CPU time of this process (user + system), from /proc/self/stat (clock ticks of 10 ms).
 pub fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    cpu_seconds_of("self")
+}
+
+/// CPU time of process `pid` ("self" for this one), user + system, from /proc/PID/stat.
+pub fn cpu_seconds_of(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     // Fields after the command, from `state` (field 3 of proc(5)); utime and stime are fields 14
     // and 15. Counted by position: tpgid is -1 without a terminal, so parsing would shift them.

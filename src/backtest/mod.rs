@@ -4,8 +4,9 @@
 //! journal) name is read from Coder once, when first met: its record (deleted ones too) and its
 //! builds from the window's start on; moments of use come from the history journal, coderd's
 //! agent-stat gauges in the same Prometheus, or nowhere (then said so). Every replay (one per
-//! swept value) advances over each chunk before the next is fetched, so memory is bounded by the
-//! fleet and one chunk, not by the window. The report's shape and its texts are `report`.
+//! swept value) advances over each chunk while the next is fetched and its new workspaces are
+//! read, so memory is bounded by the fleet and two chunks, not by the window. The report's shape
+//! and its texts are `report`.
 
 pub mod report;
 
@@ -377,9 +378,21 @@ pub async fn run(
         .unwrap_or_default();
     let mut pending_ids: Vec<String> = journal_ids;
     let mut chunk_end = since;
+    // A chunk's stage: its GPU series, and the workspaces they name that were not read yet, read
+    // from Coder. Every stage after the first runs while the chunk before it is replayed:
+    // Prometheus evaluates it, its answer is parsed and Coder answers on the runtime's other
+    // threads meanwhile. Two chunks are held at most.
+    let reader = Reader { coder, history: (history_from, until), journal: journal.as_ref() };
+    let mut collection = prom.collect(chunk_end).await;
+    let mut fresh = {
+        let ids = fleet.asked.take_new(&collection.series, &mut pending_ids, FIRST_CHUNK_READS);
+        reader.read(ids).await
+    };
     loop {
         chunks += 1;
-        let collection = prom.collect(chunk_end).await;
+        for done in fresh.drain(..) {
+            fleet.add(done, journal.as_ref(), &mut gaps);
+        }
         let series: Vec<GpuSeries> = collection.series;
         // A failed fetch keeps the slices before the failure: their passes are judged on them.
         let fetched_to = series.iter().filter_map(|s| s.points.last()).map(|p| p.at).max();
@@ -388,95 +401,78 @@ pub async fn run(
             let why = collection.failures.iter().map(|f| f.error.as_str()).collect::<Vec<_>>().join("; ");
             let from = fetched_to.or(last_pass).map_or(history_from, |t| t + chrono::Duration::seconds(step_secs));
             gpu_gaps.push(format!("{} to {}: {why}", from.to_rfc3339(), chunk_end.to_rfc3339()));
+            // The next stage starts after the failed chunk.
             prom.skip_until(chunk_end);
         }
-        for s in &series {
-            if s.workspace_id.is_some() {
-                gpu_hours_reported += s.points.iter().filter(|p| p.at > since && p.at <= until).count() as f64 * step_secs as f64 / 3600.0;
-            }
-            if let Some(id) = s.workspace_id.as_deref() {
-                if !fleet.knows(id) {
-                    pending_ids.push(id.to_string());
-                }
-            }
+        for s in series.iter().filter(|s| s.workspace_id.is_some()) {
+            gpu_hours_reported += s.points.iter().filter(|p| p.at > since && p.at <= until).count() as f64 * step_secs as f64 / 3600.0;
         }
-        pending_ids.sort();
-        pending_ids.dedup();
-        // New workspaces: read from Coder, a few at a time, within the chunk's budget; the rest
-        // wait for the next chunk.
-        let mut reads = JoinSet::new();
-        let budget = if chunks == 1 { FIRST_CHUNK_READS } else { CHUNK_READS }.min(TOTAL_READS.saturating_sub(fleet.reads));
-        pending_ids.retain(|id| !fleet.knows(id));
-        let waiting = pending_ids.split_off(budget.min(pending_ids.len()));
-        for id in std::mem::replace(&mut pending_ids, waiting) {
-            fleet.reads += 1;
-            let coder = coder.clone();
-            let start = history_from;
-            let may_wait = builds_that_may_wait(journal.as_ref(), &id);
-            reads.spawn(async move {
-                let t = read_timeline(&coder, &id, (start, until), may_wait).await;
-                (id, t)
-            });
-            if reads.len() >= CODER_READS_IN_FLIGHT {
-                if let Some(done) = reads.join_next().await {
-                    fleet.add(done, journal.as_ref(), &mut gaps);
-                }
-            }
-        }
-        while let Some(done) = reads.join_next().await {
-            fleet.add(done, journal.as_ref(), &mut gaps);
-        }
-        // The passes of this chunk: every step after the last pass, up to its end.
-        let first = last_pass.map_or(since, |t| t + crate::duration::chrono(plan.interval));
-        // The gauges from the look-back on: a use just before the window counts in its first passes.
-        let gauges_from = last_pass.map_or(history_from, |_| first);
-        let range = (gauges_from.timestamp(), chunk_end.timestamp(), step_secs as u64);
-        let reading = gauge_job.as_deref().filter(|_| connections == ConnectionSource::CoderdMetrics && first <= chunk_end);
-        if let Some(job) = reading {
-            match gauge_steps(prom, job, range, &fleet.by_name).await {
-                Ok((steps, skipped)) => {
-                    gauges_skipped = gauges_skipped.max(skipped);
-                    for (at, step) in steps {
-                        let Some(at) = DateTime::from_timestamp(at, 0) else { continue };
-                        for key in gauges.read(step) {
-                            for &t in fleet.by_name.get(&key).map_or(&[][..], Vec::as_slice) {
-                                if fleet.timelines[t].running_at(at).is_some() {
-                                    fleet.timelines[t].uses.push(Use { seen: at, last_used_at: at });
+        let next_end = (chunk_end < until).then(|| (chunk_end + chunk_span).min(until));
+        let Fleet { timelines, by_name, asked } = &mut fleet;
+        let next = async {
+            let end = next_end?;
+            let collection = prom.collect(end).await;
+            let ids = asked.take_new(&collection.series, &mut pending_ids, CHUNK_READS);
+            Some((collection, reader.read(ids).await))
+        };
+        let this = async {
+            // The passes of this chunk: every step after the last pass, up to its end.
+            let first = last_pass.map_or(since, |t| t + crate::duration::chrono(plan.interval));
+            // The gauges from the look-back on: a use just before the window counts in its first passes.
+            let gauges_from = last_pass.map_or(history_from, |_| first);
+            let range = (gauges_from.timestamp(), chunk_end.timestamp(), step_secs as u64);
+            let reading = gauge_job.as_deref().filter(|_| connections == ConnectionSource::CoderdMetrics && first <= chunk_end);
+            if let Some(job) = reading {
+                match gauge_steps(prom, job, range, by_name).await {
+                    Ok((steps, skipped)) => {
+                        gauges_skipped = gauges_skipped.max(skipped);
+                        for (at, step) in steps {
+                            let Some(at) = DateTime::from_timestamp(at, 0) else { continue };
+                            for key in gauges.read(step) {
+                                for &t in by_name.get(&key).map_or(&[][..], Vec::as_slice) {
+                                    if timelines[t].running_at(at).is_some() {
+                                        timelines[t].uses.push(Use { seen: at, last_used_at: at });
+                                    }
                                 }
                             }
                         }
                     }
+                    Err(e) => connection_report.gaps.push(format!("{} to {}: {e}", first.to_rfc3339(), chunk_end.to_rfc3339())),
                 }
-                Err(e) => connection_report.gaps.push(format!("{} to {}: {e}", first.to_rfc3339(), chunk_end.to_rfc3339())),
             }
-        }
-        let shown = prom.shown().to_string();
-        let chunk = Chunk::new(&series, failed.then_some(Failed { source: shown.as_str(), after: fetched_to }));
-        let mut t = first;
-        while t <= chunk_end {
-            for replay in &mut replays {
-                replay.pass(t, last_pass, &fleet.timelines, &chunk, step, until);
+            let shown = prom.shown().to_string();
+            let chunk = Chunk::new(&series, failed.then_some(Failed { source: shown.as_str(), after: fetched_to }));
+            let mut t = first;
+            while t <= chunk_end {
+                for replay in &mut replays {
+                    replay.pass(t, last_pass, timelines, &chunk, step, until);
+                }
+                last_pass = Some(t);
+                t += crate::duration::chrono(plan.interval);
             }
-            last_pass = Some(t);
-            t += crate::duration::chrono(plan.interval);
-        }
-        // Moments of use and builds a later pass cannot read again: memory follows the chunk and
-        // the builds ahead, not the window behind.
-        if let Some(t) = last_pass {
-            let keep_from = t - crate::duration::chrono(plan.regret_window);
-            for timeline in &mut fleet.timelines {
-                timeline.forget_uses_before(keep_from);
-                timeline.forget_builds_before(keep_from);
+            // Moments of use and builds a later pass cannot read again: memory follows the chunk and
+            // the builds ahead, not the window behind.
+            if let Some(t) = last_pass {
+                let keep_from = t - crate::duration::chrono(plan.regret_window);
+                for timeline in timelines.iter_mut() {
+                    timeline.forget_uses_before(keep_from);
+                    timeline.forget_builds_before(keep_from);
+                }
             }
+            progress(Progress { fetched_until: chunk_end, since, until, workspaces: timelines.len(), series: series.len() });
+        };
+        let (next, ()) = tokio::join!(next, this);
+        match (next, next_end) {
+            (Some((next, read)), Some(end)) => {
+                collection = next;
+                fresh = read;
+                chunk_end = end;
+            }
+            _ => break,
         }
-        progress(Progress { fetched_until: chunk_end, since, until, workspaces: fleet.timelines.len(), series: series.len() });
-        if chunk_end >= until {
-            break;
-        }
-        chunk_end = (chunk_end + chunk_span).min(until);
     }
-    if fleet.unreadable.len() > UNREAD_NAMED {
-        gaps.push(format!("and {} more workspaces Coder did not answer for", fleet.unreadable.len() - UNREAD_NAMED));
+    if fleet.asked.unreadable.len() > UNREAD_NAMED {
+        gaps.push(format!("and {} more workspaces Coder did not answer for", fleet.asked.unreadable.len() - UNREAD_NAMED));
     }
     if !pending_ids.is_empty() {
         gaps.push(format!(
@@ -484,10 +480,10 @@ pub async fn run(
             pending_ids.len()
         ));
     }
-    if fleet.timelines.is_empty() && !fleet.unreadable.is_empty() {
+    if fleet.timelines.is_empty() && !fleet.asked.unreadable.is_empty() {
         return Err(Error::runtime(format!(
             "Coder answered for none of the {} workspaces the history names ({}): check --coder-url and that the token is an owner's",
-            fleet.unreadable.len(),
+            fleet.asked.unreadable.len(),
             gaps.first().map_or("", String::as_str)
         )));
     }
@@ -529,25 +525,76 @@ pub async fn run(
 #[derive(Default)]
 struct Fleet {
     timelines: Vec<WorkspaceTimeline>,
+    by_name: HashMap<(String, String), Vec<usize>>,
+    asked: Asked,
+}
+
+/// What was asked of Coder: the workspaces read (their timeline's index), those it did not
+/// answer for (not asked again), and how many reads in all (`TOTAL_READS`).
+#[derive(Default)]
+struct Asked {
     index: HashMap<String, usize>,
     unreadable: HashSet<String>,
-    by_name: HashMap<(String, String), Vec<usize>>,
-    /// Workspaces read from Coder so far (`TOTAL_READS`).
     reads: usize,
 }
 
-impl Fleet {
+impl Asked {
     fn knows(&self, id: &str) -> bool {
         self.index.contains_key(id) || self.unreadable.contains(id)
     }
 
+    /// The workspaces `series` name that were never asked for, added to those waiting; the
+    /// ones to read now, within `budget` (and what is left of `TOTAL_READS`); the rest wait.
+    fn take_new(&mut self, series: &[GpuSeries], waiting: &mut Vec<String>, budget: usize) -> Vec<String> {
+        waiting.extend(series.iter().filter_map(|s| s.workspace_id.as_deref()).filter(|id| !self.knows(id)).map(str::to_string));
+        waiting.sort();
+        waiting.dedup();
+        waiting.retain(|id| !self.knows(id));
+        let budget = budget.min(TOTAL_READS.saturating_sub(self.reads));
+        let later = waiting.split_off(budget.min(waiting.len()));
+        let now = std::mem::replace(waiting, later);
+        self.reads += now.len();
+        now
+    }
+}
+
+/// One workspace's read from Coder: its id and its timeline, or why Coder did not answer.
+type Read = Result<(String, Result<WorkspaceTimeline, String>), tokio::task::JoinError>;
+
+/// Reads new workspaces from Coder, `CODER_READS_IN_FLIGHT` at a time.
+#[derive(Clone, Copy)]
+struct Reader<'a> {
+    coder: &'a CoderClient,
+    history: (DateTime<Utc>, DateTime<Utc>),
+    journal: Option<&'a JournalHistory>,
+}
+
+impl Reader<'_> {
+    async fn read(&self, ids: Vec<String>) -> Vec<Read> {
+        let mut reads = JoinSet::new();
+        let mut done = Vec::with_capacity(ids.len());
+        for id in ids {
+            let coder = self.coder.clone();
+            let history = self.history;
+            let may_wait = builds_that_may_wait(self.journal, &id);
+            reads.spawn(async move {
+                let t = read_timeline(&coder, &id, history, may_wait).await;
+                (id, t)
+            });
+            if reads.len() >= CODER_READS_IN_FLIGHT {
+                done.extend(reads.join_next().await);
+            }
+        }
+        while let Some(read) = reads.join_next().await {
+            done.push(read);
+        }
+        done
+    }
+}
+
+impl Fleet {
     /// One workspace's read, with its moments of use and agent states from the journal.
-    fn add(
-        &mut self,
-        done: Result<(String, Result<WorkspaceTimeline, String>), tokio::task::JoinError>,
-        journal: Option<&JournalHistory>,
-        gaps: &mut Vec<String>,
-    ) {
+    fn add(&mut self, done: Read, journal: Option<&JournalHistory>, gaps: &mut Vec<String>) {
         match done {
             Ok((id, Ok(mut timeline))) => {
                 if let Some(j) = journal {
@@ -557,14 +604,14 @@ impl Fleet {
                 }
                 let key = (timeline.record.owner_name.clone(), timeline.record.name.clone());
                 self.by_name.entry(key).or_default().push(self.timelines.len());
-                self.index.insert(id, self.timelines.len());
+                self.asked.index.insert(id, self.timelines.len());
                 self.timelines.push(timeline);
             }
             Ok((id, Err(e))) => {
-                if self.unreadable.len() < UNREAD_NAMED {
+                if self.asked.unreadable.len() < UNREAD_NAMED {
                     gaps.push(format!("workspace {id}: Coder did not answer for it ({e}): its GPU series are not replayed"));
                 }
-                self.unreadable.insert(id);
+                self.asked.unreadable.insert(id);
             }
             Err(e) => gaps.push(format!("a Coder read failed: {e}")),
         }

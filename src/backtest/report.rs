@@ -113,8 +113,8 @@ impl VariantReport {
             deferred: replay.deferred,
             countdowns_averted: replay.countdowns_averted,
             verdicts: replay.verdicts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-            top_workspaces: top(&stops, |s| format!("{}/{}", s.owner, s.workspace)),
-            top_templates: top(&stops, |s| s.template.clone()),
+            top_workspaces: top(&stops, |s| format!("{}/{}", s.who.owner, s.who.workspace)),
+            top_templates: top(&stops, |s| s.who.template.clone()),
             stops,
         }
     }
@@ -207,7 +207,7 @@ impl Report {
             let _ = writeln!(out, "{}: regretted stops", v.label);
             for s in v.stops.iter().filter(|s| s.regret.is_some()) {
                 let why = s.regret.map_or(String::new(), |r| format!("{:?} at {}", r.kind, r.at.to_rfc3339()).to_lowercase());
-                let _ = writeln!(out, "  {}/{} stopped {}: {why}", s.owner, s.workspace, s.at.to_rfc3339());
+                let _ = writeln!(out, "  {}/{} stopped {}: {why}", s.who.owner, s.who.workspace, s.at.to_rfc3339());
             }
         }
         out

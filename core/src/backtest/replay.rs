@@ -10,6 +10,7 @@
 //! Pure: time, history and readings come in as values.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -72,13 +73,21 @@ pub struct Regret {
     pub at: DateTime<Utc>,
 }
 
-/// One stop the policy would have sent.
-#[derive(Debug, Clone, Serialize)]
-pub struct SimulatedStop {
+/// The workspace a simulated stop stopped: one per workspace, shared by all its stops (a week
+/// of a large fleet is tens of thousands of stops, not as many copies of four names).
+#[derive(Debug, Serialize)]
+pub struct StoppedWorkspace {
     pub workspace_id: String,
     pub owner: String,
     pub workspace: String,
     pub template: String,
+}
+
+/// One stop the policy would have sent.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimulatedStop {
+    #[serde(flatten)]
+    pub who: Arc<StoppedWorkspace>,
     pub at: DateTime<Utc>,
     /// The decision's reason code (`idle`, `memory-held-idle`, ...).
     pub reason: &'static str,
@@ -100,13 +109,13 @@ pub struct Replay {
     /// What `run`'s actuator remembers between passes; it plans the stops.
     ledger: Ledger,
     regret_window: chrono::Duration,
-    /// Per timeline index: stopped by the simulation until this time (`None`: to the end).
-    stopped: HashMap<usize, Option<DateTime<Utc>>>,
+    /// Per timeline index (dense: every pass visits each): stopped by the simulation, and
+    /// where it is listed.
+    slots: Vec<Slot>,
     /// The running workspaces as this pass's listing (`owner[i]` is the timeline index of
-    /// `listing[i]`, `listed[t]` its position and the state it was built from).
+    /// `listing[i]`, `slots[t].listed` its position and the state it was built from).
     listing: Vec<Workspace>,
     owner: Vec<usize>,
-    listed: HashMap<usize, (usize, StateKey)>,
     pub stops: Vec<SimulatedStop>,
     /// Stops whose regret window is still open (index into `stops`, timeline index).
     open: Vec<(usize, usize)>,
@@ -120,6 +129,8 @@ pub struct Replay {
     countdowns: HashMap<usize, PendingCountdown>,
     /// Countdowns the history shows a use within: nothing was stopped.
     pub countdowns_averted: u64,
+    /// Each stopped timeline's names, made at its first stop.
+    who: Vec<Option<Arc<StoppedWorkspace>>>,
 }
 
 /// A reclaim handed to Coder: stopped at `until` unless used since `since`.
@@ -133,6 +144,15 @@ struct PendingCountdown {
 
 /// What a listed workspace was built from: its build, moment of use and agent facts so far.
 type StateKey = (usize, usize, usize, usize);
+
+/// The replay's own state of one timeline.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    /// Stopped by the simulation until this time (`Some(None)`: to the end).
+    stopped: Option<Option<DateTime<Utc>>>,
+    /// Its position in the listing and the state it was built from.
+    listed: Option<(usize, StateKey)>,
+}
 
 impl Replay {
     pub fn new(label: String, policy: Policy, interval: std::time::Duration, regret_window: std::time::Duration) -> Self {
@@ -148,10 +168,9 @@ impl Replay {
             ledger: Ledger::new(config, None),
             judge: Judge::new(policy, interval),
             regret_window: crate::duration::chrono(regret_window),
-            stopped: HashMap::new(),
             listing: Vec::new(),
             owner: Vec::new(),
-            listed: HashMap::new(),
+            slots: Vec::new(),
             stops: Vec::new(),
             open: Vec::new(),
             passes: 0,
@@ -160,6 +179,7 @@ impl Replay {
             verdicts: HashMap::new(),
             countdowns: HashMap::new(),
             countdowns_averted: 0,
+            who: Vec::new(),
         }
     }
 
@@ -180,7 +200,11 @@ impl Replay {
         end: DateTime<Utc>,
     ) {
         self.passes += 1;
-        self.stopped.retain(|_, until| until.is_none_or(|u| u > now));
+        for slot in &mut self.slots {
+            if slot.stopped.is_some_and(|until| until.is_some_and(|u| u <= now)) {
+                slot.stopped = None;
+            }
+        }
         self.count_down(now, timelines, end);
         self.relist(now, timelines);
         let in_pass = |s: &GpuSeries| {
@@ -301,8 +325,8 @@ impl Replay {
         self.ledger.observe(outcomes);
         for (t, reason, gpus) in stopped {
             let Some(timeline) = timelines.get(t) else { continue };
-            let stop = self.simulate_stop(timeline, now, reason, gpus, end);
-            self.stopped.insert(t, stop.stopped_until);
+            let stop = self.simulate_stop(t, timeline, now, reason, gpus, end);
+            self.mark_stopped(t, stop.stopped_until);
             self.open.push((self.stops.len(), t));
             self.stops.push(stop);
         }
@@ -333,8 +357,8 @@ impl Replay {
         due.sort_by_key(|(t, _)| *t);
         for (t, c) in due {
             let Some(timeline) = timelines.get(t) else { continue };
-            let stop = self.simulate_stop(timeline, c.until, c.reason, c.gpus, end);
-            self.stopped.insert(t, stop.stopped_until);
+            let stop = self.simulate_stop(t, timeline, c.until, c.reason, c.gpus, end);
+            self.mark_stopped(t, stop.stopped_until);
             self.open.push((self.stops.len(), t));
             self.stops.push(stop);
         }
@@ -343,16 +367,19 @@ impl Replay {
     /// The listing at `now`: every workspace running in the real history and not stopped by
     /// the simulation, rebuilt only where its state changed.
     fn relist(&mut self, now: DateTime<Utc>, timelines: &[WorkspaceTimeline]) {
+        if self.slots.len() < timelines.len() {
+            self.slots.resize(timelines.len(), Slot::default());
+        }
         for (t, timeline) in timelines.iter().enumerate() {
-            let key = if self.stopped.contains_key(&t) { None } else { state_key(timeline, now) };
-            match (self.listed.get(&t).copied(), key) {
+            let key = if self.slots[t].stopped.is_some() { None } else { state_key(timeline, now) };
+            match (self.slots[t].listed, key) {
                 (None, None) => {}
                 (Some((pos, _)), None) => {
                     self.listing.swap_remove(pos);
                     self.owner.swap_remove(pos);
-                    self.listed.remove(&t);
+                    self.slots[t].listed = None;
                     if let Some(&moved) = self.owner.get(pos) {
-                        if let Some(entry) = self.listed.get_mut(&moved) {
+                        if let Some(entry) = self.slots.get_mut(moved).and_then(|s| s.listed.as_mut()) {
                             entry.0 = pos;
                         }
                     }
@@ -368,14 +395,22 @@ impl Replay {
                         }
                     }
                     let pos = at.map_or(self.listing.len() - 1, |(p, _)| p);
-                    self.listed.insert(t, (pos, new));
+                    self.slots[t].listed = Some((pos, new));
                 }
             }
         }
     }
 
+    fn mark_stopped(&mut self, t: usize, until: Option<DateTime<Utc>>) {
+        if self.slots.len() <= t {
+            self.slots.resize(t + 1, Slot::default());
+        }
+        self.slots[t].stopped = Some(until);
+    }
+
     fn simulate_stop(
-        &self,
+        &mut self,
+        t: usize,
         timeline: &WorkspaceTimeline,
         now: DateTime<Utc>,
         reason: &'static str,
@@ -386,11 +421,21 @@ impl Replay {
         let stopped_until = timeline.next_start_after(now).and_then(|b| b.created_at).filter(|t| *t <= end);
         let held = timeline.running_seconds(now, stopped_until.unwrap_or(end));
         let window_end = now + self.regret_window;
+        if self.who.len() <= t {
+            self.who.resize(t + 1, None);
+        }
+        let who = self.who[t]
+            .get_or_insert_with(|| {
+                Arc::new(StoppedWorkspace {
+                    workspace_id: record.id.clone(),
+                    owner: record.owner_name.clone(),
+                    workspace: record.name.clone(),
+                    template: record.template_name.clone(),
+                })
+            })
+            .clone();
         SimulatedStop {
-            workspace_id: record.id.clone(),
-            owner: record.owner_name.clone(),
-            workspace: record.name.clone(),
-            template: record.template_name.clone(),
+            who,
             at: now,
             reason,
             gpus,
@@ -418,7 +463,7 @@ impl Replay {
         self.open.retain(|&(i, t)| {
             let (Some(stop), Some(timeline)) = (stops.get_mut(i), timelines.get(t)) else { return false };
             let until = (stop.at + window).min(now);
-            let series = chunk.by_workspace.get(stop.workspace_id.as_str()).map_or(&[][..], Vec::as_slice);
+            let series = chunk.by_workspace.get(stop.who.workspace_id.as_str()).map_or(&[][..], Vec::as_slice);
             let computed = series
                 .iter()
                 .filter_map(|&s| chunk.series.get(s))
