@@ -66,8 +66,17 @@ pub struct Use {
 }
 
 impl WorkspaceTimeline {
-    pub fn new(record: Workspace, mut builds: Vec<WorkspaceBuild>) -> Self {
+    pub fn new(mut record: Workspace, mut builds: Vec<WorkspaceBuild>) -> Self {
         builds.sort_by_key(|b| b.created_at);
+        // Held for the whole window: no room left over from parsing (a parsed list of one agent
+        // reserves four), in the builds and in what each holds.
+        builds.shrink_to_fit();
+        for build in builds.iter_mut().chain([&mut record.latest_build]) {
+            build.resources.shrink_to_fit();
+            for resource in &mut build.resources {
+                resource.agents.shrink_to_fit();
+            }
+        }
         WorkspaceTimeline { record, builds, uses: Vec::new(), agents: Vec::new(), parameters: HashMap::new() }
     }
 
