@@ -1,7 +1,8 @@
 //! `backtest` against peers that send what no honest Coder or Prometheus would (issue 44, item 5):
 //! made-up pod names that each cost a Coder read, build pages just under the object limit, gauge
 //! series with names no Coder has and points off the step grid, gauges in two scrape jobs, and a
-//! build in year 1. Each run is the real binary; its peak RSS (VmHWM) is printed beside
+//! build in year 1; and a Prometheus that cannot answer one chunk while the chunks after it are
+//! fetched ahead. Each run is the real binary; its peak RSS (VmHWM) is printed beside
 //! the goal (128 MiB), and what it could not read is counted in its gaps, not listed.
 
 use std::sync::Arc;
@@ -239,4 +240,67 @@ async fn gauges_are_read_from_coderds_job_for_known_workspaces_on_the_grid_only(
     coder.with(|w| w.rewrite_history(ws, &[("start", alice, zero)]));
     let (_, report, out, _) = backtest(coder.url(), coder.owner_token(), &prom, "", "none").await;
     assert!(out.contains("was created at 0001-01-01") && out.contains("a record no Coder writes is not replayed"), "{out}\n{report}");
+}
+
+/// Prometheus cannot answer one chunk of the window (503 to every query over t0+61m..t0+90m)
+/// while the chunks after it are fetched ahead of the replay: that chunk is one gap and its
+/// passes see the source failed (unknown, nothing stopped on it); every chunk is asked for once,
+/// and the chunks after the failure are replayed (a workspace idle from t0+100m is stopped 30
+/// minutes later; one busy all along is not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_prometheus_cannot_answer_is_one_gap_and_the_chunks_after_it_are_replayed() {
+    let coder = FakeCoder::start(WorldConfig { gpus: 2, ..world(2) }).await.unwrap();
+    let busy = coder.with(|w| w.create_workspace("alice", "busy", None)).unwrap();
+    let leaves = coder.with(|w| w.create_workspace("bob", "leaves", None)).unwrap();
+    until(&coder, "both hold a GPU", Duration::from_secs(5), |w| holds_gpu(w, busy) && holds_gpu(w, leaves)).await;
+    let t0 = t0();
+    for (ws, owner) in [(busy, "alice"), (leaves, "bob")] {
+        let user = coder.with(|w| w.user_index(owner).unwrap());
+        coder.with(|w| w.rewrite_history(ws, &[("start", user, t0 - chrono::Duration::hours(6))]));
+    }
+    let minute = |m: i64| (t0 + chrono::Duration::minutes(m)).timestamp();
+    let pods = [(format!("coder-{busy}-6d9f8b7c5-x2x9k"), i64::MAX), (format!("coder-{leaves}-6d9f8b7c5-x2x9k"), minute(100))];
+    let asked: Arc<std::sync::Mutex<Vec<(i64, i64)>>> = Arc::default();
+    let seen = asked.clone();
+    let answer: Answer = Arc::new(move |q: &RangeQuery| {
+        if metric_of(q) == "DCGM_FI_DEV_GPU_UTIL" {
+            seen.lock().unwrap().push((q.start, q.end));
+        }
+        let series = pods.iter().enumerate().filter_map(|(i, (pod, busy_until))| {
+            let value = |t: i64| match metric_of(q) {
+                "DCGM_FI_DEV_GPU_UTIL" => Some(if t < *busy_until { 100.0 } else { 0.0 }),
+                "DCGM_FI_DEV_FB_USED" => Some(if t < *busy_until { 8000.0 } else { 0.0 }),
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" => Some(1.0e12 + t as f64 * 100.0),
+                _ => None,
+            };
+            value(q.start)?;
+            let values: Vec<String> =
+                (q.start..=q.end).step_by(q.step as usize).filter_map(|t| Some(format!("[{t},\"{}\"]", value(t)?))).collect();
+            let uuid = format!("GPU-c{i:07x}-0000-4000-8000-000000000000");
+            Some(format!(r#"{{"metric":{},"values":[{}]}}"#, labels(&uuid, pod), values.join(",")))
+        });
+        series.collect()
+    });
+    let down = minute(75);
+    let prom = FakePrometheus::start_with(answer, Arc::new(move |q: &RangeQuery| q.start <= down && down <= q.end)).await.unwrap();
+    let (ok, report, out, _) = backtest(coder.url(), coder.owner_token(), &prom, "", "none").await;
+    assert!(ok, "{out}");
+    let at = |m: i64| (t0 + chrono::Duration::minutes(m)).to_rfc3339();
+    let g = gaps(&report);
+    assert_eq!(g.iter().filter(|l| l.contains("query")).count(), 1, "one gap: {g:?}");
+    assert!(g[0].starts_with(&format!("{} to {}: ", at(61), at(90))), "the failed chunk's steps: {g:?}");
+    let stops = report["variants"][0]["stops"].as_array().cloned().unwrap_or_default();
+    let stopped: Vec<(String, String)> =
+        stops.iter().map(|s| (s["workspace"].as_str().unwrap_or("").to_string(), s["at"].as_str().unwrap_or("").to_string())).collect();
+    assert_eq!(stopped.len(), 1, "{stopped:?}");
+    assert_eq!(stopped[0].0, "leaves", "{stopped:?}");
+    let stop_at = DateTime::parse_from_rfc3339(&stopped[0].1).unwrap().timestamp();
+    assert!((minute(129)..=minute(131)).contains(&stop_at), "idle from t0+100m, stopped 30 minutes later: {stopped:?}");
+    assert!(report["variants"][0]["verdicts"]["unknown"].as_u64().unwrap_or(0) >= 2 * 30, "{report}");
+    let asked = asked.lock().unwrap().clone();
+    let mut spans = asked.clone();
+    spans.sort();
+    spans.dedup();
+    assert_eq!(spans.len(), asked.len(), "every chunk asked for once: {asked:?}");
+    assert!(asked.iter().any(|(_, end)| *end == minute(180)), "fetched to the window's end: {asked:?}");
 }

@@ -27,6 +27,11 @@ pub struct RangeQuery {
 /// Answers a query with the `result` array's elements, each a JSON object as text.
 pub type Answer = Arc<dyn Fn(&RangeQuery) -> Vec<String> + Send + Sync>;
 
+/// Which queries the store cannot answer now; Prometheus says so as `respondError` in
+/// `web/api/v1/api.go` does: `errorUnavailable` is HTTP 503 with
+/// `{"status":"error","errorType":"unavailable","error":...}`.
+pub type Unavailable = Arc<dyn Fn(&RangeQuery) -> bool + Send + Sync>;
+
 pub struct FakePrometheus {
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
@@ -34,9 +39,15 @@ pub struct FakePrometheus {
 
 impl FakePrometheus {
     pub async fn start(answer: Answer) -> std::io::Result<Self> {
+        Self::start_with(answer, Arc::new(|_: &RangeQuery| false)).await
+    }
+
+    /// A store that answers 503 to the queries `unavailable` names (a storage node down, a
+    /// query queue full) and `answer`s the rest.
+    pub async fn start_with(answer: Answer, unavailable: Unavailable) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let router = Router::new().route("/api/v1/query_range", get(query_range)).with_state(answer);
+        let router = Router::new().route("/api/v1/query_range", get(query_range)).with_state((answer, unavailable));
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
         });
@@ -59,10 +70,17 @@ fn seconds(text: &str) -> i64 {
     text.trim_end_matches('s').parse::<f64>().map_or(0, |s| s as i64)
 }
 
-async fn query_range(State(answer): State<Answer>, Query(params): Query<HashMap<String, String>>) -> Response {
+async fn query_range(
+    State((answer, unavailable)): State<(Answer, Unavailable)>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
     let get = |k: &str| params.get(k).cloned().unwrap_or_default();
     let q =
         RangeQuery { query: get("query"), start: seconds(&get("start")), end: seconds(&get("end")), step: seconds(&get("step")).max(1) };
+    if unavailable(&q) {
+        let body = r#"{"status":"error","errorType":"unavailable","error":"the store is unavailable (fake)"}"#;
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, [("Content-Type", "application/json")], body).into_response();
+    }
     let result = answer(&q).join(",");
     let body = format!(r#"{{"status":"success","data":{{"resultType":"matrix","result":[{result}]}}}}"#);
     ([("Content-Type", "application/json")], body).into_response()

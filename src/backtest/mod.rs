@@ -10,8 +10,9 @@
 
 pub mod report;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -19,18 +20,23 @@ use reclaimer_core::backtest::replay::{Chunk, Failed, Replay};
 use reclaimer_core::backtest::timeline::{ConnectionSource, GaugeReader, GaugeStep, Use, WorkspaceTimeline};
 use reclaimer_core::coder::types::{AgentStatus, WorkspaceBuild};
 use reclaimer_core::history::JournalLine;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::coder::{CoderClient, HistoryBounds};
 use crate::error::Error;
 use crate::gpu::prometheus::PrometheusSource;
-use crate::gpu::{GpuSeries, GpuSource};
+use crate::gpu::{Collection, GpuSeries, GpuSource, SourceFailure};
 use crate::pass::policy::Policy;
 use report::{Report, SourceReport, VariantReport};
 
 /// Steps fetched per chunk: 30 minutes at the default 60 s. Over 10,000 GPUs a chunk is 300,000
 /// points (about 30 MB), under the source's point budget, and each query stays small.
 pub const CHUNK_STEPS: u32 = 30;
+
+/// Chunks fetched ahead of the one replayed: as many as hold about `SERIES_AHEAD` GPU series
+/// (at the last chunk's count), at least one and at most `MAX_CHUNKS_AHEAD`.
+const SERIES_AHEAD: usize = 6_000;
+const MAX_CHUNKS_AHEAD: usize = 3;
 
 /// Workspaces read from Coder at once when a chunk names new ones.
 const CODER_READS_IN_FLIGHT: usize = 8;
@@ -272,7 +278,7 @@ where
 /// The history and the replays over it, fetched and replayed chunk by chunk.
 pub async fn run(
     coder: &CoderClient,
-    prom: &PrometheusSource,
+    prom: &Arc<PrometheusSource>,
     plan: Plan,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<Report, Error> {
@@ -379,15 +385,17 @@ pub async fn run(
     let mut pending_ids: Vec<String> = journal_ids;
     let mut chunk_end = since;
     // A chunk's stage: its GPU series, and the workspaces they name that were not read yet, read
-    // from Coder. Every stage after the first runs while the chunk before it is replayed:
-    // Prometheus evaluates it, its answer is parsed and Coder answers on the runtime's other
-    // threads meanwhile. Two chunks are held at most.
+    // from Coder. The chunks ahead of the one replayed are fetched meanwhile (Prometheus
+    // evaluates them and their answers are parsed on the runtime's other threads), and the next
+    // one's new workspaces are read from Coder.
     let reader = Reader { coder, history: (history_from, until), journal: journal.as_ref() };
     let mut collection = prom.collect(chunk_end).await;
     let mut fresh = {
         let ids = fleet.asked.take_new(&collection.series, &mut pending_ids, FIRST_CHUNK_READS);
         reader.read(ids).await
     };
+    let mut ahead: VecDeque<(DateTime<Utc>, JoinHandle<Collection>)> = VecDeque::new();
+    let mut asked_until = chunk_end;
     loop {
         chunks += 1;
         for done in fresh.drain(..) {
@@ -401,19 +409,29 @@ pub async fn run(
             let why = collection.failures.iter().map(|f| f.error.as_str()).collect::<Vec<_>>().join("; ");
             let from = fetched_to.or(last_pass).map_or(history_from, |t| t + chrono::Duration::seconds(step_secs));
             gpu_gaps.push(format!("{} to {}: {why}", from.to_rfc3339(), chunk_end.to_rfc3339()));
-            // The next stage starts after the failed chunk.
-            prom.skip_until(chunk_end);
         }
         for s in series.iter().filter(|s| s.workspace_id.is_some()) {
             gpu_hours_reported += s.points.iter().filter(|p| p.at > since && p.at <= until).count() as f64 * step_secs as f64 / 3600.0;
         }
-        let next_end = (chunk_end < until).then(|| (chunk_end + chunk_span).min(until));
+        // A small fleet's chunk takes Prometheus about 80 ms whatever its size (each answer is
+        // evaluated and encoded by one thread), far longer than its replay: several ahead keep
+        // Prometheus busy. A large fleet's replay is the longer part: one ahead, one chunk held.
+        let depth = (SERIES_AHEAD / series.len().max(1)).clamp(1, MAX_CHUNKS_AHEAD);
+        while ahead.len() < depth && asked_until < until {
+            let (from, to) = (asked_until + chrono::Duration::seconds(step_secs), (asked_until + chunk_span).min(until));
+            let prom = prom.clone();
+            ahead.push_back((to, tokio::spawn(async move { prom.collect_between(from.timestamp(), to.timestamp()).await })));
+            asked_until = to;
+        }
         let Fleet { timelines, by_name, asked } = &mut fleet;
         let next = async {
-            let end = next_end?;
-            let collection = prom.collect(end).await;
+            let (end, fetch) = ahead.pop_front()?;
+            let collection = fetch.await.unwrap_or_else(|e| Collection {
+                failures: vec![SourceFailure::new(prom.shown().to_string(), String::new(), format!("the fetch failed: {e}"))],
+                ..Collection::default()
+            });
             let ids = asked.take_new(&collection.series, &mut pending_ids, CHUNK_READS);
-            Some((collection, reader.read(ids).await))
+            Some((end, collection, reader.read(ids).await))
         };
         let this = async {
             // The passes of this chunk: every step after the last pass, up to its end.
@@ -462,14 +480,10 @@ pub async fn run(
             progress(Progress { fetched_until: chunk_end, since, until, workspaces: timelines.len(), series: series.len() });
         };
         let (next, ()) = tokio::join!(next, this);
-        match (next, next_end) {
-            (Some((next, read)), Some(end)) => {
-                collection = next;
-                fresh = read;
-                chunk_end = end;
-            }
-            _ => break,
-        }
+        let Some((end, next, read)) = next else { break };
+        collection = next;
+        fresh = read;
+        chunk_end = end;
     }
     if fleet.asked.unreadable.len() > UNREAD_NAMED {
         gaps.push(format!("and {} more workspaces Coder did not answer for", fleet.asked.unreadable.len() - UNREAD_NAMED));

@@ -106,7 +106,7 @@ pub async fn report(settings: Settings, args: &BacktestArgs, now: DateTime<Utc>)
             eprintln!("{line}");
         }
     };
-    let report = crate::backtest::run(&coder, &source, plan, &mut progress).await;
+    let report = crate::backtest::run(&coder, &std::sync::Arc::new(source), plan, &mut progress).await;
     if terminal {
         eprintln!();
     }

@@ -322,13 +322,6 @@ impl PrometheusSource {
         &self.shown
     }
 
-    /// Takes the steps up to `t` as fetched without fetching them (a backtest moving past a
-    /// chunk that failed: its gap is reported, and the next fetch starts after it).
-    pub fn skip_until(&self, t: DateTime<Utc>) {
-        let step = self.step.as_secs().max(1) as i64;
-        *self.fetched_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(t.timestamp().div_euclid(step) * step);
-    }
-
     /// One `query_range` of the caller's own query (the backtest's coderd gauges), with this
     /// source's headers, timeout and body limit; each series handed to `on_series` as the
     /// answer streams in, labels decoded.
@@ -439,10 +432,29 @@ async fn query_range(q: Query, spec: QuerySpec, query: String, range: (i64, i64,
 
 impl GpuSource for PrometheusSource {
     async fn collect(&self, now: DateTime<Utc>) -> Collection {
-        let specs = QuerySpec::all(self.options.power);
         let Some((start, end)) = self.span(now) else {
             return Collection { series: Vec::new(), failures: Vec::new(), requests: 0, step: Some(self.step), ..Collection::default() };
         };
+        self.collect_span(start, end, true).await
+    }
+}
+
+impl PrometheusSource {
+    /// The steps from `start` to `end` (unix seconds, inclusive, step-aligned), fetched as a
+    /// pass fetches its span, without moving where the next pass's fetch starts: several spans
+    /// may be in flight at once (the backtest fetches the chunks ahead of the one it replays).
+    pub async fn collect_between(&self, start: i64, end: i64) -> Collection {
+        let step = self.step.as_secs().max(1) as i64;
+        let (start, end) = (start.div_euclid(step) * step, end.div_euclid(step) * step);
+        if start > end {
+            return Collection { series: Vec::new(), failures: Vec::new(), requests: 0, step: Some(self.step), ..Collection::default() };
+        }
+        self.collect_span(start, end, false).await
+    }
+
+    /// One fetch of `[start, end]`; `advance`: the next `collect` starts after what it fetched.
+    async fn collect_span(&self, start: i64, end: i64, advance: bool) -> Collection {
+        let specs = QuerySpec::all(self.options.power);
         let headers = match self.headers() {
             Ok(h) => h,
             Err(error) => {
@@ -533,7 +545,9 @@ impl GpuSource for PrometheusSource {
                 s.points.retain(|p| p.at.timestamp() <= done_until);
             }
         }
-        *self.fetched_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(done_until);
+        if advance {
+            *self.fetched_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(done_until);
+        }
         let (twins, twin_count) = {
             let mut f = fold.lock().unwrap_or_else(|p| p.into_inner());
             let instances = std::mem::take(&mut f.instances);
