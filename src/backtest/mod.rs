@@ -4,9 +4,10 @@
 //! journal) name is read from Coder once, when first met: its record (deleted ones too) and its
 //! builds from the window's start on; moments of use come from the history journal, coderd's
 //! agent-stat gauges in the same Prometheus, or nowhere (then said so). Every replay (one per
-//! swept value) advances over each chunk while the next is fetched and its new workspaces are
-//! read, so memory is bounded by the fleet and two chunks, not by the window. The report's shape
-//! and its texts are `report`.
+//! swept value) advances over each chunk while the chunks ahead are fetched and the next one's
+//! new workspaces are read, so memory is bounded by the fleet and the chunks in flight (the one
+//! replayed and about `SERIES_AHEAD` series ahead, at least one chunk), not by the window. The
+//! report's shape and its texts are `report`.
 
 pub mod report;
 
