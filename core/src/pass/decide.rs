@@ -259,13 +259,13 @@ fn contradiction(v: &SignalValues, p: &Policy) -> Option<&'static str> {
 /// exclusive GPU whose utilization and memory read exactly zero while its profiling fields (the
 /// device's) show compute. In the default layout that sample cannot happen (a kernel holds a
 /// context, and memory with it), so nothing there is read as this.
-fn without_the_device_series(w: &GpuWindow, values: &[&SignalValues], p: &Policy) -> Option<&'static str> {
+fn without_the_device_series<'a>(w: &GpuWindow, mut values: impl Iterator<Item = &'a SignalValues>, p: &Policy) -> Option<&'static str> {
     if w.attribution == Attribution::DeviceSeriesMissing {
         return Some(
             "a time-sliced GPU's per-pod copies without the device-level GPU_UTIL/FB_USED series: the pod's own utilization and memory read 0 whatever runs; keep the exporter's series without a workload pod in the store (the relabeling, prometheus_selector)",
         );
     }
-    values.iter().any(|v| placeholders_beside_compute(v, p)).then_some(
+    values.any(|v| placeholders_beside_compute(v, p)).then_some(
         "utilization and memory read exactly 0 while the profiling fields show compute: virtual-GPU per-pod copies without the device-level series; keep the exporter's series without a workload pod in the store (the relabeling, prometheus_selector)",
     )
 }
@@ -281,13 +281,15 @@ pub fn placeholders_beside_compute(v: &SignalValues, p: &Policy) -> bool {
 
 /// GR_ENGINE_ACTIVE at zero while utilization says busy, in two consecutive samples (one could
 /// be two readings taken at slightly different moments).
-fn gr_stuck(samples: &[&SignalValues], p: &Policy) -> bool {
+fn gr_stuck<'a>(samples: impl Iterator<Item = &'a SignalValues>, p: &Policy) -> bool {
     let one = |v: &SignalValues| {
         v.get(Signal::FbUsedMib).is_none_or(|fb| fb >= p.empty_memory_mib)
             && v.get(Signal::GrEngineActive).is_some_and(|g| g <= p.about_zero)
             && v.get(Signal::GpuUtil).is_some_and(|u| u >= p.gpu_util_min)
     };
-    samples.windows(2).any(|pair| one(pair[0]) && one(pair[1]))
+    // Two such samples in a row.
+    let mut previous = false;
+    samples.map(one).any(|now| std::mem::replace(&mut previous, now) && now)
 }
 
 #[derive(Clone, Copy)]
@@ -559,20 +561,21 @@ fn judge_gpus(
         );
     }
     for w in windows {
-        let values: Vec<&SignalValues> = w.since(span_start).map(|s| &s.values).collect();
-        let disagreement = if gr_stuck(&values, policy) {
+        // The samples within the idle window, read a few times over without being copied.
+        let values = || w.since(span_start).map(|s| &s.values);
+        let disagreement = if gr_stuck(values(), policy) {
             Some("GR_ENGINE_ACTIVE reads zero while utilization says busy (a stuck profiling counter?)")
         } else {
-            values.iter().find_map(|v| contradiction(v, policy))
+            values().find_map(|v| contradiction(v, policy))
         };
         if let Some(why) = disagreement {
             return b.out(Verdict::Unknown, Reason::MetricsDisagree, format!("GPU {}: {why}", w.key.uuid), None);
         }
-        if let Some(why) = without_the_device_series(w, &values, policy) {
+        if let Some(why) = without_the_device_series(w, values(), policy) {
             return b.out(Verdict::Unknown, Reason::NoDeviceSeries, format!("GPU {}: {why}", w.key.uuid), None);
         }
         let ctx = SampleContext::of(w, policy);
-        if values.iter().any(|v| classify(v, policy, ctx) == SampleState::NoCompute) {
+        if values().any(|v| classify(v, policy, ctx) == SampleState::NoCompute) {
             return b.out(
                 Verdict::Unknown,
                 Reason::NoGpuData,
