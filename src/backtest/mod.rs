@@ -395,7 +395,7 @@ pub async fn run(
         let ids = fleet.asked.take_new(&collection.series, &mut pending_ids, FIRST_CHUNK_READS);
         reader.read(ids).await
     };
-    let mut ahead: VecDeque<(DateTime<Utc>, JoinHandle<Collection>)> = VecDeque::new();
+    let mut ahead: VecDeque<(DateTime<Utc>, Fetch)> = VecDeque::new();
     let mut asked_until = chunk_end;
     loop {
         chunks += 1;
@@ -421,13 +421,13 @@ pub async fn run(
         while ahead.len() < depth && asked_until < until {
             let (from, to) = (asked_until + chrono::Duration::seconds(step_secs), (asked_until + chunk_span).min(until));
             let prom = prom.clone();
-            ahead.push_back((to, tokio::spawn(async move { prom.collect_between(from.timestamp(), to.timestamp()).await })));
+            ahead.push_back((to, Fetch(tokio::spawn(async move { prom.collect_between(from.timestamp(), to.timestamp()).await }))));
             asked_until = to;
         }
         let Fleet { timelines, by_name, asked } = &mut fleet;
         let next = async {
-            let (end, fetch) = ahead.pop_front()?;
-            let collection = fetch.await.unwrap_or_else(|e| Collection {
+            let (end, mut fetch) = ahead.pop_front()?;
+            let collection = (&mut fetch.0).await.unwrap_or_else(|e| Collection {
                 failures: vec![SourceFailure::new(prom.shown().to_string(), String::new(), format!("the fetch failed: {e}"))],
                 ..Collection::default()
             });
@@ -570,6 +570,16 @@ impl Asked {
         let now = std::mem::replace(waiting, later);
         self.reads += now.len();
         now
+    }
+}
+
+/// A chunk fetched ahead: stopped when dropped unawaited (a backtest that ends early leaves no
+/// queries running behind it).
+struct Fetch(JoinHandle<Collection>);
+
+impl Drop for Fetch {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
