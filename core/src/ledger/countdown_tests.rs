@@ -50,6 +50,14 @@ fn stop_calls(p: &Plan) -> usize {
     p.calls.iter().filter(|c| matches!(c, Call::Stop(_))).count()
 }
 
+/// Coder refuses the stop just planned for "a" (a 400): the ledger tries again later.
+fn refuse_stop(l: &mut Ledger) {
+    l.observe(vec![Outcome::Stop {
+        workspace_id: "a".into(),
+        answer: StopAnswer::Refused(Failure { status: Some(400), text: "400".into() }),
+    }]);
+}
+
 fn ok(ws: &str) -> Outcome {
     Outcome::Extend { workspace_id: ws.into(), answer: Ok(()) }
 }
@@ -160,10 +168,7 @@ fn a_deadline_passed_without_coders_stop_is_the_services_own_stop() {
         let p = plan(&mut l, at(minute), &[counted(Some(30))], &fleet(&[0], 10));
         assert_eq!((stop_calls(&p), events(&p.notes).as_slice()), (stops, notes), "minute {minute}");
         if stops > 0 {
-            l.observe(vec![Outcome::Stop {
-                workspace_id: "a".into(),
-                answer: StopAnswer::Refused(Failure { status: Some(400), text: "400".into() }),
-            }]);
+            refuse_stop(&mut l);
         }
     }
 }
@@ -276,10 +281,7 @@ fn a_deadline_moved_later_in_the_dashboard_is_the_countdowns_new_end() {
         let p = plan(&mut l, at(minute), &[counted(Some(deadline))], &fleet(&[0], 10));
         assert_eq!((stop_calls(&p), moves(&p).len()), (stops, 0), "minute {minute}");
         if stops > 0 {
-            l.observe(vec![Outcome::Stop {
-                workspace_id: "a".into(),
-                answer: StopAnswer::Refused(Failure { status: Some(400), text: "400".into() }),
-            }]);
+            refuse_stop(&mut l);
         }
     }
 }
