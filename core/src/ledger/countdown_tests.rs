@@ -50,6 +50,14 @@ fn stop_calls(p: &Plan) -> usize {
     p.calls.iter().filter(|c| matches!(c, Call::Stop(_))).count()
 }
 
+/// The counted-down workspace, its GPU computing again (kept, deadline 10:30).
+fn computing_again() -> Judged {
+    let mut busy = counted(Some(30));
+    busy.decision.verdict = Verdict::Keep;
+    busy.decision.reason = Reason::GpuActive;
+    busy
+}
+
 /// Coder refuses the stop just planned for "a" (a 400): the ledger tries again later.
 fn refuse_stop(l: &mut Ledger) {
     l.observe(vec![Outcome::Stop {
@@ -177,9 +185,7 @@ fn a_deadline_passed_without_coders_stop_is_the_services_own_stop() {
 fn a_workspace_no_longer_idle_withdraws_it_and_an_extension_is_never_doubled() {
     // The GPU computes again (extend_while_busy plans its own move this pass): nothing else.
     let mut l = counting_down();
-    let mut busy = counted(Some(30));
-    busy.decision.verdict = Verdict::Keep;
-    busy.decision.reason = Reason::GpuActive;
+    let mut busy = computing_again();
     let p = plan(&mut l, at(5), &[busy.clone()], &fleet(&[], 10));
     assert_eq!(events(&p.notes), ["countdown_withdrawn"]);
     assert_eq!(moves(&p), [("a".into(), at(5 + 480), "countdown_restored")], "now plus its 8 h TTL, later than 14:00");
@@ -304,9 +310,7 @@ fn a_move_whose_answer_was_lost_is_still_put_back() {
 #[test]
 fn a_put_back_and_an_extension_are_never_both_sent_in_one_pass() {
     let mut l = counting_down();
-    let mut busy = counted(Some(30));
-    busy.decision.verdict = Verdict::Keep;
-    busy.decision.reason = Reason::GpuActive;
+    let mut busy = computing_again();
     busy.decision.deadline = Some(Box::new(crate::pass::deadline::DeadlinePlan {
         deadline: at(30),
         action: crate::pass::deadline::DeadlineAction::Extend { to: at(65) },
