@@ -147,7 +147,7 @@ fn a_fresh_uuid_on_a_pod_mid_session_is_a_copy() {
         ..series("GPU-bbbbbbbb-0000-4000-8000-000000000002", 0)
     };
     windows.record(&gone, None, true);
-    windows.prune(now(), &[WS_ID].into_iter().collect());
+    windows.prune(now(), |id| id == WS_ID);
     assert_eq!(windows.get(WS_ID).map(<[GpuWindow]>::len), Some(1), "the second GPU's window aged out");
     let back = GpuSeries {
         points: vec![Point { at: now(), values: busy(), energy_joules: None }],

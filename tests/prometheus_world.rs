@@ -297,11 +297,11 @@ pub fn exporter_windows(
         );
         if at % step == 0 {
             windows.flush();
-            windows.prune(when, &live);
+            windows.prune(when, |id| live.contains(id));
         }
     }
     windows.flush();
-    windows.prune(now, &live);
+    windows.prune(now, |id| live.contains(id));
     windows
 }
 

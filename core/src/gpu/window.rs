@@ -337,13 +337,9 @@ impl Windows {
         }
     }
 
-    /// Drops samples older than the retention and workspaces that are no longer running.
-    pub fn prune(&mut self, now: DateTime<Utc>, live: &HashSet<&str>) {
-        self.prune_by(now, |id| live.contains(id));
-    }
-
-    /// `prune`, with whether a workspace is listed answered by `live`.
-    pub fn prune_by(&mut self, now: DateTime<Utc>, live: impl Fn(&str) -> bool) {
+    /// Drops samples older than the retention and workspaces that are no longer running
+    /// (`live` answers whether a workspace is listed).
+    pub fn prune(&mut self, now: DateTime<Utc>, live: impl Fn(&str) -> bool) {
         let cutoff = now - self.retain;
         self.by_workspace.retain(|ws, gpus| {
             if !live(ws.as_str()) {
@@ -516,13 +512,13 @@ mod tests {
         assert_eq!(gpus.len(), MAX_GPUS_PER_WORKSPACE, "a source naming 20,000 GPUs for one pod gets 64 windows");
         assert!(gpus.iter().all(|w| w.samples.len() == 2), "each series kept its own window");
         assert!(gpus.iter().enumerate().all(|(i, w)| w.key.uuid == format!("GPU-{i}")), "the first ones, found again by key");
-        ws.prune(t(605), &HashSet::from(["a"]));
+        ws.prune(t(605), |id| id == "a");
         assert_eq!(ws.sample_count(), MAX_GPUS_PER_WORKSPACE, "the first samples aged out");
         ws.record(&reading(7, 20), None, false);
         ws.flush();
         assert_eq!(ws.get("a").unwrap()[7].samples.len(), 2, "the index still finds keys after pruning");
         assert_eq!(ws.refused_at("a"), Some(t(10)), "the series refused are remembered, so nothing judges a subset");
-        ws.prune(t(611), &HashSet::from(["a"]));
+        ws.prune(t(611), |id| id == "a");
         assert_eq!(ws.refused_at("a"), None, "until they age out like samples");
     }
 
@@ -550,10 +546,10 @@ mod tests {
                 ws.record(&series("GPU-1", id, i * 10), None, false);
             }
             ws.flush();
-            ws.prune(t(i * 10), &HashSet::from(["a", "b"]));
+            ws.prune(t(i * 10), |id| ["a", "b"].contains(&id));
         }
         assert_eq!(ws.sample_count(), 2 * 61, "600 s of 10 s samples per GPU, inclusive");
-        ws.prune(t(100_000), &HashSet::from(["a"]));
+        ws.prune(t(100_000), |id| id == "a");
         assert_eq!(ws.workspace_count(), 1);
         assert!(ws.get("b").is_none());
     }

@@ -313,7 +313,7 @@ impl JudgePass<'_> {
         let JudgePass { judge, workspaces, context, session_start } = self;
         judge.windows.flush();
         judge.windows.mark_failed_sources(failed_sources);
-        judge.windows.prune_by(now, |id| session_start.contains_key(id));
+        judge.windows.prune(now, |id| session_start.contains_key(id));
         judge.learn_gpu_templates(workspaces, now);
         let mut decisions: Vec<Decision> = workspaces
             .iter()
