@@ -1,6 +1,6 @@
 //! Passes of the real service against a real Prometheus (issue 13). Writes N GPUs x 70 minutes
 //! of 15 s dcgm-exporter history (every field the source reads that the default counters file
-//! exports, and SM_ACTIVE; with the labels a scrape of dcgm-exporter stores) with `promtool tsdb
+//! exports, and SM_ACTIVE; with the labels a scrape of dcgm-exporter stores; restarts, old pods and deleted workspaces: `pods_of`) with `promtool tsdb
 //! create-blocks-from openmetrics`, serves it on loopback behind a byte-counting proxy, serves
 //! the Coder listing from a child process, and measures the first pass and steady-state passes
 //! (one per new 60 s step): queries, bytes received, wall time, CPU time and the service's peak
@@ -71,41 +71,62 @@ fn write_history(path: &std::path::Path, n: usize, now: i64, ahead_minutes: i64)
         ("DCGM_FI_DEV_DEC_UTIL", "gauge"),
         ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter"),
     ];
+    let now = end - ahead_minutes * 60;
     for (family, kind) in families {
         writeln!(out, "# TYPE {family} {kind}").unwrap();
         for g in 0..n {
             let node = g / synthetic::GPUS_PER_NODE;
             let local = g % synthetic::GPUS_PER_NODE;
-            let labels = format!(
-                "gpu=\"{local}\",UUID=\"GPU-{:08x}-1c2b-4d5e-8f90-{g:012x}\",device=\"nvidia{local}\",modelName=\"NVIDIA H200\",Hostname=\"gpu-node-{node}\",exported_container=\"dev\",exported_namespace=\"coder\",exported_pod=\"coder-{}-7d9f8b6c5d-x2x9k\",instance=\"10.0.{}.{}:9400\",job=\"nvidia-dcgm-exporter\",namespace=\"gpu-operator\",pod=\"nvidia-dcgm-exporter-{node:05x}\"",
-                g,
-                synthetic::workspace_id(g),
-                node / 250,
-                node % 250
-            );
             let busy = g % 10 == 0;
             let on = f64::from(u8::from(busy));
             let mut energy_mj = 1.0e10;
-            for t in (start..=end).step_by(SCRAPE as usize) {
-                let watts = if busy { 299.2 } else { 24.3 };
-                energy_mj += watts * SCRAPE as f64 * 1000.0;
-                let value = match family {
-                    "DCGM_FI_DEV_GPU_UTIL" => 100.0 * on,
-                    "DCGM_FI_PROF_SM_ACTIVE" => 0.91 * on,
-                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE" => on,
-                    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" => 0.42 * on,
-                    "DCGM_FI_PROF_DRAM_ACTIVE" => 0.37 * on,
-                    "DCGM_FI_DEV_FB_USED" => 8_000.0 * on,
-                    "DCGM_FI_DEV_POWER_USAGE" => watts,
-                    "DCGM_FI_DEV_ENC_UTIL" | "DCGM_FI_DEV_DEC_UTIL" => 0.0,
-                    _ => energy_mj,
-                };
-                writeln!(out, "{family}{{{labels}}} {value} {t}").unwrap();
+            for (pod, from, to) in pods_of(g, n, start, now, end) {
+                let labels = format!(
+                    "gpu=\"{local}\",UUID=\"GPU-{:08x}-1c2b-4d5e-8f90-{g:012x}\",device=\"nvidia{local}\",modelName=\"NVIDIA H200\",Hostname=\"gpu-node-{node}\",exported_container=\"dev\",exported_namespace=\"coder\",exported_pod=\"{pod}\",instance=\"10.0.{}.{}:9400\",job=\"nvidia-dcgm-exporter\",namespace=\"gpu-operator\",pod=\"nvidia-dcgm-exporter-{node:05x}\"",
+                    g,
+                    node / 250,
+                    node % 250
+                );
+                for t in (from..=to).step_by(SCRAPE as usize) {
+                    let watts = if busy { 299.2 } else { 24.3 };
+                    energy_mj += watts * SCRAPE as f64 * 1000.0;
+                    let value = match family {
+                        "DCGM_FI_DEV_GPU_UTIL" => 100.0 * on,
+                        "DCGM_FI_PROF_SM_ACTIVE" => 0.91 * on,
+                        "DCGM_FI_PROF_GR_ENGINE_ACTIVE" => on,
+                        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" => 0.42 * on,
+                        "DCGM_FI_PROF_DRAM_ACTIVE" => 0.37 * on,
+                        "DCGM_FI_DEV_FB_USED" => 8_000.0 * on,
+                        "DCGM_FI_DEV_POWER_USAGE" => watts,
+                        "DCGM_FI_DEV_ENC_UTIL" | "DCGM_FI_DEV_DEC_UTIL" => 0.0,
+                        _ => energy_mj,
+                    };
+                    writeln!(out, "{family}{{{labels}}} {value} {t}").unwrap();
+                }
             }
         }
     }
     out.write_all(b"# EOF\n").unwrap();
     out.flush().unwrap();
+}
+
+/// The pods that held GPU `g` over `start..=end` ("now" is `now`), each a series of its own as
+/// Prometheus stores them: most GPUs one pod of the workspace listed; every tenth workspace was
+/// restarted 20 minutes ago (its old pod's series end, a new pod's begin, the same GPU); every
+/// twentieth GPU was held until 28 minutes ago by a workspace since deleted (not in the listing),
+/// then by the listed one. All of them fall inside the first pass's window.
+fn pods_of(g: usize, n: usize, start: i64, now: i64, end: i64) -> Vec<(String, i64, i64)> {
+    let pod = |workspace: usize, replica: &str| format!("coder-{}-{replica}", synthetic::workspace_id(workspace));
+    let current = pod(g, "7d9f8b6c5d-x2x9k");
+    if g % 10 == 3 {
+        let restart = now - 20 * 60;
+        return vec![(pod(g, "6c8e7a5b4f-q7w3z"), start, restart - 60), (current, restart, end)];
+    }
+    if g % 20 == 7 {
+        let handover = now - 28 * 60;
+        return vec![(pod(n + g, "59b7d6c8f4-m4n8p"), start, handover - 60), (current, handover, end)];
+    }
+    vec![(current, start, end)]
 }
 
 /// Minutes of history written before "now" (`RECLAIMER_BENCH_HISTORY_MINUTES`, else 70).
@@ -273,8 +294,8 @@ fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: 
     let mut server = Killed(Command::new(exe).args(["--serve", &n.to_string()]).stdout(Stdio::piped()).spawn().expect("server"));
     let mut coder_port = String::new();
     BufReader::new(server.0.stdout.take().expect("stdout")).read_line(&mut coder_port).expect("port");
-    // glibc's allocator as the container image configures it (Dockerfile: one heap per thread
-    // otherwise keeps each thread's freed memory).
+    // glibc's allocator as the container image configures it (Dockerfile): the service's own
+    // allocations go to jemalloc (src/lib.rs); this is what the C runtime allocates.
     for mode in ["--cold", "--measure", "--plan"] {
         let status = Command::new(exe)
             .args([mode, &n.to_string(), coder_port.trim(), &port.to_string()])
@@ -312,7 +333,7 @@ fn main() {
     let sizes = if sizes.is_empty() { vec![1_000, 10_000] } else { sizes };
     let exe = std::env::current_exe().expect("exe");
     println!(
-        "passes in observe mode against a real Prometheus ({} min of {SCRAPE} s history, 60 s passes); Coder in a child process; MALLOC_ARENA_MAX={}",
+        "passes in observe mode against a real Prometheus ({} min of {SCRAPE} s history, 60 s passes); Coder in a child process; the service's allocator: jemalloc, one arena (src/lib.rs); MALLOC_ARENA_MAX={} for glibc's own",
         history_minutes(),
         std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2 (as the image sets it)".into())
     );
