@@ -178,8 +178,9 @@ struct WorkspaceWindows {
     /// none of them until its next build (`changed_at`).
     changed_at: Option<DateTime<Utc>>,
     /// Every (pod, UUID) seen this session, the first `MAX_KNOWN` (a window pruned after a long
-    /// gap comes back as a GPU the pod had, not a new one).
-    known: Vec<(Option<String>, String)>,
+    /// gap comes back as a GPU the pod had, not a new one), as `Windows::fingerprint`s: 8 bytes
+    /// each, not two copies of the strings.
+    known: Vec<u64>,
 }
 
 /// GPUs remembered per workspace session for `changed_at`.
@@ -234,6 +235,9 @@ pub struct Windows {
     capacity: usize,
     by_workspace: HashMap<String, WorkspaceWindows>,
     max_per_workspace: usize,
+    /// Keys of the (pod, UUID) fingerprints, random per process: nobody who writes series can
+    /// make a new GPU's fingerprint match a known one.
+    fingerprints: std::collections::hash_map::RandomState,
 }
 
 impl Windows {
@@ -245,6 +249,7 @@ impl Windows {
             capacity: per_window.clamp(4, 4096),
             by_workspace: HashMap::new(),
             max_per_workspace: DEFAULT_MAX_GPUS_PER_WORKSPACE,
+            fingerprints: Default::default(),
         }
     }
 
@@ -290,9 +295,10 @@ impl Windows {
                 // Another GPU of the same pod sampled before this one's first point: it appeared
                 // mid-session (the GPUs of one pod arrive in the same scrape, or the same steps).
                 let (pod, first) = (series.key.pod.as_deref(), all.iter().map(|p| p.at).min());
-                let seen = gpus.known.iter().any(|(p, u)| p.as_deref() == pod && *u == series.key.uuid);
+                let fingerprint = std::hash::BuildHasher::hash_one(&self.fingerprints, (pod, series.key.uuid.as_str()));
+                let seen = gpus.known.contains(&fingerprint);
                 if !seen && gpus.known.len() < MAX_KNOWN {
-                    gpus.known.push((series.key.pod.clone(), series.key.uuid.clone()));
+                    gpus.known.push(fingerprint);
                 }
                 let appeared = !seen
                     && gpus.windows.iter().any(|w| {
