@@ -350,8 +350,9 @@ impl Evaluator {
         let maps = collection.series.iter().any(|s| s.workspace_id.as_deref().is_some_and(|id| listed.contains(id)));
         let cause = (!maps).then(|| blind_cause(&collection, self.source.ownership(), gpu_jobs.as_ref()));
         let mut unlisted: Vec<String> = std::mem::take(&mut collection.unlisted);
-        // Drained as they are merged: a first Prometheus pass's points go as the windows fill.
-        for series in collection.series.drain(..) {
+        // Taken as they are merged: a first Prometheus pass's points go as the windows fill, and
+        // the list itself before the pass decides (nothing after this reads the series).
+        for series in std::mem::take(&mut collection.series) {
             if let Some(id) = series.workspace_id.as_deref().filter(|id| !listed.contains(id)) {
                 if unlisted.len() < outside::MAX_FOLLOWED && !unlisted.iter().any(|u| u == id) {
                     unlisted.push(id.to_string());
