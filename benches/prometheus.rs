@@ -1,8 +1,9 @@
 //! Passes of the real service against a real Prometheus (issue 13). Writes N GPUs x 70 minutes
 //! of 15 s dcgm-exporter history (every field the source reads that the default counters file
-//! exports, and SM_ACTIVE; with the labels a scrape of dcgm-exporter stores; restarts, old pods and deleted workspaces: `pods_of`) with `promtool tsdb
-//! create-blocks-from openmetrics`, serves it on loopback behind a byte-counting proxy, serves
-//! the Coder listing from a child process, and measures the first pass and steady-state passes
+//! exports, and SM_ACTIVE; with the labels a scrape of dcgm-exporter stores; with restarts, old
+//! pods and deleted workspaces: `pods_of`) with `promtool tsdb create-blocks-from openmetrics`,
+//! serves it on loopback behind a byte-counting proxy, serves the Coder listing from a child
+//! process, and measures the first pass and steady-state passes
 //! (one per new 60 s step): queries, bytes received, wall time, CPU time and the service's peak
 //! RSS. The first pass is measured twice, each time by a new process (its peak RSS its own):
 //! against the Prometheus just started ("cold first"), then against the same Prometheus once

@@ -178,8 +178,8 @@ struct WorkspaceWindows {
     /// none of them until its next build (`changed_at`).
     changed_at: Option<DateTime<Utc>>,
     /// Every (pod, UUID) seen this session, the first `MAX_KNOWN` (a window pruned after a long
-    /// gap comes back as a GPU the pod had, not a new one), as `Windows::fingerprint`s: 8 bytes
-    /// each, not two copies of the strings.
+    /// gap comes back as a GPU the pod had, not a new one), as 8-byte fingerprints keyed by
+    /// `Windows::fingerprints`, not two copies of the strings.
     known: Vec<u64>,
 }
 
