@@ -433,7 +433,7 @@ async fn query_range(q: Query, spec: QuerySpec, query: String, range: (i64, i64,
 impl GpuSource for PrometheusSource {
     async fn collect(&self, now: DateTime<Utc>) -> Collection {
         let Some((start, end)) = self.span(now) else {
-            return Collection { series: Vec::new(), failures: Vec::new(), requests: 0, step: Some(self.step), ..Collection::default() };
+            return self.nothing();
         };
         self.collect_span(start, end, true).await
     }
@@ -447,9 +447,14 @@ impl PrometheusSource {
         let step = self.step.as_secs().max(1) as i64;
         let (start, end) = (start.div_euclid(step) * step, end.div_euclid(step) * step);
         if start > end {
-            return Collection { series: Vec::new(), failures: Vec::new(), requests: 0, step: Some(self.step), ..Collection::default() };
+            return self.nothing();
         }
         self.collect_span(start, end, false).await
+    }
+
+    /// A fetch that brought no series: no request, no failure, this source's step.
+    fn nothing(&self) -> Collection {
+        Collection { step: Some(self.step), ..Collection::default() }
     }
 
     /// One fetch of `[start, end]`; `advance`: the next `collect` starts after what it fetched.
@@ -459,14 +464,14 @@ impl PrometheusSource {
             Ok(h) => h,
             Err(error) => {
                 let failures = vec![SourceFailure::new(self.shown.clone(), self.host.clone(), error)];
-                return Collection { series: Vec::new(), failures, requests: 0, step: Some(self.step), ..Collection::default() };
+                return Collection { failures, ..self.nothing() };
             }
         };
         // No job to read: nothing is asked for (an empty list would match every job).
         let read = self.jobs().await;
         if read.jobs.is_empty() {
             let failures = read.problem.iter().map(|p| SourceFailure::new(self.shown.clone(), self.host.clone(), p.clone())).collect();
-            return Collection { failures, requests: 1, step: Some(self.step), jobs: Some(read), ..Collection::default() };
+            return Collection { failures, requests: 1, jobs: Some(read), ..self.nothing() };
         }
         let step = self.step.as_secs().max(1);
         let steps = (end - start) / step as i64 + 1;
@@ -535,7 +540,7 @@ impl PrometheusSource {
             // A partial picture is worse than none: a missing SM_ACTIVE would fall back to
             // utilization silently. Report every GPU from this source as unknown, and fetch
             // these steps again next pass.
-            return Collection { series: Vec::new(), failures, requests, step: Some(self.step), jobs: Some(read), ..Collection::default() };
+            return Collection { failures, requests, jobs: Some(read), ..self.nothing() };
         };
         if !failures.is_empty() {
             // The slices before the failed one are whole: kept, and not fetched again; the
