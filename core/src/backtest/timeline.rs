@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use super::builds::PastBuild;
 use crate::coder::types::{
     AgentLifecycle, AgentStatus, BuildParameter, BuildReason, JobStatus, PREBUILDS_USER_ID, Transition, Workspace, WorkspaceBuild,
 };
@@ -45,9 +46,11 @@ impl ConnectionSource {
 #[derive(Debug, Clone)]
 pub struct WorkspaceTimeline {
     /// As Coder answers it now (`include_deleted=true`): owner, name, template, organization.
+    /// Its `latest_build` is emptied: a listing at a moment shows that moment's build.
     pub record: Workspace,
-    /// Its builds, oldest first: the one current at the window's start and every later one.
-    pub builds: Vec<WorkspaceBuild>,
+    /// Its builds, oldest first: the one current at the window's start and every later one,
+    /// kept compactly (`PastBuild`).
+    pub builds: Vec<PastBuild>,
     /// Moments of use in time order (by `last_used_at`): when it was seen (`seen`) and the
     /// `last_used_at` then.
     pub uses: Vec<Use>,
@@ -68,15 +71,10 @@ pub struct Use {
 impl WorkspaceTimeline {
     pub fn new(mut record: Workspace, mut builds: Vec<WorkspaceBuild>) -> Self {
         builds.sort_by_key(|b| b.created_at);
-        // Held for the whole window: no room left over from parsing (a parsed list of one agent
-        // reserves four), in the builds and in what each holds.
-        builds.shrink_to_fit();
-        for build in builds.iter_mut().chain([&mut record.latest_build]) {
-            build.resources.shrink_to_fit();
-            for resource in &mut build.resources {
-                resource.agents.shrink_to_fit();
-            }
-        }
+        // `listed_at` shows the build of the moment: the record's own is never read, and it
+        // would be held, and copied with every listing, for the whole window.
+        record.latest_build = empty_build(&record.latest_build);
+        let builds = builds.into_iter().map(PastBuild::new).collect();
         WorkspaceTimeline { record, builds, uses: Vec::new(), agents: Vec::new(), parameters: HashMap::new() }
     }
 
@@ -85,26 +83,22 @@ impl WorkspaceTimeline {
         self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t)).checked_sub(1)
     }
 
-    /// The build current at `t`.
-    pub fn build_at(&self, t: DateTime<Utc>) -> Option<&WorkspaceBuild> {
-        self.current_at(t).and_then(|i| self.builds.get(i))
-    }
-
     /// Where in `builds` the build that had it running at `t` is: a start whose job succeeded
     /// by then.
     pub fn running_index_at(&self, t: DateTime<Utc>) -> Option<usize> {
-        self.current_at(t).filter(|&i| self.builds.get(i).is_some_and(|b| is_running_by(b, t)))
+        self.current_at(t).filter(|&i| self.builds.get(i).is_some_and(|b| b.running_by(t)))
     }
 
     /// The build that had it running at `t`.
-    pub fn running_at(&self, t: DateTime<Utc>) -> Option<&WorkspaceBuild> {
+    pub fn running_at(&self, t: DateTime<Utc>) -> Option<&PastBuild> {
         self.running_index_at(t).and_then(|i| self.builds.get(i))
     }
 
     /// Until when it was a prebuild: the creation of the first build another user initiated,
     /// when its builds begin with the prebuilds user's (`DateTime::MAX_UTC`: never claimed).
     pub fn prebuild_until(&self) -> Option<DateTime<Utc>> {
-        let by_prebuilds = |b: &WorkspaceBuild| b.initiator_id.as_deref().is_some_and(|i| i.eq_ignore_ascii_case(PREBUILDS_USER_ID));
+        let by_prebuilds =
+            |b: &PastBuild| b.initiator_id.as_ref().is_some_and(|i| i.text(&mut [0; 36]).eq_ignore_ascii_case(PREBUILDS_USER_ID));
         if !self.builds.first().is_some_and(by_prebuilds) {
             return None;
         }
@@ -112,7 +106,7 @@ impl WorkspaceTimeline {
     }
 
     /// The first start build created after `t` (a stop simulated at `t` lasts until it).
-    pub fn next_start_after(&self, t: DateTime<Utc>) -> Option<&WorkspaceBuild> {
+    pub fn next_start_after(&self, t: DateTime<Utc>) -> Option<&PastBuild> {
         let i = self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t));
         self.builds[i..].iter().find(|b| b.transition == Transition::Start)
     }
@@ -121,13 +115,13 @@ impl WorkspaceTimeline {
     pub fn running_seconds(&self, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
         let mut total = 0.0;
         for (i, b) in self.builds.iter().enumerate() {
-            if b.transition != Transition::Start || b.job.status != JobStatus::Succeeded {
+            if b.transition != Transition::Start || b.job_status != JobStatus::Succeeded {
                 continue;
             }
-            let Some(began) = b.job.completed_at.or(b.created_at) else { continue };
+            let Some(began) = b.completed_at.or(b.created_at) else { continue };
             // A stop that did not succeed (failed, canceled, reaped) leaves the pod and its GPU:
             // it ran on until a later build ends it, a stop that succeeded or another start.
-            let ends = |n: &&WorkspaceBuild| n.transition != Transition::Stop || n.job.status == JobStatus::Succeeded;
+            let ends = |n: &&PastBuild| n.transition != Transition::Stop || n.job_status == JobStatus::Succeeded;
             let ended = self.builds[i + 1..].iter().find(ends).and_then(|n| n.created_at).unwrap_or(to);
             let (a, z) = (began.max(from), ended.min(to));
             if z > a {
@@ -141,7 +135,7 @@ impl WorkspaceTimeline {
     /// when Coder says it was used, seen by a pass up to a minute later: a pass at `t` is
     /// judged on the use itself), else its session's start (no use seen: the GPU alone is the
     /// evidence).
-    pub fn last_used_at(&self, t: DateTime<Utc>, session: &WorkspaceBuild) -> DateTime<Utc> {
+    pub fn last_used_at(&self, t: DateTime<Utc>, session: &PastBuild) -> DateTime<Utc> {
         let i = self.uses_by(t);
         let start = session.created_at.unwrap_or(self.record.created_at);
         i.checked_sub(1).and_then(|i| self.uses.get(i)).map_or(start, |u| u.last_used_at.max(start))
@@ -182,7 +176,7 @@ impl WorkspaceTimeline {
             // Autostart builds carry the owner as initiator too (NOTES §18): only `reason` tells
             // a scheduled start from the owner coming back.
             .filter(|b| b.transition == Transition::Start && b.reason != BuildReason::Autostart)
-            .filter(|b| b.initiator_id.as_deref() == Some(self.record.owner_id.as_str()))
+            .filter(|b| b.initiator_id.as_ref().is_some_and(|i| i.is(&self.record.owner_id)))
             .filter_map(|b| b.created_at)
             .find(|&at| at > from && at <= to)
     }
@@ -202,11 +196,11 @@ impl WorkspaceTimeline {
             ws.is_prebuild = true;
         }
         ws.last_used_at = self.last_used_at(t, build);
-        ws.latest_build = build.clone();
+        ws.latest_build = build.build()?;
         ws.latest_build.status = crate::coder::types::WorkspaceStatus::Running;
         // The journal records the first agent's status only.
         let seen = self.agents.partition_point(|(seen, _, _)| *seen <= t);
-        let journal = self.agents[..seen].iter().rev().find(|(_, id, _)| *id == build.id).map(|(_, _, s)| *s);
+        let journal = self.agents[..seen].iter().rev().find(|(_, id, _)| build.id.is(id)).map(|(_, _, s)| *s);
         for (i, agent) in ws.latest_build.resources.iter_mut().flat_map(|r| r.agents.iter_mut()).enumerate() {
             agent_at(agent, t, journal.filter(|_| i == 0));
         }
@@ -214,10 +208,29 @@ impl WorkspaceTimeline {
     }
 }
 
-fn is_running_by(b: &WorkspaceBuild, t: DateTime<Utc>) -> bool {
-    b.transition == Transition::Start
-        && b.job.status == JobStatus::Succeeded
-        && b.job.completed_at.or(b.created_at).is_some_and(|done| done <= t)
+/// The record's `latest_build` with nothing but its kind: no ids, no resources, no tags.
+fn empty_build(b: &WorkspaceBuild) -> WorkspaceBuild {
+    WorkspaceBuild {
+        id: String::new(),
+        created_at: None,
+        transition: b.transition,
+        status: b.status,
+        job: crate::coder::types::ProvisionerJob {
+            id: String::new(),
+            status: b.job.status,
+            completed_at: None,
+            error: None,
+            canceled_at: None,
+            tags: crate::coder::types::JobTags::default(),
+        },
+        initiator_id: None,
+        template_version_id: None,
+        reason: b.reason,
+        resources: Vec::new(),
+        deadline: None,
+        max_deadline: None,
+        matched_provisioners: None,
+    }
 }
 
 /// An agent as it was at `t`: the journal's status when it saw one for this build, else from
@@ -333,13 +346,13 @@ mod tests {
         assert_eq!(up.latest_build.agents().next().unwrap().status, AgentStatus::Connected, "the API's status now is not then");
         assert!(t.listed_at(at(90)).is_none(), "stopped");
         assert_eq!(t.listed_at(at(130)).unwrap().latest_build.id, "b3");
-        assert_eq!(t.next_start_after(at(0)).map(|b| b.id.as_str()), Some("b3"));
+        assert_eq!(t.next_start_after(at(0)).map(|b| b.id.to_string()).as_deref(), Some("b3"));
         assert_eq!(t.running_seconds(at(30), at(150)), 60.0 * 60.0, "30 min of b1 and 30 of b3");
         assert_eq!(t.owner_started_within(at(100), at(130)), Some(at(120)));
         assert_eq!(t.owner_started_within(at(120), at(130)), None, "after, not at");
         let mut t = t;
         t.forget_builds_before(at(90));
-        assert_eq!(t.builds.iter().map(|b| b.id.as_str()).collect::<Vec<_>>(), ["b2", "b3"], "the one current at 90 and later");
+        assert_eq!(t.builds.iter().map(|b| b.id.to_string()).collect::<Vec<_>>(), ["b2", "b3"], "the one current at 90 and later");
         assert_eq!(t.running_seconds(at(30), at(150)), 30.0 * 60.0, "b1 forgotten");
         assert_eq!(t.listed_at(at(130)).unwrap().latest_build.id, "b3");
     }
