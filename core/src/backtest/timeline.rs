@@ -74,8 +74,11 @@ impl WorkspaceTimeline {
         // `listed_at` shows the build of the moment: the record's own is never read, and it
         // would be held, and copied with every listing, for the whole window.
         record.latest_build = empty_build(&record.latest_build);
-        let builds = builds.into_iter().map(PastBuild::new).collect();
-        WorkspaceTimeline { record, builds, uses: Vec::new(), agents: Vec::new(), parameters: HashMap::new() }
+        // Into a list of their own size: collected in place, the kept builds would sit in the
+        // parsed list's buffer (272 bytes a slot) for the whole window.
+        let mut kept = Vec::with_capacity(builds.len());
+        kept.extend(builds.into_iter().map(PastBuild::new));
+        WorkspaceTimeline { record, builds: kept, uses: Vec::new(), agents: Vec::new(), parameters: HashMap::new() }
     }
 
     /// Where in `builds` the build current at `t` is: the latest created at or before it.
