@@ -422,7 +422,8 @@ pub async fn run(
         }
         // A small fleet's chunk takes Prometheus about 80 ms whatever its size (each answer is
         // evaluated and encoded by one thread), far longer than its replay: several ahead keep
-        // Prometheus busy. A large fleet's replay is the longer part: one ahead, one chunk held.
+        // Prometheus busy. A large fleet keeps one ahead: at 10,000 GPUs two ahead replayed 7
+        // days faster (1.67x the floor against 1.88x) but peaked 13 MiB higher, past 128 MiB.
         let depth = (SERIES_AHEAD / series.len().max(1)).clamp(1, MAX_CHUNKS_AHEAD);
         while ahead.len() < depth && asked_until < until {
             let (from, to) = (asked_until + chrono::Duration::seconds(step_secs), (asked_until + chunk_span).min(until));

@@ -1,5 +1,5 @@
 //! A build as a backtest's timeline keeps it for the whole window (`PastBuild`): the facts the
-//! replay's rules read of every build, in about 100 bytes, and the rest only for a build that a
+//! replay's rules read of every build, in 88 bytes, and the rest only for a build that a
 //! listing can show running (a start whose job succeeded). A parsed `WorkspaceBuild` holds 272
 //! bytes plus four ids of 36 characters, its job's tags and its resources (about 500 bytes for a
 //! stop, 700 for a start); a timeline holds every build of its window from the start, about 16 a
