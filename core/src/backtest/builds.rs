@@ -1,9 +1,9 @@
 //! A build as a backtest's timeline keeps it for the whole window (`PastBuild`): the facts the
 //! replay's rules read of every build, in 88 bytes, and the rest only for a build that a
 //! listing can show running (a start whose job succeeded). A parsed `WorkspaceBuild` holds 272
-//! bytes plus four ids of 36 characters, its job's tags and its resources (about 500 bytes for a
-//! stop, 700 for a start); a timeline holds every build of its window from the start, about 16 a
-//! workspace over 7 days. Ids are kept in 16 bytes when they are UUIDs in Coder's spelling
+//! bytes plus four ids of 36 characters, its job's tags and its resources (640 bytes a build on
+//! average at 10,000 workspaces x 7 days, by heaptrack); a timeline holds every build of its
+//! window from the start, 11 a workspace on average there. Ids are kept in 16 bytes when they are UUIDs in Coder's spelling
 //! (`Id`), and every build is given back exactly as it was parsed (`PastBuild::build`).
 
 use std::fmt;
