@@ -15,7 +15,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::coder::types::{BuildReason, JobStatus, JobTags, ProvisionerJob, Transition, Workspace, WorkspaceBuild, WorkspaceStatus};
+use crate::coder::types::{BuildReason, JobStatus, ProvisionerJob, Transition, Workspace, WorkspaceBuild, WorkspaceStatus};
 use crate::gpu::GpuSeries;
 use crate::ledger::{Call, Ledger, LedgerConfig, Listed, Outcome, PassView, StopAnswer};
 use crate::pass::audit::AuditKind;
@@ -506,21 +506,9 @@ fn simulated_stop_build(workspace_id: &str, now: DateTime<Utc>) -> WorkspaceBuil
         created_at: Some(now),
         transition: Transition::Stop,
         status: WorkspaceStatus::Stopped,
-        job: ProvisionerJob {
-            id: String::new(),
-            status: JobStatus::Succeeded,
-            completed_at: Some(now),
-            error: None,
-            canceled_at: None,
-            tags: JobTags::default(),
-        },
-        initiator_id: None,
-        template_version_id: None,
+        job: ProvisionerJob { status: JobStatus::Succeeded, completed_at: Some(now), ..ProvisionerJob::default() },
         reason: BuildReason::Initiator,
-        resources: Vec::new(),
-        deadline: None,
-        max_deadline: None,
-        matched_provisioners: None,
+        ..WorkspaceBuild::default()
     }
 }
 

@@ -214,25 +214,11 @@ impl WorkspaceTimeline {
 /// The record's `latest_build` with nothing but its kind: no ids, no resources, no tags.
 fn empty_build(b: &WorkspaceBuild) -> WorkspaceBuild {
     WorkspaceBuild {
-        id: String::new(),
-        created_at: None,
         transition: b.transition,
         status: b.status,
-        job: crate::coder::types::ProvisionerJob {
-            id: String::new(),
-            status: b.job.status,
-            completed_at: None,
-            error: None,
-            canceled_at: None,
-            tags: crate::coder::types::JobTags::default(),
-        },
-        initiator_id: None,
-        template_version_id: None,
+        job: crate::coder::types::ProvisionerJob { status: b.job.status, ..Default::default() },
         reason: b.reason,
-        resources: Vec::new(),
-        deadline: None,
-        max_deadline: None,
-        matched_provisioners: None,
+        ..WorkspaceBuild::default()
     }
 }
 

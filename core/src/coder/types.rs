@@ -92,7 +92,7 @@ impl Workspace {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 pub struct WorkspaceBuild {
     pub id: String,
     /// When the build was asked for (Coder's clock): the session's samples start after it.
@@ -155,7 +155,7 @@ impl WorkspaceBuild {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 pub struct ProvisionerJob {
     pub id: String,
     pub status: JobStatus,
