@@ -13,7 +13,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use signals::{Signal, SignalValues};
+use signals::{Field, Reading, Signal, SignalValues};
 
 /// One physical GPU or MIG instance, as one pod sees it. With time-slicing in virtual-GPU mode
 /// dcgm-exporter repeats a device's series once per sharing pod, hence the pod in the key.
@@ -58,13 +58,20 @@ impl Point {
     /// for one signal (an old and a renamed field, two series of one GPU) keep the higher: a
     /// reading may show more work than was done, never less.
     pub fn add(&mut self, name: &str, value: f64) {
-        if let Some(energy) = signals::energy_joules(name, value) {
-            self.energy_joules = match (self.energy_joules, energy) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
-        } else if let Some((signal, v)) = signals::lookup(name).and_then(|m| m.normalise(value).map(|v| (m.signal, v))) {
-            self.values.set(signal, self.values.get(signal).map_or(v, |old| old.max(v)));
+        self.add_field(Field::of(name), value);
+    }
+
+    /// `add`, the field's name looked up already.
+    pub fn add_field(&mut self, field: Field, value: f64) {
+        match field.read(value) {
+            Some(Reading::Energy(energy)) => {
+                self.energy_joules = match (self.energy_joules, energy) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            Some(Reading::Signal(signal, v)) => self.values.set(signal, self.values.get(signal).map_or(v, |old| old.max(v))),
+            None => {}
         }
     }
 }
@@ -131,7 +138,7 @@ impl GpuSeries {
 
     /// Adds one field's values, in time order, to the points at their times (added where there
     /// are none yet): one walk through both, since both are sorted.
-    pub fn add_values(&mut self, name: &str, values: impl Iterator<Item = (DateTime<Utc>, f64)>) {
+    pub fn add_values(&mut self, field: Field, values: impl Iterator<Item = (DateTime<Utc>, f64)>) {
         let mut j = 0;
         for (at, value) in values {
             if j > 0 && self.points.get(j - 1).is_some_and(|p| p.at >= at) {
@@ -144,7 +151,7 @@ impl GpuSeries {
                 self.points.insert(j, Point::new(at));
             }
             if let Some(p) = self.points.get_mut(j) {
-                p.add(name, value);
+                p.add_field(field, value);
             }
         }
     }
@@ -420,8 +427,9 @@ pub fn series_from_exposition_capped(
             };
             let Some((i, pod_uid)) = slot else { return };
             let name = signals::read_as(line.name, line.integer);
+            let field = Field::of(name);
             // Only a series with a `pod_uid` label needs to know (most have none).
-            let per_process = pod_uid.is_some() && signals::lookup(name).is_some_and(|m| m.signal.per_process());
+            let per_process = pod_uid.is_some() && field.per_process();
             if per_process && pod_uid == Some(true) {
                 if let Some(gpu) = series.get_mut(i) {
                     gpu.real_pod_uid = true;
@@ -435,7 +443,7 @@ pub fn series_from_exposition_capped(
                 return;
             }
             if let Some(gpu) = series.get_mut(i) {
-                gpu.add_values(name, std::iter::once((at, line.value)));
+                gpu.add_values(field, std::iter::once((at, line.value)));
             }
         },
     );
@@ -452,7 +460,7 @@ pub fn series_from_exposition_capped(
     };
     for ((i, name), value) in maybe_placeholders {
         if let Some(gpu) = series.get_mut(i).filter(|_| own[i]) {
-            gpu.add_values(name, std::iter::once((at, value)));
+            gpu.add_values(Field::of(name), std::iter::once((at, value)));
         }
     }
     merge_device_level(&mut series);
@@ -609,9 +617,9 @@ mod tests {
     fn values_land_on_their_points_in_time_order_whatever_order_they_come_in() {
         let t = |s: i64| DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap();
         let mut gpu = GpuSeries::from_labels(|k| (k == "UUID").then_some("GPU-1"), &Arc::from("x"), &Ownership::default()).unwrap();
-        gpu.add_values("DCGM_FI_PROF_SM_ACTIVE", [(t(60), 0.5), (t(180), 0.0)].into_iter());
-        gpu.add_values("DCGM_FI_DEV_GPU_UTIL", [(t(0), 10.0), (t(60), 100.0), (t(120), 0.0), (t(180), 7.0)].into_iter());
-        gpu.add_values("DCGM_FI_PROF_SM_ACTIVE", [(t(180), 0.25), (t(60), 0.1), (t(240), 0.0)].into_iter());
+        gpu.add_values(Field::of("DCGM_FI_PROF_SM_ACTIVE"), [(t(60), 0.5), (t(180), 0.0)].into_iter());
+        gpu.add_values(Field::of("DCGM_FI_DEV_GPU_UTIL"), [(t(0), 10.0), (t(60), 100.0), (t(120), 0.0), (t(180), 7.0)].into_iter());
+        gpu.add_values(Field::of("DCGM_FI_PROF_SM_ACTIVE"), [(t(180), 0.25), (t(60), 0.1), (t(240), 0.0)].into_iter());
         let at: Vec<i64> = gpu.points.iter().map(|p| p.at.timestamp() - 1_800_000_000).collect();
         assert_eq!(at, [0, 60, 120, 180, 240]);
         let sm: Vec<Option<f64>> = gpu.points.iter().map(|p| p.values.get(Signal::SmActive)).collect();

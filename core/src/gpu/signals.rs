@@ -101,8 +101,58 @@ pub const ENERGY_NAMES: [(&str, f64); 2] = [("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTI
 
 /// The energy counter in joules when `name` is one of its names (`Some(None)` for a broken value).
 pub fn energy_joules(name: &str, raw: f64) -> Option<Option<f64>> {
-    let (_, to_joules) = ENERGY_NAMES.iter().find(|(n, _)| *n == name)?;
-    Some((raw.is_finite() && raw >= 0.0).then_some(raw * to_joules))
+    match Field::of(name) {
+        Field::Energy { to_joules } => Some(Field::joules(raw, to_joules)),
+        _ => None,
+    }
+}
+
+/// An exporter field as a point takes its values, its name looked up once: a fetch's answer or
+/// a scrape's family names one field for many values, and a name is compared with every known
+/// one only here, not once per value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Field {
+    /// A signal, and how its values become the canonical unit.
+    Signal(Mapping),
+    /// The energy counter, and the factor from its unit to joules.
+    Energy { to_joules: f64 },
+    /// A field no decision reads.
+    Unread,
+}
+
+impl Field {
+    pub fn of(name: &str) -> Field {
+        if let Some((_, to_joules)) = ENERGY_NAMES.iter().find(|(n, _)| *n == name) {
+            return Field::Energy { to_joules: *to_joules };
+        }
+        lookup(name).map_or(Field::Unread, Field::Signal)
+    }
+
+    /// Whether a pod's copy of this field is its processes' only (`Signal::per_process`).
+    pub fn per_process(self) -> bool {
+        matches!(self, Field::Signal(m) if m.signal.per_process())
+    }
+
+    /// The counter in joules, or `None` for no reading (negative, NaN, infinite).
+    fn joules(raw: f64, to_joules: f64) -> Option<f64> {
+        (raw.is_finite() && raw >= 0.0).then_some(raw * to_joules)
+    }
+
+    /// A raw value as a point keeps it: the signal's, normalised, or the energy counter's in joules.
+    pub fn read(self, raw: f64) -> Option<Reading> {
+        match self {
+            Field::Signal(m) => m.normalise(raw).map(|v| Reading::Signal(m.signal, v)),
+            Field::Energy { to_joules } => Some(Reading::Energy(Field::joules(raw, to_joules))),
+            Field::Unread => None,
+        }
+    }
+}
+
+/// One value of a `Field`, in its canonical unit (`Energy(None)`: the counter read no number).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reading {
+    Signal(Signal, f64),
+    Energy(Option<f64>),
 }
 
 const MIB: f64 = 1024.0 * 1024.0;

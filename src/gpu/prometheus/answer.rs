@@ -6,12 +6,12 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use chrono::DateTime;
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
 use crate::json_split::{OnElement, Splitter};
-use reclaimer_core::gpu::signals::{self};
+use reclaimer_core::gpu::signals::Field;
 use reclaimer_core::gpu::{GpuKey, GpuSeries, Ownership, PerPod, Point};
 use reclaimer_core::json_read::{ReadError, Reader, malformed, read_at_start, read_whole};
 
@@ -31,11 +31,73 @@ pub const POINT_BYTES: usize = std::mem::size_of::<Point>();
 /// Room for points reserved per GPU at most (more steps grow as they come).
 pub(super) const MAX_STEPS_RESERVED: usize = 1024;
 
-/// The label sets one steady pass remembers, in bytes: the bench's 10,000 GPUs' take about 3 MB.
-pub(super) const MAX_REMEMBERED_LABEL_BYTES: usize = 16 << 20;
-/// What remembering a label set costs besides its text: the key's `Vec` and allocation, the
-/// value, the hash table's slot and slack (so that many tiny sets cannot exceed the bound).
+/// What one fetch may spend remembering label sets: 65,536 sets (10,000 GPUs take 640 KB).
+pub(super) const MAX_REMEMBERED_BYTES: usize = 4 << 20;
+/// What remembering a label set costs: its digest, what it names, the hash table's slot and
+/// slack (so that no answer can grow the memo past its bound).
 pub(super) const REMEMBERED_ENTRY_BYTES: usize = 64;
+
+/// The label sets one fetch has read, by a digest of their bytes, and what each names: every
+/// query of a fetch names a GPU with the same labels (`max_over_time` drops the metric name), so
+/// a set is parsed (and its GPU looked up) once a fetch, not once per field.
+///
+/// The digest is 128 bits: two SipHash values of the bytes under keys this process drew at
+/// random (`RandomState`). Two different sets share one by chance about once in 2^64 fetches of
+/// 10,000 sets; on purpose only with the keys, which never leave the process. Not the bytes:
+/// they cost 250 bytes a GPU (2.5 MB a fetch at 10,000), and a fetch's memory is its peak.
+pub(super) struct LabelMemo {
+    keys: (std::hash::RandomState, std::hash::RandomState),
+    known: HashMap<(u64, u64), Named>,
+    /// Bytes left (each set charged `REMEMBERED_ENTRY_BYTES`); past them sets are parsed each time.
+    budget: usize,
+}
+
+/// What a label set names, as a fetch remembers it.
+#[derive(Debug, Clone)]
+pub(super) enum Named {
+    /// A GPU held: its place in `series`, a real `pod_uid`, its scrape target.
+    Gpu(Known),
+    /// A series of a workspace the listing does not name (its id): noted when a field has a
+    /// point at the latest step (`Collection::unlisted`).
+    Unlisted(Box<str>),
+    /// Nothing held, whatever the field.
+    Nothing,
+    /// Nothing held for this field: a device's series, read for a field it is not held for (the
+    /// fields of a fetch are folded in any order, and a per-process field judges it again).
+    NotForThisField,
+}
+
+impl LabelMemo {
+    pub(super) fn new(budget: usize) -> Self {
+        LabelMemo { keys: (std::hash::RandomState::new(), std::hash::RandomState::new()), known: HashMap::new(), budget }
+    }
+
+    fn digest(&self, bytes: &[u8]) -> (u64, u64) {
+        use std::hash::BuildHasher;
+        (self.keys.0.hash_one(bytes), self.keys.1.hash_one(bytes))
+    }
+
+    /// What the set names for a field (`per_process`), if it was remembered for it.
+    fn get(&self, digest: (u64, u64), per_process: bool) -> Option<&Named> {
+        self.known.get(&digest).filter(|named| !(per_process && matches!(named, Named::NotForThisField)))
+    }
+
+    /// Remembers what a set names, each charged `REMEMBERED_ENTRY_BYTES` and the id it holds.
+    fn remember(&mut self, digest: (u64, u64), named: Named) {
+        let cost = REMEMBERED_ENTRY_BYTES + if let Named::Unlisted(id) = &named { id.len() } else { 0 };
+        if let Some(slot) = self.known.get_mut(&digest) {
+            *slot = named;
+        } else if let Some(left) = self.budget.checked_sub(cost) {
+            self.budget = left;
+            self.known.insert(digest, named);
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.known.len()
+    }
+}
 
 /// One series of a `query_range` answer: its labels and its points (`None`: a value that is not
 /// a number). The labels borrow from the answer's bytes where they have no escapes.
@@ -280,6 +342,8 @@ pub(super) struct Fold {
     pub(super) step_secs: i64,
     /// The slice being fetched (unix seconds): its answers' points must lie in it.
     pub(super) slice: (i64, i64),
+    /// The time of each step of the slice (`set_slice`), made once, not once per point.
+    pub(super) slice_times: Vec<DateTime<Utc>>,
     /// Points this fetch may still create for workspace series: `MAX_POINTS_BYTES`, and room for
     /// `POINTS_PER_LISTED_WORKSPACE` GPUs of each listed workspace over the fetch's steps (memory
     /// follows the fleet, whatever the series).
@@ -298,15 +362,8 @@ pub(super) struct Fold {
     /// The steps asked for (unix seconds): points outside are dropped, so no answer can grow a
     /// series past the steps of the pass.
     pub(super) span: (i64, i64),
-    /// Each label set read this pass, by its bytes: the GPU it names (in `series`), or `None`.
-    /// Every query of a pass gives a GPU the same labels (`max_over_time` drops the metric name).
-    /// Only aggregated passes (every pass after the first) remember them: a whole-window fetch
-    /// is the peak of `plan`'s memory, and there memory goes before CPU.
-    pub(super) by_labels: HashMap<Vec<u8>, Option<Known>>,
-    /// Bytes left to remember label sets with this pass (none in a whole-window fetch), each
-    /// charged its text and `REMEMBERED_ENTRY_BYTES`: a real set is a few hundred bytes (245 in
-    /// the bench), and an answer must not grow memory past a bound.
-    pub(super) remember_budget: usize,
+    /// The label sets read this fetch, and the GPU each names.
+    pub(super) memo: LabelMemo,
 }
 
 /// The most bytes of an `instance` or `job` label kept (a scrape target is `host:port`; a forged
@@ -326,33 +383,50 @@ pub(super) fn bounded(label: &str) -> std::borrow::Cow<'_, str> {
 }
 
 impl Fold {
+    /// The slice of steps the next answers are for (unix seconds, on the step grid).
+    pub(super) fn set_slice(&mut self, from: i64, to: i64) {
+        self.slice = (from, to);
+        let step = self.step_secs.max(1);
+        let steps = usize::try_from((to - from) / step + 1).unwrap_or(0).min(MAX_STEPS_RESERVED);
+        self.slice_times.clear();
+        self.slice_times.extend((0..steps as i64).map_while(|k| DateTime::from_timestamp(from + k * step, 0)));
+    }
+
     /// One series of an answer (`read_series`'s labels and points).
     pub(super) fn add_read(&mut self, spec: QuerySpec, metric: &[u8], points: &[(f64, Option<f64>)]) -> Result<(), String> {
-        let per_process = signals::lookup(spec.name).is_some_and(|m| m.signal.per_process());
-        let known = match self.by_labels.get(metric) {
-            Some(known) => known.clone(),
+        let field = Field::of(spec.name);
+        let per_process = field.per_process();
+        let digest = self.memo.digest(metric);
+        let named = match self.memo.get(digest, per_process) {
+            Some(named) => named.clone(),
             None => {
                 // Not serde's message: it quotes the peer's text (up to a whole piece of it).
                 let labels: Labels<'_> =
                     serde_json::from_slice(metric).map_err(|_| "a series' labels are not a map of strings".to_string())?;
-                let held = self.gpu_of(&labels, per_process);
-                if held.is_none() {
-                    self.note_unlisted(&labels, points);
-                }
-                let known = held.map(|i| {
-                    let real_pod_uid = labels.get("pod_uid").is_some_and(|u| !u.is_empty());
-                    // A copy without a target label is a target of its own (a remote write).
-                    (i, real_pod_uid, Arc::from(bounded(labels.get("instance").unwrap_or("(no instance)"))))
-                });
-                let cost = metric.len() + REMEMBERED_ENTRY_BYTES;
-                if cost <= self.remember_budget {
-                    self.remember_budget -= cost;
-                    self.by_labels.insert(metric.to_vec(), known.clone());
-                }
-                known
+                let named = match self.gpu_of(&labels, per_process) {
+                    Some(i) => {
+                        let real_pod_uid = labels.get("pod_uid").is_some_and(|u| !u.is_empty());
+                        // A copy without a target label is a target of its own (a remote write).
+                        Named::Gpu((i, real_pod_uid, Arc::from(bounded(labels.get("instance").unwrap_or("(no instance)")))))
+                    }
+                    None => match self.unlisted_workspace(&labels) {
+                        Some(id) => Named::Unlisted(id.into_boxed_str()),
+                        None if per_process => Named::Nothing,
+                        None => Named::NotForThisField,
+                    },
+                };
+                self.memo.remember(digest, named.clone());
+                named
             }
         };
-        let Some((i, real_pod_uid, instance)) = known else { return Ok(()) };
+        let (i, real_pod_uid, instance) = match named {
+            Named::Gpu(known) => known,
+            Named::Unlisted(id) => {
+                self.note_unlisted(&id, points);
+                return Ok(());
+            }
+            Named::Nothing | Named::NotForThisField => return Ok(()),
+        };
         let Some(gpu) = self.series.get_mut(i) else { return Ok(()) };
         if real_pod_uid && per_process {
             gpu.real_pod_uid = true;
@@ -364,7 +438,9 @@ impl Fold {
         let grid = self.span.0;
         let step = self.step_secs.max(1);
         let on_grid = |t: f64| t.fract() == 0.0 && (start as f64..=end as f64).contains(&t) && (t as i64 - grid) % step == 0;
-        let values = points.iter().filter(|(t, _)| on_grid(*t)).filter_map(|(t, v)| Some((DateTime::from_timestamp(*t as i64, 0)?, (*v)?)));
+        let times = &self.slice_times;
+        let time_of = |t: i64| times.get(usize::try_from((t - start) / step).ok()?).copied().or_else(|| DateTime::from_timestamp(t, 0));
+        let values = points.iter().filter(|(t, _)| on_grid(*t)).filter_map(|(t, v)| Some((time_of(*t as i64)?, (*v)?)));
         // Charged by the room the points take (a series' room was charged when it was made).
         let before = gpu.points.capacity();
         if gpu.workspace_id.is_some() {
@@ -378,7 +454,7 @@ impl Fold {
                 }
             }
         }
-        gpu.add_values(spec.name, values);
+        gpu.add_values(field, values);
         let added = gpu.points.capacity().saturating_sub(before);
         let device = gpu.key.pod.is_none();
         let left = if device { &mut self.device_points_left } else { &mut self.points_left };
@@ -401,18 +477,20 @@ impl Fold {
         Ok(())
     }
 
-    /// A workload series of a workspace the listing does not name, with a point at the latest
-    /// step: its pod reports a GPU now (`Collection::unlisted`, the first `outside::MAX_FOLLOWED`).
-    fn note_unlisted(&mut self, labels: &Labels<'_>, points: &[(f64, Option<f64>)]) {
-        let Some(wanted) = &self.wanted else { return };
-        if self.unlisted.len() >= crate::pass::outside::MAX_FOLLOWED {
-            return;
-        }
-        let Some(key) = GpuKey::from_labels(|k| labels.get(k), &self.ownership) else { return };
-        let (Some(_), (Some(id), _)) = (key.pod, self.ownership.owner(|k| labels.get(k))) else { return };
+    /// The workspace a workload series names when the listing does not name it.
+    fn unlisted_workspace(&self, labels: &Labels<'_>) -> Option<String> {
+        let wanted = self.wanted.as_ref()?;
+        let key = GpuKey::from_labels(|k| labels.get(k), &self.ownership)?;
+        let (Some(_), (Some(id), _)) = (key.pod, self.ownership.owner(|k| labels.get(k))) else { return None };
+        (!wanted.contains(&id)).then_some(id)
+    }
+
+    /// A series of a workspace the listing does not name, with a point at the latest step: its
+    /// pod reports a GPU now (`Collection::unlisted`, the first `outside::MAX_FOLLOWED`).
+    fn note_unlisted(&mut self, id: &str, points: &[(f64, Option<f64>)]) {
         let latest = points.iter().any(|(t, v)| v.is_some() && *t == self.span.1 as f64);
-        if latest && !wanted.contains(&id) && !self.unlisted.contains(&id) {
-            self.unlisted.push(id);
+        if latest && self.unlisted.len() < crate::pass::outside::MAX_FOLLOWED && !self.unlisted.iter().any(|u| u == id) {
+            self.unlisted.push(id.to_string());
         }
     }
 

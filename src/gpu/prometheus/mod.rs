@@ -35,7 +35,7 @@ use crate::http::{Outbound, StreamError, host_port, read_split, redact};
 
 use super::source::{Collection, GpuSource, JobsRead, SourceContext, SourceFailure};
 use answer::{
-    DEVICE_POINTS_BYTES, Fold, GPUS_PER_LISTED_WORKSPACE, MAX_REMEMBERED_LABEL_BYTES, MAX_STEPS_RESERVED, RESULT, SeriesInto,
+    DEVICE_POINTS_BYTES, Fold, GPUS_PER_LISTED_WORKSPACE, LabelMemo, MAX_REMEMBERED_BYTES, MAX_STEPS_RESERVED, RESULT, SeriesInto,
     check_envelope,
 };
 pub use answer::{MAX_POINTS_BYTES, POINT_BYTES, Series, read_answer};
@@ -493,13 +493,13 @@ impl PrometheusSource {
             unlisted: Vec::new(),
             step_secs: step as i64,
             slice: (start, end),
+            slice_times: Vec::new(),
             points_left: MAX_POINTS_BYTES / POINT_BYTES
                 + wanted_count.saturating_mul(GPUS_PER_LISTED_WORKSPACE).saturating_mul(usize::try_from(steps).unwrap_or(0)),
             device_points_left: DEVICE_POINTS_BYTES / POINT_BYTES,
             device_series: 0,
             span: (start, end),
-            by_labels: HashMap::new(),
-            remember_budget: if aggregate { MAX_REMEMBERED_LABEL_BYTES } else { 0 },
+            memo: LabelMemo::new(MAX_REMEMBERED_BYTES),
         }));
         // The steps in slices of `SLICE_STEPS`, oldest first: each query's answer (and what
         // Prometheus evaluates for it, `query.max-samples`) stays bounded however long the
@@ -509,7 +509,7 @@ impl PrometheusSource {
         let mut from = start;
         while from <= end {
             let to = (from + (SLICE_STEPS - 1) * step as i64).min(end);
-            fold.lock().unwrap_or_else(|p| p.into_inner()).slice = (from, to);
+            fold.lock().unwrap_or_else(|p| p.into_inner()).set_slice(from, to);
             requests += specs.len();
             let slice = self.fetch_slice(&specs, &headers, (from, to, step), aggregate, &read.jobs, &fold).await;
             if !slice.is_empty() {

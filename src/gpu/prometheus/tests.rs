@@ -1,6 +1,6 @@
 //! The Prometheus source's parsing, query plan and fold, without a server.
 
-use super::answer::{Labels, read_series, sample_value};
+use super::answer::{Labels, REMEMBERED_ENTRY_BYTES, read_series, sample_value};
 use super::query::BY;
 use super::*;
 use crate::json_split::Splitter;
@@ -82,12 +82,12 @@ fn fold(remember_budget: usize) -> Fold {
         unlisted: Vec::new(),
         step_secs: 1,
         slice: (0, i64::MAX),
+        slice_times: Vec::new(),
         points_left: usize::MAX,
         device_points_left: usize::MAX,
         device_series: 0,
         span: (0, i64::MAX),
-        by_labels: HashMap::new(),
-        remember_budget,
+        memo: LabelMemo::new(remember_budget),
     }
 }
 
@@ -122,20 +122,37 @@ fn an_answer_in_chunks_of_any_size_folds_as_it_does_whole() {
 }
 
 #[test]
-fn a_steady_pass_remembers_label_sets_within_its_byte_budget() {
-    let mut fold = fold(1_000);
+fn a_fetch_remembers_label_sets_within_its_byte_budget() {
+    let mut fold = fold(2 * REMEMBERED_ENTRY_BYTES);
     // A per-process field: the only ones a series of no workspace pod is held for.
     let spec = QuerySpec { name: "DCGM_FI_DEV_GPU_UTIL" };
-    let labels = |gpu: usize, pad: usize| format!(r#"{{"UUID":"GPU-{gpu}","pad":"{}"}}"#, "x".repeat(pad));
+    let labels = |gpu: usize| format!(r#"{{"UUID":"GPU-{gpu}","pad":"{}"}}"#, "x".repeat(500));
     for gpu in 0..3 {
-        fold.add_read(spec, labels(gpu, 500).as_bytes(), &[(60.0, Some(0.5))]).unwrap();
+        fold.add_read(spec, labels(gpu).as_bytes(), &[(60.0, Some(0.5))]).unwrap();
     }
     assert_eq!(fold.series.len(), 3, "every GPU is read");
-    assert_eq!(fold.by_labels.len(), 1, "only what fits in 1,000 bytes is remembered");
+    assert_eq!(fold.memo.len(), 2, "only as many sets as the budget pays for are remembered, whatever their length");
     // A remembered set finds its GPU without being parsed again; the others still map.
-    fold.add_read(spec, labels(0, 500).as_bytes(), &[(120.0, Some(0.5))]).unwrap();
-    fold.add_read(spec, labels(2, 500).as_bytes(), &[(120.0, Some(0.5))]).unwrap();
+    fold.add_read(spec, labels(0).as_bytes(), &[(120.0, Some(0.5))]).unwrap();
+    fold.add_read(spec, labels(2).as_bytes(), &[(120.0, Some(0.5))]).unwrap();
     assert_eq!((fold.series.len(), fold.series[0].points.len(), fold.series[2].points.len()), (3, 2, 2));
+}
+
+/// The fields of a fetch are folded as their answers come, in any order. A device's series
+/// (no workload pod) is held only for the per-process fields: read first for another field, its
+/// set is not remembered as naming nothing, and the per-process field still holds it.
+#[test]
+fn a_device_series_met_first_in_another_field_is_held_for_a_per_process_one() {
+    let mut fold = fold(1 << 20);
+    let device = br#"{"UUID":"GPU-1","Hostname":"n1"}"#;
+    fold.add_read(QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" }, device, &[(60.0, Some(0.0))]).unwrap();
+    assert!(fold.series.is_empty(), "not held for a field that is not per process");
+    fold.add_read(QuerySpec { name: "DCGM_FI_DEV_GPU_UTIL" }, device, &[(60.0, Some(50.0))]).unwrap();
+    assert_eq!(fold.series.len(), 1, "held for the per-process field read after it");
+    assert_eq!(fold.series[0].points[0].values.get(reclaimer_core::gpu::signals::Signal::GpuUtil), Some(0.5));
+    // Once held, the set names it for every field.
+    fold.add_read(QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" }, device, &[(60.0, Some(0.25))]).unwrap();
+    assert_eq!(fold.series[0].points[0].values.get(reclaimer_core::gpu::signals::Signal::SmActive), Some(0.25));
 }
 
 #[test]
@@ -254,4 +271,22 @@ fn copies_are_counted_per_job() {
     let f = Filters { namespace: None, workspace_label: None, selector: None, jobs: &two };
     let q = QuerySpec { name: "DCGM_FI_DEV_FB_USED" }.copies(60, f);
     assert!(q.starts_with(&format!("count by ({}, job) (", BY.join(", "))) && q.ends_with(") > 1"), "{q}");
+}
+
+/// A series of a workspace the listing does not name is parsed once a fetch, not once per
+/// field, and still noted when a later field has its point at the latest step.
+#[test]
+fn an_unlisted_workspace_is_parsed_once_and_noted_by_any_field() {
+    let mut fold = fold(1 << 20);
+    fold.wanted = Some(Arc::new(std::collections::HashSet::new()));
+    fold.span = (0, 120);
+    let id = "0b7c3f6e-1d2a-4c5b-9e8f-7a6b5c4d3e2f";
+    let labels = format!(r#"{{"UUID":"GPU-1","pod":"coder-{id}-6d9f8b7c5-x2x9k","namespace":"coder"}}"#);
+    fold.add_read(QuerySpec { name: "DCGM_FI_PROF_SM_ACTIVE" }, labels.as_bytes(), &[(60.0, Some(0.0))]).unwrap();
+    assert!(fold.unlisted.is_empty(), "no point at the latest step yet");
+    assert_eq!(fold.memo.len(), 1, "remembered");
+    fold.add_read(QuerySpec { name: "DCGM_FI_DEV_GPU_UTIL" }, labels.as_bytes(), &[(120.0, Some(0.0))]).unwrap();
+    fold.add_read(QuerySpec { name: "DCGM_FI_DEV_FB_USED" }, labels.as_bytes(), &[(120.0, Some(1.0))]).unwrap();
+    assert_eq!(fold.unlisted, [id], "noted once, by the field that has the latest step");
+    assert!(fold.series.is_empty(), "nobody's series is held");
 }
