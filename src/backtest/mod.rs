@@ -467,9 +467,14 @@ pub async fn run(
                 }
             }
             let shown = prom.shown().to_string();
-            let chunk = Chunk::new(&series, failed.then_some(Failed { source: shown.as_str(), after: fetched_to }));
+            let mut chunk = Chunk::new(&series, failed.then_some(Failed { source: shown.as_str(), after: fetched_to }));
+            // New workspaces, moments of use and forgotten builds since the last pass.
+            for replay in &mut replays {
+                replay.history_changed();
+            }
             let mut t = first;
             while t <= chunk_end {
+                chunk.advance(last_pass, t);
                 for replay in &mut replays {
                     replay.pass(t, last_pass, timelines, &chunk, step, until);
                 }

@@ -105,6 +105,7 @@ fn top(stops: &[SimulatedStop], name: impl Fn(&SimulatedStop) -> String) -> Vec<
 
 impl VariantReport {
     pub fn from_replay(replay: Replay) -> Self {
+        let verdicts = replay.verdicts().map(|(k, v)| (k.to_string(), v)).collect();
         let stops = replay.stops;
         VariantReport {
             label: replay.label,
@@ -112,7 +113,7 @@ impl VariantReport {
             breaker_passes: replay.breaker_passes,
             deferred: replay.deferred,
             countdowns_averted: replay.countdowns_averted,
-            verdicts: replay.verdicts.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            verdicts,
             top_workspaces: top(&stops, |s| format!("{}/{}", s.who.owner, s.who.workspace)),
             top_templates: top(&stops, |s| s.who.template.clone()),
             stops,

@@ -16,15 +16,15 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::coder::types::{BuildReason, JobStatus, ProvisionerJob, Transition, Workspace, WorkspaceBuild, WorkspaceStatus};
-use crate::gpu::GpuSeries;
+use crate::gpu::{GpuSeries, Point};
 use crate::ledger::{Call, Ledger, LedgerConfig, Listed, Outcome, PassView, StopAnswer};
 use crate::pass::audit::AuditKind;
-use crate::pass::decide::{SampleContext, SampleState, classify};
+use crate::pass::decide::{SampleContext, SampleState, Verdict, classify};
 use crate::pass::judge::{Judge, PassContext};
 use crate::pass::mode::Mode;
 use crate::pass::policy::Policy;
 
-use super::timeline::WorkspaceTimeline;
+use super::timeline::{ListingKey, WorkspaceTimeline};
 
 /// The GPU history of one fetched chunk, as every replay reads it: the series (each GPU's points
 /// in time order) and, per workspace id, which of them are its.
@@ -33,6 +33,10 @@ pub struct Chunk<'a> {
     pub by_workspace: HashMap<&'a str, Vec<usize>>,
     /// Set when (part of) this chunk could not be fetched.
     pub failed: Option<Failed<'a>>,
+    /// The pass the chunk was last advanced to (`advance`: since, now), and each series' points
+    /// in it: every replay's pass reads them, found once, by a walk from the pass before.
+    advanced: Option<(Option<DateTime<Utc>>, DateTime<Utc>)>,
+    in_pass: Vec<std::ops::Range<usize>>,
 }
 
 /// A chunk the source could fetch only up to `after` (`None`: none of it): the passes after it
@@ -51,8 +55,39 @@ impl<'a> Chunk<'a> {
                 by_workspace.entry(id).or_default().push(i);
             }
         }
-        Chunk { series, by_workspace, failed }
+        Chunk { series, by_workspace, failed, advanced: None, in_pass: Vec::new() }
     }
+
+    /// Finds each series' points in `(since, now]` (every point up to `now` when `since` is
+    /// `None`) for the passes at `now`, walking on from the last pass's where it was `since`.
+    pub fn advance(&mut self, since: Option<DateTime<Utc>>, now: DateTime<Utc>) {
+        let walk_on = since.is_some() && self.advanced.map(|(_, at)| Some(at)) == Some(since) && since <= Some(now);
+        self.in_pass.resize(self.series.len(), 0..0);
+        for (s, range) in self.series.iter().zip(&mut self.in_pass) {
+            let lo = if walk_on { range.end } else { since.map_or(0, |t| s.points.partition_point(|p| p.at <= t)) };
+            let ahead = s.points.get(lo..).unwrap_or_default();
+            let hi = lo + ahead.iter().take_while(|p| p.at <= now).count();
+            *range = if since.is_none_or(|t| t <= now) { lo..hi } else { in_pass(s, since, now) };
+        }
+        self.advanced = Some((since, now));
+    }
+
+    /// Series `i`'s points in the pass `(since, now]`.
+    fn points_in_pass(&self, i: usize, since: Option<DateTime<Utc>>, now: DateTime<Utc>) -> &'a [Point] {
+        let Some(s) = self.series.get(i) else { return &[] };
+        let range = match self.in_pass.get(i) {
+            Some(r) if self.advanced == Some((since, now)) => r.clone(),
+            _ => in_pass(s, since, now),
+        };
+        s.points.get(range).unwrap_or_default()
+    }
+}
+
+/// A series' points in `(since, now]`, found by search.
+fn in_pass(s: &GpuSeries, since: Option<DateTime<Utc>>, now: DateTime<Utc>) -> std::ops::Range<usize> {
+    let lo = since.map_or(0, |t| s.points.partition_point(|p| p.at <= t));
+    let hi = s.points.partition_point(|p| p.at <= now);
+    lo.min(hi)..hi
 }
 
 /// What made a simulated stop regretted, and when.
@@ -123,8 +158,8 @@ pub struct Replay {
     /// Passes in which the breaker refused every stop, and reclaims the stop cap deferred.
     pub breaker_passes: u64,
     pub deferred: u64,
-    /// Workspace-passes each verdict was given (`verdict` names), for the report.
-    pub verdicts: HashMap<&'static str, u64>,
+    /// Workspace-passes each verdict was given, by `Verdict as usize` (`verdicts()` names them).
+    verdict_counts: [u64; 6],
     /// Coder's countdowns running (`countdown_in_coder`), by timeline index.
     countdowns: HashMap<usize, PendingCountdown>,
     /// Countdowns the history shows a use within: nothing was stopped.
@@ -142,16 +177,16 @@ struct PendingCountdown {
     gpus: u64,
 }
 
-/// What a listed workspace was built from: its build, moment of use and agent facts so far.
-type StateKey = (usize, usize, usize, usize);
-
 /// The replay's own state of one timeline.
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     /// Stopped by the simulation until this time (`Some(None)`: to the end).
     stopped: Option<Option<DateTime<Utc>>>,
     /// Its position in the listing and the state it was built from.
-    listed: Option<(usize, StateKey)>,
+    listed: Option<(usize, ListingKey)>,
+    /// Its listing state as last read, and the moments it holds over (`listing_state`): most
+    /// passes read it here, not from the timeline. Forgotten when the history changes.
+    state: Option<(Option<ListingKey>, DateTime<Utc>, DateTime<Utc>)>,
 }
 
 impl Replay {
@@ -176,11 +211,16 @@ impl Replay {
             passes: 0,
             breaker_passes: 0,
             deferred: 0,
-            verdicts: HashMap::new(),
+            verdict_counts: [0; 6],
             countdowns: HashMap::new(),
             countdowns_averted: 0,
             who: Vec::new(),
         }
+    }
+
+    /// Workspace-passes each verdict was given (those given at least once), for the report.
+    pub fn verdicts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        Verdict::ALL.iter().map(|&v| (v.as_str(), self.verdict_counts[v as usize])).filter(|&(_, n)| n > 0)
     }
 
     pub fn policy(&self) -> &Policy {
@@ -207,12 +247,7 @@ impl Replay {
         }
         self.count_down(now, timelines, end);
         self.relist(now, timelines);
-        let in_pass = |s: &GpuSeries| {
-            let lo = since.map_or(0, |t| s.points.partition_point(|p| p.at <= t));
-            let hi = s.points.partition_point(|p| p.at <= now);
-            lo.min(hi)..hi
-        };
-        self.check_regret(now, timelines, chunk, &in_pass);
+        self.check_regret(now, since, timelines, chunk);
         let failed_now = chunk.failed.filter(|f| f.after.is_none_or(|after| now > after));
         let failed: HashSet<&str> = failed_now.map(|f| f.source).into_iter().collect();
         self.judge.set_serving(self.ledger.serving());
@@ -220,8 +255,9 @@ impl Replay {
         if failed_now.is_none() {
             for ws in &self.listing {
                 for &i in chunk.by_workspace.get(ws.id.as_str()).map_or(&[][..], Vec::as_slice) {
-                    let s = &chunk.series[i];
-                    pass.merge(s, &s.points[in_pass(s)]);
+                    if let Some(s) = chunk.series.get(i) {
+                        pass.merge(s, chunk.points_in_pass(i, since, now));
+                    }
                 }
             }
         }
@@ -241,7 +277,7 @@ impl Replay {
         // The simulation may always stop (no permission is missing in a replay).
         let judgement = pass.decide(now, &failed, |_| Some(true));
         for d in &judgement.decisions {
-            *self.verdicts.entry(d.verdict.as_str()).or_default() += 1;
+            self.verdict_counts[d.verdict as usize] += 1;
         }
         if judgement.fleet.breaker.is_some() {
             self.breaker_passes += 1;
@@ -251,7 +287,7 @@ impl Replay {
         // as `run`'s ledger withdraws it: Coder stops nothing; ended by a use, it was averted.
         if !self.countdowns.is_empty() {
             for (t, d) in self.owner.iter().zip(&judgement.decisions) {
-                if d.verdict != crate::pass::decide::Verdict::Reclaim || judgement.fleet.breaker.is_some() {
+                if d.verdict != Verdict::Reclaim || judgement.fleet.breaker.is_some() {
                     if let Some(c) = self.countdowns.remove(t) {
                         let used = timelines.get(*t).is_some_and(|tl| tl.used_within(c.since, now).is_some());
                         self.countdowns_averted += u64::from(used);
@@ -380,7 +416,16 @@ impl Replay {
             self.slots.resize(timelines.len(), Slot::default());
         }
         for (t, timeline) in timelines.iter().enumerate() {
-            let key = if self.slots[t].stopped.is_some() { None } else { state_key(timeline, now) };
+            let slot = &mut self.slots[t];
+            let key = match slot.state {
+                _ if slot.stopped.is_some() => None,
+                Some((key, from, until)) if from <= now && now < until => key,
+                _ => {
+                    let (key, until) = timeline.listing_state(now);
+                    slot.state = Some((key, now, until));
+                    key
+                }
+            };
             match (self.slots[t].listed, key) {
                 (None, None) => {}
                 (Some((pos, _)), None) => {
@@ -407,6 +452,14 @@ impl Replay {
                     self.slots[t].listed = Some((pos, new));
                 }
             }
+        }
+    }
+
+    /// The timelines changed since the last pass (moments of use added, builds or uses
+    /// forgotten): every listing state is read afresh at the next pass.
+    pub fn history_changed(&mut self) {
+        for slot in &mut self.slots {
+            slot.state = None;
         }
     }
 
@@ -459,13 +512,7 @@ impl Replay {
     /// coderd's gauges arrive chunk by chunk), a start by the owner, or one of the stopped
     /// workspace's real GPU samples in this pass that the policy reads as active; the earliest
     /// found is kept. A window is closed once it has passed.
-    fn check_regret(
-        &mut self,
-        now: DateTime<Utc>,
-        timelines: &[WorkspaceTimeline],
-        chunk: &Chunk<'_>,
-        in_pass: &dyn Fn(&GpuSeries) -> std::ops::Range<usize>,
-    ) {
+    fn check_regret(&mut self, now: DateTime<Utc>, since: Option<DateTime<Utc>>, timelines: &[WorkspaceTimeline], chunk: &Chunk<'_>) {
         let policy = self.judge.policy();
         let window = self.regret_window;
         let stops = &mut self.stops;
@@ -475,10 +522,10 @@ impl Replay {
             let series = chunk.by_workspace.get(stop.who.workspace_id.as_str()).map_or(&[][..], Vec::as_slice);
             let computed = series
                 .iter()
-                .filter_map(|&s| chunk.series.get(s))
-                .flat_map(|s| {
+                .filter_map(|&i| Some((chunk.series.get(i)?, chunk.points_in_pass(i, since, now))))
+                .flat_map(|(s, points)| {
                     let ctx = SampleContext::of_series(s, policy);
-                    s.points[in_pass(s)].iter().filter(move |p| classify(&p.values, policy, ctx) == SampleState::Active)
+                    points.iter().filter(move |p| classify(&p.values, policy, ctx) == SampleState::Active)
                 })
                 .map(|p| p.at)
                 .find(|&at| at > stop.at && at <= until);
@@ -512,20 +559,6 @@ fn simulated_stop_build(workspace_id: &str, now: DateTime<Utc>) -> WorkspaceBuil
     }
 }
 
-/// The facts a listed workspace is built from at `t`: `None` when it was not running.
-fn state_key(timeline: &WorkspaceTimeline, t: DateTime<Utc>) -> Option<StateKey> {
-    let b = timeline.running_index_at(t)?;
-    let build = timeline.builds.get(b)?;
-    let uses = timeline.uses_by(t);
-    let agents = timeline.agents.partition_point(|(seen, _, _)| *seen <= t);
-    let moments = build
-        .agents()
-        .flat_map(|a| [a.first_connected_at, a.last_connected_at, a.disconnected_at])
-        .filter(|m| m.is_some_and(|m| m <= t))
-        .count();
-    Some((b, uses, agents, moments))
-}
-
 /// What the stops of one replay add up to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Totals {
@@ -549,5 +582,37 @@ impl Totals {
             regretted_share: if stops.is_empty() { 0.0 } else { regretted as f64 / stops.len() as f64 },
             window_cut: stops.iter().filter(|s| s.window_cut).count(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The points a pass reads, found by walking on from the pass before, are the ones a search
+    /// finds: passes a step apart, a first pass over the look-back, a pass that skips steps, a
+    /// series with gaps and one with no points.
+    #[test]
+    fn a_chunk_advanced_pass_by_pass_reads_what_a_search_reads() {
+        let at = |m: i64| DateTime::from_timestamp(1_800_000_000 + m * 60, 0).unwrap();
+        let series = |minutes: &[i64]| {
+            let mut s = GpuSeries::from_labels(|k| (k == "UUID").then_some("GPU-1"), &Arc::from("p"), &Default::default()).unwrap();
+            s.points = minutes.iter().map(|&m| Point::new(at(m))).collect();
+            s
+        };
+        let all = [series(&(0..30).collect::<Vec<_>>()), series(&[3, 4, 9, 20, 21, 29]), series(&[])];
+        let mut chunk = Chunk::new(&all, None);
+        let passes =
+            [(None, 5), (Some(5), 6), (Some(6), 10), (Some(10), 10), (Some(10), 25), (Some(3), 12), (Some(12), 29), (Some(29), 40)];
+        for (since, now) in passes {
+            let (since, now) = (since.map(at), at(now));
+            chunk.advance(since, now);
+            for (i, s) in all.iter().enumerate() {
+                let searched = &s.points[in_pass(s, since, now)];
+                assert_eq!(chunk.points_in_pass(i, since, now), searched, "series {i}, pass {since:?} to {now}");
+                assert!(searched.iter().all(|p| since.is_none_or(|t| p.at > t) && p.at <= now));
+            }
+        }
+        assert_eq!(chunk.points_in_pass(0, Some(at(0)), at(2)).len(), 2, "a pass it was not advanced to is searched");
     }
 }

@@ -61,6 +61,10 @@ pub struct WorkspaceTimeline {
     pub parameters: HashMap<String, Vec<BuildParameter>>,
 }
 
+/// What a listing is built from (`listing_state`): the running build's place in `builds`, and
+/// the moments of use, agent states and the build's agent moments seen by then.
+pub type ListingKey = (usize, usize, usize, usize);
+
 /// One moment of use: from `seen` on, `last_used_at` read `last_used_at`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Use {
@@ -90,6 +94,34 @@ impl WorkspaceTimeline {
     /// by then.
     pub fn running_index_at(&self, t: DateTime<Utc>) -> Option<usize> {
         self.current_at(t).filter(|&i| self.builds.get(i).is_some_and(|b| b.running_by(t)))
+    }
+
+    /// What a listing at `t` is built from (`None`: it was not running): its build, and how
+    /// many moments of use, agent states and agent moments of that build were seen by then;
+    /// and the first moment after `t` at which that may change (a build begins or the current
+    /// one ends, the next use, agent state or agent moment). Passes until then read it as it is.
+    pub fn listing_state(&self, t: DateTime<Utc>) -> (Option<ListingKey>, DateTime<Utc>) {
+        let after = self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t));
+        let current = after.checked_sub(1).and_then(|i| self.builds.get(i).map(|b| (i, b)));
+        let next_build = self.builds.get(after).and_then(|b| b.created_at);
+        let ends = current.and_then(|(_, b)| b.completed_at.or(b.created_at)).filter(|&done| done > t);
+        let soonest = |times: &[Option<DateTime<Utc>>]| times.iter().flatten().min().copied().unwrap_or(DateTime::<Utc>::MAX_UTC);
+        let Some((b, build)) = current.filter(|(_, b)| b.running_by(t)) else {
+            return (None, soonest(&[next_build, ends]));
+        };
+        let uses = self.uses_by(t);
+        let agents = self.agents.partition_point(|(seen, _, _)| *seen <= t);
+        let (mut moments, mut next_moment) = (0, None::<DateTime<Utc>>);
+        for m in build.agents().flat_map(|a| [a.first_connected_at, a.last_connected_at, a.disconnected_at]).flatten() {
+            if m <= t {
+                moments += 1;
+            } else {
+                next_moment = Some(next_moment.map_or(m, |n| n.min(m)));
+            }
+        }
+        let next_use = self.uses.get(uses).map(|u| u.last_used_at);
+        let next_agent = self.agents.get(agents).map(|(seen, _, _)| *seen);
+        (Some((b, uses, agents, moments)), soonest(&[next_build, next_use, next_agent, next_moment]))
     }
 
     /// The build that had it running at `t`.
@@ -344,6 +376,32 @@ mod tests {
         assert_eq!(t.builds.iter().map(|b| b.id.to_string()).collect::<Vec<_>>(), ["b2", "b3"], "the one current at 90 and later");
         assert_eq!(t.running_seconds(at(30), at(150)), 30.0 * 60.0, "b1 forgotten");
         assert_eq!(t.listed_at(at(130)).unwrap().latest_build.id, "b3");
+    }
+
+    /// A listing's state holds until the moment `listing_state` names, and that moment is
+    /// never later than a change: checked minute by minute against the state read afresh.
+    #[test]
+    fn a_listing_state_holds_until_the_next_moment_that_can_change_it() {
+        let mut b3 = build("b3", "start", 120, Some(125));
+        b3.job.completed_at = Some(at(123));
+        let mut t = timeline(vec![build("b1", "start", 0, Some(2)), build("b2", "stop", 60, None), b3]);
+        t.uses = vec![Use { seen: at(11), last_used_at: at(10) }, Use { seen: at(31), last_used_at: at(30) }];
+        t.agents = vec![(at(40), "b1".into(), AgentStatus::Connected), (at(130), "b3".into(), AgentStatus::Connected)];
+        let read = |m: i64| t.listing_state(at(m)).0;
+        let mut changes = 0;
+        for m in -5..200 {
+            let (key, until) = t.listing_state(at(m));
+            assert!(until > at(m), "minute {m}");
+            let stable_to = (m..200).take_while(|&n| at(n) < until).last().unwrap_or(m);
+            for n in m..=stable_to {
+                assert_eq!(read(n), key, "minute {n}, within the state read at {m} (until {until})");
+            }
+            changes += usize::from(read(m + 1) != key);
+        }
+        assert!(changes >= 8, "the table moves: builds, uses, agents and moments ({changes} changes)");
+        assert_eq!(t.listing_state(at(60)), (None, at(120)), "stopped: until the next build");
+        assert_eq!(t.listing_state(at(121)), (None, at(123)), "starting: until its job is done");
+        assert_eq!(t.listing_state(at(190)).1, DateTime::<Utc>::MAX_UTC, "nothing after: for good");
     }
 
     #[test]

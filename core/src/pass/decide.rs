@@ -27,6 +27,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    pub const ALL: [Verdict; 6] = [Verdict::Skip, Verdict::Waiting, Verdict::Unknown, Verdict::Keep, Verdict::Warn, Verdict::Reclaim];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Skip => "skip",
