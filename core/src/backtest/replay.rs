@@ -159,7 +159,7 @@ pub struct Replay {
     pub breaker_passes: u64,
     pub deferred: u64,
     /// Workspace-passes each verdict was given, by `Verdict as usize` (`verdicts()` names them).
-    verdict_counts: [u64; 6],
+    verdict_counts: [u64; Verdict::ALL.len()],
     /// Coder's countdowns running (`countdown_in_coder`), by timeline index.
     countdowns: HashMap<usize, PendingCountdown>,
     /// Countdowns the history shows a use within: nothing was stopped.
@@ -211,7 +211,7 @@ impl Replay {
             passes: 0,
             breaker_passes: 0,
             deferred: 0,
-            verdict_counts: [0; 6],
+            verdict_counts: [0; Verdict::ALL.len()],
             countdowns: HashMap::new(),
             countdowns_averted: 0,
             who: Vec::new(),
