@@ -85,9 +85,14 @@ impl WorkspaceTimeline {
         WorkspaceTimeline { record, builds: kept, uses: Vec::new(), agents: Vec::new(), parameters: HashMap::new() }
     }
 
+    /// How many of `builds` were created at or before `t` (the rest come after it).
+    fn builds_by(&self, t: DateTime<Utc>) -> usize {
+        self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t))
+    }
+
     /// Where in `builds` the build current at `t` is: the latest created at or before it.
     fn current_at(&self, t: DateTime<Utc>) -> Option<usize> {
-        self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t)).checked_sub(1)
+        self.builds_by(t).checked_sub(1)
     }
 
     /// Where in `builds` the build that had it running at `t` is: a start whose job succeeded
@@ -101,7 +106,7 @@ impl WorkspaceTimeline {
     /// and the first moment after `t` at which that may change (a build begins or the current
     /// one ends, the next use, agent state or agent moment). Passes until then read it as it is.
     pub fn listing_state(&self, t: DateTime<Utc>) -> (Option<ListingKey>, DateTime<Utc>) {
-        let after = self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t));
+        let after = self.builds_by(t);
         let current = after.checked_sub(1).and_then(|i| self.builds.get(i).map(|b| (i, b)));
         let next_build = self.builds.get(after).and_then(|b| b.created_at);
         let ends = current.and_then(|(_, b)| b.completed_at.or(b.created_at)).filter(|&done| done > t);
@@ -142,7 +147,7 @@ impl WorkspaceTimeline {
 
     /// The first start build created after `t` (a stop simulated at `t` lasts until it).
     pub fn next_start_after(&self, t: DateTime<Utc>) -> Option<&PastBuild> {
-        let i = self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t));
+        let i = self.builds_by(t);
         self.builds[i..].iter().find(|b| b.transition == Transition::Start)
     }
 
@@ -193,7 +198,7 @@ impl WorkspaceTimeline {
 
     /// Forgets the builds a pass after `t` cannot read: those before the one current at `t`.
     pub fn forget_builds_before(&mut self, t: DateTime<Utc>) {
-        let current = self.builds.partition_point(|b| b.created_at.is_none_or(|c| c <= t));
+        let current = self.builds_by(t);
         if current > 1 {
             self.builds.drain(..current - 1);
         }
