@@ -428,6 +428,11 @@ impl Fold {
             Named::Nothing | Named::NotForThisField => return Ok(()),
         };
         let Some(gpu) = self.series.get_mut(i) else { return Ok(()) };
+        // A device's series is held for the per-process fields only (`gpu_of`), also when its
+        // set was remembered from one of them: the fields come in any order.
+        if gpu.key.pod.is_none() && !per_process {
+            return Ok(());
+        }
         if real_pod_uid && per_process {
             gpu.real_pod_uid = true;
         }
