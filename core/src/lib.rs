@@ -13,6 +13,7 @@ pub mod coder;
 pub mod duration;
 pub mod gpu;
 pub mod history;
+pub mod ids;
 pub mod json_read;
 pub mod ledger;
 pub mod pass;

@@ -14,6 +14,7 @@ use chrono::{DateTime, Duration, Utc};
 use super::signals::{Signal, SignalValues};
 use super::{Attribution, GpuKey, GpuSeries, Point};
 pub use super::{DEFAULT_MAX_GPUS_PER_WORKSPACE, MAX_GPUS_PER_WORKSPACE};
+use crate::ids::IdMap;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GpuSample {
@@ -226,6 +227,15 @@ impl WorkspaceWindows {
     }
 }
 
+/// What `Windows` holds of one workspace (`Windows::of`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WindowsOf<'a> {
+    /// Its windows (`None`: none was ever recorded this session, or all were pruned with it).
+    pub windows: Option<&'a [GpuWindow]>,
+    pub refused_at: Option<DateTime<Utc>>,
+    pub changed_at: Option<DateTime<Utc>>,
+}
+
 /// All windows, keyed by workspace id.
 #[derive(Debug, Default)]
 pub struct Windows {
@@ -233,7 +243,7 @@ pub struct Windows {
     /// Samples a window holds at most (the look-back over the interval): reserved up front,
     /// so a full window costs no more than its samples.
     capacity: usize,
-    by_workspace: HashMap<String, WorkspaceWindows>,
+    by_workspace: IdMap<String, WorkspaceWindows>,
     max_per_workspace: usize,
     /// Keys of the (pod, UUID) fingerprints, random per process: nobody who writes series can
     /// make a new GPU's fingerprint match a known one.
@@ -247,7 +257,7 @@ impl Windows {
         Windows {
             retain,
             capacity: per_window.clamp(4, 4096),
-            by_workspace: HashMap::new(),
+            by_workspace: IdMap::default(),
             max_per_workspace: DEFAULT_MAX_GPUS_PER_WORKSPACE,
             fingerprints: Default::default(),
         }
@@ -369,6 +379,16 @@ impl Windows {
 
     pub fn get(&self, workspace_id: &str) -> Option<&[GpuWindow]> {
         self.by_workspace.get(workspace_id).map(|g| g.windows.as_slice())
+    }
+
+    /// `get`, `refused_at` and `changed_at` in one lookup (a pass reads all three of every
+    /// listed workspace).
+    pub fn of(&self, workspace_id: &str) -> WindowsOf<'_> {
+        self.by_workspace.get(workspace_id).map_or_else(WindowsOf::default, |g| WindowsOf {
+            windows: Some(g.windows.as_slice()),
+            refused_at: g.refused_at,
+            changed_at: g.changed_at,
+        })
     }
 
     /// The latest time a GPU series naming this workspace was refused for being one too many

@@ -9,7 +9,7 @@
 //! again (`countdown_expired`). Refusals are remembered per build; a failed move is tried again
 //! next pass, at most `MAX_COUNTDOWN_FAILURES` times per build, then the service stops it itself.
 
-use std::collections::{HashMap, HashSet};
+use crate::ids::{IdMap, IdSet};
 
 use chrono::{DateTime, Duration, Utc};
 
@@ -51,15 +51,15 @@ enum Planned {
 #[derive(Debug)]
 pub(super) struct Countdowns {
     config: LedgerConfig,
-    running: HashMap<String, Running>,
+    running: IdMap<String, Running>,
     /// Per workspace, the build whose countdown Coder refused or that failed, how often
     /// (`MAX_COUNTDOWN_FAILURES` for a refusal), and, after a move whose answer was lost, the
     /// deadline before it (the move may have been applied: a later pass that finds the
     /// countdown's deadline there knows it was this service's).
-    failed: HashMap<String, (String, u32, Option<DateTime<Utc>>)>,
+    failed: IdMap<String, (String, u32, Option<DateTime<Utc>>)>,
     /// Per workspace, the build for which a once-per-build line was already said.
     said_once: SaidOnce,
-    planned: HashMap<String, Planned>,
+    planned: IdMap<String, Planned>,
     /// Coder's stops at countdowns' ends that began serving a waiter this pass: (workspace, pool).
     serving_new: Vec<(String, usize)>,
     now: DateTime<Utc>,
@@ -87,10 +87,10 @@ impl Countdowns {
     pub(super) fn new(config: LedgerConfig) -> Self {
         Countdowns {
             config,
-            running: HashMap::new(),
-            failed: HashMap::new(),
+            running: IdMap::default(),
+            failed: IdMap::default(),
             said_once: SaidOnce::default(),
-            planned: HashMap::new(),
+            planned: IdMap::default(),
             serving_new: Vec::new(),
             now: DateTime::<Utc>::MIN_UTC,
             coder_offset: Duration::zero(),
@@ -107,7 +107,7 @@ impl Countdowns {
         if self.failed.is_empty() && self.said_once.is_empty() && self.running.is_empty() {
             return;
         }
-        let builds: HashMap<&str, &str> =
+        let builds: IdMap<&str, &str> =
             view.judged.iter().map(|j| (j.workspace.id.as_str(), j.workspace.latest_build.id.as_str())).collect();
         self.failed.retain(|id, (b, _, _)| builds.get(id.as_str()) == Some(&b.as_str()));
         self.said_once.retain(|id, b| builds.get(id) == Some(&b));
@@ -116,13 +116,13 @@ impl Countdowns {
 
     /// Enforce mode: the countdowns to start, the ones running, ended and expired, and the ones to
     /// follow. Returns the workspaces whose stop Coder makes this pass (the stop path skips them).
-    pub(super) fn plan(&mut self, view: &PassView, plan: &mut Plan) -> HashSet<String> {
-        let mut coders = HashSet::new();
+    pub(super) fn plan(&mut self, view: &PassView, plan: &mut Plan) -> IdSet<String> {
+        let mut coders = IdSet::default();
         let coder_now = view.coder_now();
         let interval = self.config.interval.to_std().unwrap_or_default();
         // The countdowns running (none, most passes: the listing is not walked), then new ones,
         // from the stop order only.
-        let mut seen: HashSet<&str> = HashSet::new();
+        let mut seen: IdSet<&str> = IdSet::default();
         if !self.running.is_empty() {
             for j in view.judged {
                 if self.running.contains_key(&j.workspace.id) {
@@ -189,7 +189,7 @@ impl Countdowns {
         if self.running.is_empty() {
             return coders;
         }
-        let listed: HashSet<&str> = view.judged.iter().map(|j| j.workspace.id.as_str()).collect();
+        let listed: IdSet<&str> = view.judged.iter().map(|j| j.workspace.id.as_str()).collect();
         let mut gone: Vec<&String> = self.running.keys().filter(|id| !listed.contains(id.as_str())).collect();
         gone.sort();
         plan.calls.extend(gone.iter().map(|id| Call::FollowCountdown { workspace_id: (*id).clone() }));
@@ -206,7 +206,7 @@ impl Countdowns {
 
     /// A listed workspace with a countdown: still idle, it runs (or has expired); no longer
     /// idle, it ends.
-    fn running_one(&mut self, view: &PassView, plan: &mut Plan, j: &Listed, interval: std::time::Duration, coders: &mut HashSet<String>) {
+    fn running_one(&mut self, view: &PassView, plan: &mut Plan, j: &Listed, interval: std::time::Duration, coders: &mut IdSet<String>) {
         let (ws, d) = (j.workspace, j.decision);
         let coder_now = view.coder_now();
         let Some(r) = self.running.get_mut(&ws.id) else { return };
@@ -265,8 +265,8 @@ impl Countdowns {
 
     /// Observe mode: what enforce mode would count down, said once per build. Returns the
     /// workspaces whose stop would be Coder's.
-    pub(super) fn would(&mut self, view: &PassView, plan: &mut Plan) -> HashSet<String> {
-        let mut coders = HashSet::new();
+    pub(super) fn would(&mut self, view: &PassView, plan: &mut Plan) -> IdSet<String> {
+        let mut coders = IdSet::default();
         let coder_now = view.coder_now();
         for &i in &view.fleet.stop_order {
             let Some(j) = view.judged.get(i) else { continue };
@@ -299,7 +299,7 @@ impl Countdowns {
         // Per workspace: its latest `countdown_set`, whether a line ended it for good since
         // (done, expired, its deadline put back), and whether one ended it while its deadline
         // may still be to put back (averted, withdrawn).
-        let mut latest: HashMap<String, (AuditRecord, bool, bool)> = HashMap::new();
+        let mut latest: IdMap<String, (AuditRecord, bool, bool)> = IdMap::default();
         for r in records {
             match r.kind() {
                 Some(AuditKind::CountdownSet) => {
@@ -337,7 +337,7 @@ impl Countdowns {
 
     /// The workspaces whose deadline this pass moves for a countdown (no extension is planned
     /// for them this pass: one write per workspace).
-    pub(super) fn moving(&self) -> HashSet<String> {
+    pub(super) fn moving(&self) -> IdSet<String> {
         self.planned.keys().cloned().collect()
     }
 

@@ -7,7 +7,7 @@
 
 use chrono::{DateTime, Utc};
 
-use std::collections::{HashMap, HashSet};
+use crate::ids::{IdMap, IdSet};
 
 use super::intent::{Acted, Call, Count, Fact, Failure, LedgerConfig, Level, Listed, Note, PassView, Plan, SaidOnce, Who};
 use crate::pass::audit::{AuditEvent, AuditKind, Extension};
@@ -76,17 +76,17 @@ fn extend_order<'a>(view: &PassView<'a>) -> impl Iterator<Item = (&'a Listed<'a>
 pub(super) struct Deadlines {
     config: LedgerConfig,
     /// Workspaces whose TTL Coder refused for good, with the template version it refused at.
-    ttl_refused: HashMap<String, String>,
+    ttl_refused: IdMap<String, String>,
     /// Deadline extensions Coder refused (4xx), by workspace, with the build refused for.
-    extend_refused: HashMap<String, String>,
+    extend_refused: IdMap<String, String>,
     /// Builds whose deadline this service moved, while listed.
-    extended: HashMap<String, ExtendedBuild>,
+    extended: IdMap<String, ExtendedBuild>,
     /// Per workspace, the build for which a once-per-build line was already said.
     said_once: SaidOnce,
     /// Extensions planned this pass, by workspace.
-    planned_extensions: HashMap<String, PlannedExtension>,
+    planned_extensions: IdMap<String, PlannedExtension>,
     /// TTL restores planned this pass: workspace -> its template version and `restore_ttl` event.
-    planned_ttls: HashMap<String, (String, AuditEvent)>,
+    planned_ttls: IdMap<String, (String, AuditEvent)>,
     /// What this pass did to deadlines.
     pub(super) acted: Acted,
 }
@@ -95,12 +95,12 @@ impl Deadlines {
     pub(super) fn new(config: LedgerConfig) -> Self {
         Deadlines {
             config,
-            ttl_refused: HashMap::new(),
-            extend_refused: HashMap::new(),
-            extended: HashMap::new(),
+            ttl_refused: IdMap::default(),
+            extend_refused: IdMap::default(),
+            extended: IdMap::default(),
             said_once: SaidOnce::default(),
-            planned_extensions: HashMap::new(),
-            planned_ttls: HashMap::new(),
+            planned_extensions: IdMap::default(),
+            planned_ttls: IdMap::default(),
             acted: Acted::default(),
         }
     }
@@ -113,7 +113,7 @@ impl Deadlines {
         if self.said_once.is_empty() && self.extend_refused.is_empty() && self.extended.is_empty() && self.ttl_refused.is_empty() {
             return;
         }
-        let listed: HashSet<&str> = view.judged.iter().map(|j| j.workspace.id.as_str()).collect();
+        let listed: IdSet<&str> = view.judged.iter().map(|j| j.workspace.id.as_str()).collect();
         self.said_once.retain(|id, _| listed.contains(id));
         self.extend_refused.retain(|id, _| listed.contains(id.as_str()));
         self.extended.retain(|id, _| listed.contains(id.as_str()));
@@ -225,7 +225,7 @@ impl Deadlines {
 
     /// The extensions the fleet rules found due, in their slots; one Coder refused for this
     /// build, or whose deadline a countdown moves this pass (`moving`), is skipped without a slot.
-    pub(super) fn extensions_to_send(&mut self, view: &PassView, plan: &mut Plan, moving: &HashSet<String>) {
+    pub(super) fn extensions_to_send(&mut self, view: &PassView, plan: &mut Plan, moving: &IdSet<String>) {
         let mut slots = view.fleet.extension_slots;
         for (j, p, to) in extend_order(view) {
             let ws = &j.workspace;

@@ -7,7 +7,7 @@
 //! being our stop) counts as sent, once. Tracking starts afresh when the workspace gets a new
 //! build. Observe mode reports each would-stop once per idle episode.
 
-use std::collections::{HashMap, HashSet};
+use crate::ids::{IdMap, IdSet};
 
 use chrono::{DateTime, Duration, Utc};
 
@@ -29,14 +29,14 @@ pub(super) struct Stops {
     pub(super) config: LedgerConfig,
     /// The token's user: stop builds it initiated are ours (a lost reply is recognised by it).
     pub(super) self_id: Option<String>,
-    stops: HashMap<String, TrackedStop>,
+    stops: IdMap<String, TrackedStop>,
     /// Workspaces this service stopped, until they run again (the `resumed` audit line). Boxed:
     /// a table of 10,000 held 16,384 slots of 660 bytes, most of them empty after it grew.
-    stopped: HashMap<String, (Box<AuditEvent>, DateTime<Utc>)>,
+    stopped: IdMap<String, (Box<AuditEvent>, DateTime<Utc>)>,
     /// Observe mode: workspaces already reported as would-stop in this idle episode.
-    reported: HashSet<String>,
+    reported: IdSet<String>,
     /// Stops whose `stop_sending` line a previous run left without an outcome.
-    unconfirmed: HashMap<String, AuditEvent>,
+    unconfirmed: IdMap<String, AuditEvent>,
     /// Stops sent that still serve a waiter of their pool (one waiter, one stop).
     serving: Serving,
     /// This pass, between `plan` and `observe`.
@@ -52,9 +52,9 @@ struct Pending {
     coder_offset: Duration,
     /// Reaped stops' fallback when the provisioner listing fails: whether a build in their
     /// organization completed since the reap, by (organization, tags).
-    provisioners_fallback: HashMap<(String, JobTags), bool>,
+    provisioners_fallback: std::collections::HashMap<(String, JobTags), bool>,
     /// Stops planned, by workspace.
-    stops: HashMap<String, Candidate>,
+    stops: IdMap<String, Candidate>,
 }
 
 impl Stops {
@@ -62,10 +62,10 @@ impl Stops {
         Stops {
             config,
             self_id,
-            stops: HashMap::new(),
-            stopped: HashMap::new(),
-            reported: HashSet::new(),
-            unconfirmed: HashMap::new(),
+            stops: IdMap::default(),
+            stopped: IdMap::default(),
+            reported: IdSet::default(),
+            unconfirmed: IdMap::default(),
             serving: Serving::default(),
             pending: Pending::default(),
             acted: Acted::default(),
@@ -91,7 +91,7 @@ impl Stops {
     /// stop in flight followed, tracking reconciled with the listing, provisioners asked for
     /// reaped stops, and (unless shutting down) the stops to send, less those Coder makes
     /// (`coders`: Coder's countdown).
-    pub(super) fn plan(&mut self, view: &PassView, plan: &mut Plan, coders: &HashSet<String>) {
+    pub(super) fn plan(&mut self, view: &PassView, plan: &mut Plan, coders: &IdSet<String>) {
         self.serving.retire(view, self.config.start_allowance);
         self.resumed(view, plan);
         let mut settle: Vec<&String> = self.unconfirmed.keys().collect();
@@ -160,10 +160,10 @@ impl Stops {
     }
 
     /// Observe mode: each would-stop once per idle episode (`coders`: would be Coder's countdown).
-    pub(super) fn would_stop(&mut self, view: &PassView, plan: &mut Plan, coders: &HashSet<String>) {
+    pub(super) fn would_stop(&mut self, view: &PassView, plan: &mut Plan, coders: &IdSet<String>) {
         let order: Vec<&Listed> =
             view.fleet.stop_order.iter().filter_map(|&i| view.judged.get(i)).filter(|j| !coders.contains(&j.workspace.id)).collect();
-        let current: HashSet<&str> = order.iter().map(|j| j.workspace.id.as_str()).collect();
+        let current: IdSet<&str> = order.iter().map(|j| j.workspace.id.as_str()).collect();
         self.reported.retain(|id| current.contains(id.as_str()));
         for j in order {
             if !self.reported.insert(j.workspace.id.clone()) {
@@ -243,7 +243,7 @@ impl Stops {
         if self.stops.is_empty() {
             return;
         }
-        let listed: HashMap<&str, (&str, bool)> = view
+        let listed: IdMap<&str, (&str, bool)> = view
             .judged
             .iter()
             .map(|j| (j.workspace.id.as_str(), (j.workspace.latest_build.id.as_str(), j.decision.is_stop_eligible())))
@@ -304,7 +304,7 @@ impl Stops {
     /// canceled or abandoned; then, in the slots left, due retries of stops of workspaces no
     /// longer listed as running (their latest build is our failed or reaped stop). A stop that
     /// needs tags no provisioner answers for is held.
-    fn stops_to_send(&mut self, view: &PassView, plan: &mut Plan, coders: &HashSet<String>) {
+    fn stops_to_send(&mut self, view: &PassView, plan: &mut Plan, coders: &IdSet<String>) {
         let mut candidates = Vec::new();
         for j in view.fleet.stop_order.iter().filter_map(|&i| view.judged.get(i)).filter(|j| !coders.contains(&j.workspace.id)) {
             let ws = &j.workspace;
@@ -328,8 +328,8 @@ impl Stops {
         }
         let slots_left = view.fleet.stop_slots.saturating_sub(candidates.len());
         // Tracked stops of workspaces not listed: only when some stop is tracked.
-        let listed: HashSet<&str> =
-            if self.stops.is_empty() { HashSet::new() } else { view.judged.iter().map(|j| j.workspace.id.as_str()).collect() };
+        let listed: IdSet<&str> =
+            if self.stops.is_empty() { IdSet::default() } else { view.judged.iter().map(|j| j.workspace.id.as_str()).collect() };
         let mut retries: Vec<(&String, &TrackedStop, String)> = self
             .stops
             .iter()

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use crate::coder::types::{BuildParameter, TemplateSchedule, Workspace};
 use crate::gpu::window::Windows;
 use crate::gpu::{GpuSeries, Point};
+use crate::ids::{IdMap, IdSet};
 
 use super::decide::{Decision, PassFacts, Verdict, decide_with, without_stop_permission};
 use super::fleet::{FleetOutcome, fleet_rules_serving};
@@ -42,9 +43,9 @@ pub struct Judge {
     policy: Policy,
     windows: Windows,
     /// Warnings in progress (grace): workspace id -> stop time.
-    warnings: HashMap<String, DateTime<Utc>>,
+    warnings: IdMap<String, DateTime<Utc>>,
     /// The latest build id seen per workspace: a new build is a new session.
-    sessions: HashMap<String, String>,
+    sessions: IdMap<String, String>,
     /// While `gpu_templates` is unset: templates learned as GPU templates, and when a workspace
     /// of theirs was last seen with a GPU series (`LEARNED_TEMPLATE_MEMORY`).
     gpu_templates_seen: HashMap<String, DateTime<Utc>>,
@@ -55,13 +56,17 @@ pub struct Judge {
     /// pass by whoever acts.
     serving: Vec<usize>,
     /// Templates' schedules by template id, as Coder last answered (`know_template`).
-    templates: HashMap<String, TemplateSchedule>,
+    templates: IdMap<String, TemplateSchedule>,
     /// Workspaces one of whose GPUs two scrape targets report this pass (`set_twinned`).
-    twinned: HashSet<String>,
+    twinned: IdSet<String>,
     /// By build id, for the listed workspaces' latest builds whose parameters were read: the
     /// parameter that says the build has no GPU (`Policy::cpu_variant`), or `None` when none
     /// does. A build's parameters never change, so each is read once.
-    build_parameters: HashMap<String, Option<BuildParameter>>,
+    build_parameters: IdMap<String, Option<BuildParameter>>,
+    /// Passes begun, and the one whose templates were learned last (`learn_gpu_templates`
+    /// learns once a pass).
+    passes: u64,
+    learned_in: u64,
 }
 
 /// One running workspace as a pass judged it: its listing entry, its decision, and what its
@@ -101,7 +106,7 @@ pub struct JudgePass<'a> {
     workspaces: &'a [Workspace],
     context: PassContext,
     /// Where each listed workspace's session begins on this machine's clock (its latest build).
-    session_start: HashMap<&'a str, Option<DateTime<Utc>>>,
+    session_start: IdMap<&'a str, Option<DateTime<Utc>>>,
 }
 
 impl Judge {
@@ -110,14 +115,16 @@ impl Judge {
         Judge {
             windows: Windows::new(retain, interval).with_max_per_workspace(policy.max_gpus_per_workspace),
             policy,
-            warnings: HashMap::new(),
-            sessions: HashMap::new(),
+            warnings: IdMap::default(),
+            sessions: IdMap::default(),
             gpu_templates_seen: HashMap::new(),
             teaching: HashMap::new(),
             serving: Vec::new(),
-            templates: HashMap::new(),
-            twinned: HashSet::new(),
-            build_parameters: HashMap::new(),
+            templates: IdMap::default(),
+            twinned: IdSet::default(),
+            build_parameters: IdMap::default(),
+            passes: 0,
+            learned_in: 0,
         }
     }
 
@@ -139,8 +146,8 @@ impl Judge {
     }
 
     /// The workspaces one of whose GPUs is a twin this pass: their deadlines are not moved.
-    pub fn set_twinned(&mut self, twinned: HashSet<String>) {
-        self.twinned = twinned;
+    pub fn set_twinned(&mut self, twinned: impl IntoIterator<Item = String>) {
+        self.twinned = twinned.into_iter().collect();
     }
 
     /// The stops already sent that still serve a waiter, per pool, for the next `decide`.
@@ -200,6 +207,7 @@ impl Judge {
     /// Begins a pass over these running workspaces: one restarted since the last pass (a new
     /// latest build) starts afresh, its samples and warning forgotten.
     pub fn begin<'a>(&'a mut self, workspaces: &'a [Workspace], context: PassContext) -> JudgePass<'a> {
+        self.passes += 1;
         // Keyed by the listed ids: it answers "is it listed" for the whole pass too.
         let session_start = session_starts(workspaces, context.coder_offset);
         for ws in workspaces {
@@ -222,7 +230,7 @@ impl Judge {
             self.sessions.retain(|id, _| session_start.contains_key(id.as_str()));
         }
         if !self.build_parameters.is_empty() {
-            let latest: HashSet<&str> = workspaces.iter().map(|w| w.latest_build.id.as_str()).collect();
+            let latest: IdSet<&str> = workspaces.iter().map(|w| w.latest_build.id.as_str()).collect();
             self.build_parameters.retain(|build, _| latest.contains(build.as_str()));
         }
         JudgePass { judge: self, workspaces, context, session_start }
@@ -231,11 +239,14 @@ impl Judge {
     /// Learns the templates of workspaces that have GPU series now (`LEARN_FROM` workspaces over
     /// as many passes; a CPU variant teaches nothing), and forgets the ones not seen with one
     /// for `LEARNED_TEMPLATE_MEMORY`. Called twice in a pass at most (`parameters_wanted`, then
-    /// `decide`): a pass counts once.
+    /// `decide`), it learns in the first: the second would find the same series and the same
+    /// pass (a build parameter read between them makes a CPU variant teach nothing more, and
+    /// takes back nothing it taught).
     fn learn_gpu_templates(&mut self, workspaces: &[Workspace], now: DateTime<Utc>) {
-        if !self.policy.gpu_templates.is_empty() {
+        if !self.policy.gpu_templates.is_empty() || self.learned_in == self.passes {
             return;
         }
+        self.learned_in = self.passes;
         let has_series = |w: &Workspace| self.windows.get(&w.id).is_some_and(|g| g.iter().any(|w| !w.samples.is_empty()));
         let taught: Vec<&Workspace> =
             workspaces.iter().filter(|w| has_series(w) && self.cpu_variant(&w.latest_build.id).is_none()).collect();
@@ -319,17 +330,18 @@ impl JudgePass<'_> {
             .iter()
             .map(|ws| {
                 let prior = judge.warnings.get(&ws.id).copied();
+                let seen = judge.windows.of(&ws.id);
                 let facts = PassFacts {
                     coder_offset: context.coder_offset,
                     gpu_template: judge.is_gpu_template(&ws.template_name),
                     step: context.step,
-                    gpu_series_refused_at: judge.windows.refused_at(&ws.id),
+                    gpu_series_refused_at: seen.refused_at,
                     template: judge.templates.get(&ws.template_id).copied(),
                     cpu_variant: judge.cpu_variant(&ws.latest_build.id),
                     twinned: judge.twinned.contains(&ws.id),
-                    gpu_changed_at: judge.windows.changed_at(&ws.id),
+                    gpu_changed_at: seen.changed_at,
                 };
-                decide_with(now, ws, judge.windows.get(&ws.id), &judge.policy, prior, facts)
+                decide_with(now, ws, seen.windows, &judge.policy, prior, facts)
             })
             .collect();
         for (ws, d) in workspaces.iter().zip(decisions.iter_mut()) {
@@ -349,7 +361,7 @@ impl JudgePass<'_> {
 
 /// Where each workspace's current session begins on this machine's clock: its latest build's
 /// creation (Coder's clock, `coder_offset` is Coder's minus ours).
-pub fn session_starts(workspaces: &[Workspace], coder_offset: chrono::Duration) -> HashMap<&str, Option<DateTime<Utc>>> {
+pub fn session_starts(workspaces: &[Workspace], coder_offset: chrono::Duration) -> IdMap<&str, Option<DateTime<Utc>>> {
     workspaces.iter().map(|w| (w.id.as_str(), w.latest_build.created_at.map(|t| t - coder_offset))).collect()
 }
 
@@ -360,7 +372,7 @@ pub fn session_starts(workspaces: &[Workspace], coder_offset: chrono::Duration) 
 /// not listed is dropped.
 pub fn merge_points(
     windows: &mut Windows,
-    session_start: &HashMap<&str, Option<DateTime<Utc>>>,
+    session_start: &IdMap<&str, Option<DateTime<Utc>>>,
     series: &GpuSeries,
     points: &[Point],
     step: Option<std::time::Duration>,
