@@ -44,8 +44,8 @@ fn replay(timeline: WorkspaceTimeline, last: i64) -> Replay {
     let series = [idle_gpu_series(&ws, now(), -180, last + 120)];
     let policy = Policy { gpu_templates: vec!["gpu-*".into()], ..Policy::defaults(Duration::from_secs(60)) };
     let mut replay = Replay::new("policy".into(), policy, Duration::from_secs(60), Duration::from_secs(3600));
-    let chunk = Chunk::new(&series, None);
     let timelines = [timeline];
+    let chunk = Chunk::new(&series, &timelines, None);
     for m in 0..=last {
         let since = (m > 0).then(|| minute(m - 1));
         replay.pass(minute(m), since, &timelines, &chunk, Duration::from_secs(60), minute(last + 120));

@@ -159,7 +159,7 @@ fn the_backtest_stops_at_the_countdowns_deadline_unless_someone_comes_back() {
         timeline.uses = used_at.map(|m| Use { seen: now + minute(m), last_used_at: now + minute(m) }).into_iter().collect();
         let timelines = [timeline];
         let mut replay = Replay::new("policy".into(), policy, Duration::from_secs(60), Duration::from_secs(3600));
-        let chunk = Chunk::new(&series, None);
+        let chunk = Chunk::new(&series, &timelines, None);
         for m in 0..=60 {
             let since = (m > 0).then(|| now + minute(m - 1));
             replay.pass(now + minute(m), since, &timelines, &chunk, Duration::from_secs(60), now + minute(90));

@@ -303,8 +303,9 @@ fn the_backtest_reads_a_start_as_run_does() {
             starting.parameters.insert(starting_ws.latest_build.id.clone(), values);
         }
         let mut replay = Replay::new("policy".into(), p.clone(), StdDuration::from_secs(60), StdDuration::from_secs(3600));
-        let chunk = Chunk::new(&series, None);
-        replay.pass(now(), None, &[idle, starting], &chunk, StdDuration::from_secs(60), now() + Duration::hours(1));
+        let timelines = [idle, starting];
+        let chunk = Chunk::new(&series, &timelines, None);
+        replay.pass(now(), None, &timelines, &chunk, StdDuration::from_secs(60), now() + Duration::hours(1));
         replay.stops.len()
     };
     assert_eq!(stops(Some(vec![parameter("gpu_count", "0")])), 0, "the CPU variant's start is no demand");

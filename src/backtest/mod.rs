@@ -6,7 +6,7 @@
 //! agent-stat gauges in the same Prometheus, or nowhere (then said so). Every replay (one per
 //! swept value) advances over each chunk while the chunks ahead are fetched and the next one's
 //! new workspaces are read, so memory is bounded by the fleet and the chunks in flight (the one
-//! replayed and about `SERIES_AHEAD` series ahead, at least one chunk), not by the window. The
+//! replayed and those ahead, within about `POINTS_HELD` points, at least one), not by the window. The
 //! report's shape and its texts are `report`.
 
 pub mod report;
@@ -34,9 +34,11 @@ use report::{Report, SourceReport, VariantReport};
 /// points (about 30 MB), under the source's point budget, and each query stays small.
 pub const CHUNK_STEPS: u32 = 30;
 
-/// Chunks fetched ahead of the one replayed: as many as hold about `SERIES_AHEAD` GPU series
-/// (at the last chunk's count), at least one and at most `MAX_CHUNKS_AHEAD`.
-const SERIES_AHEAD: usize = 6_000;
+/// Chunks fetched ahead of the one replayed: as many as keep the points held (the chunk
+/// replayed beyond one chunk's worth, and those ahead at its series count) within about
+/// `POINTS_HELD`, at least one and at most `MAX_CHUNKS_AHEAD`. The first chunk holds the
+/// look-back too, so it has fewer ahead.
+const POINTS_HELD: usize = 10_000 * CHUNK_STEPS as usize;
 const MAX_CHUNKS_AHEAD: usize = 3;
 
 /// Workspaces read from Coder at once when a chunk names new ones.
@@ -391,10 +393,12 @@ pub async fn run(
     // one's new workspaces are read from Coder.
     let reader = Reader { coder, history: (history_from, until), journal: journal.as_ref() };
     let mut collection = prom.collect(chunk_end).await;
-    let mut fresh = {
-        let ids = fleet.asked.take_new(&collection.series, &mut pending_ids, FIRST_CHUNK_READS);
-        reader.read(ids).await
-    };
+    // The fleet running at the window's start (up to 20,000 reads) goes into the timelines as
+    // each read completes: collected first, the reads and the timelines held two copies of it.
+    let ids = fleet.asked.take_new(&collection.series, &mut pending_ids, FIRST_CHUNK_READS);
+    fleet.timelines.reserve_exact(ids.len());
+    reader.read_each(ids, |read| fleet.add(read, journal.as_ref(), &mut gaps)).await;
+    let mut fresh = Vec::new();
     let mut ahead: VecDeque<(DateTime<Utc>, Fetch)> = VecDeque::new();
     let mut asked_until = chunk_end;
     loop {
@@ -422,15 +426,19 @@ pub async fn run(
         }
         // A small fleet's chunk takes Prometheus about 80 ms whatever its size (each answer is
         // evaluated and encoded by one thread), far longer than its replay: several ahead keep
-        // Prometheus busy. A large fleet keeps one ahead: at 10,000 GPUs two ahead replayed 7
-        // days faster (1.67x the floor against 1.88x) but peaked 13 MiB higher, past 128 MiB.
-        let depth = (SERIES_AHEAD / series.len().max(1)).clamp(1, MAX_CHUNKS_AHEAD);
-        while ahead.len() < depth && asked_until < until {
-            let (from, to) = (asked_until + chrono::Duration::seconds(step_secs), (asked_until + chunk_span).min(until));
-            let prom = prom.clone();
-            ahead.push_back((to, Fetch(tokio::spawn(async move { prom.collect_between(from.timestamp(), to.timestamp()).await }))));
-            asked_until = to;
-        }
+        // Prometheus busy. Two ahead also keep it busy while the last answers of a chunk are
+        // evaluated: at 10,000 workspaces (4,400 GPUs) they replayed 7 days at 1.3-1.6x the
+        // floor against 1.8x with one. Past 5,000 GPUs a chunk's points keep one ahead.
+        let depth = chunks_ahead(&series);
+        let fetch_ahead = |ahead: &mut VecDeque<(DateTime<Utc>, Fetch)>, asked_until: &mut DateTime<Utc>| {
+            while ahead.len() < depth && *asked_until < until {
+                let (from, to) = (*asked_until + chrono::Duration::seconds(step_secs), (*asked_until + chunk_span).min(until));
+                let prom = prom.clone();
+                ahead.push_back((to, Fetch(tokio::spawn(async move { prom.collect_between(from.timestamp(), to.timestamp()).await }))));
+                *asked_until = to;
+            }
+        };
+        fetch_ahead(&mut ahead, &mut asked_until);
         let Fleet { timelines, by_name, asked } = &mut fleet;
         let next = async {
             let (end, mut fetch) = ahead.pop_front()?;
@@ -438,6 +446,9 @@ pub async fn run(
                 failures: vec![SourceFailure::new(prom.shown().to_string(), String::new(), format!("the fetch failed: {e}"))],
                 ..Collection::default()
             });
+            // The next chunk is asked for as soon as this one is in, not when this chunk's
+            // replay ends: Prometheus would wait for the replay meanwhile.
+            fetch_ahead(&mut ahead, &mut asked_until);
             let ids = asked.take_new(&collection.series, &mut pending_ids, CHUNK_READS);
             Some((end, collection, reader.read(ids).await))
         };
@@ -467,7 +478,7 @@ pub async fn run(
                 }
             }
             let shown = prom.shown().to_string();
-            let mut chunk = Chunk::new(&series, failed.then_some(Failed { source: shown.as_str(), after: fetched_to }));
+            let mut chunk = Chunk::new(&series, timelines, failed.then_some(Failed { source: shown.as_str(), after: fetched_to }));
             // New workspaces, moments of use and forgotten builds since the last pass.
             for replay in &mut replays {
                 replay.history_changed();
@@ -491,6 +502,10 @@ pub async fn run(
                 }
             }
             progress(Progress { fetched_until: chunk_end, since, until, workspaces: timelines.len(), series: series.len() });
+            // Replayed: its points go now, not when the next chunk is in (the chunks ahead
+            // are being fetched meanwhile).
+            drop(chunk);
+            drop(series);
         };
         let (next, ()) = tokio::join!(next, this);
         let Some((end, next, read)) = next else { break };
@@ -545,6 +560,13 @@ pub async fn run(
         notes,
         variants,
     })
+}
+
+/// How many chunks to fetch ahead of this one (`POINTS_HELD`).
+fn chunks_ahead(series: &[GpuSeries]) -> usize {
+    let per_chunk = series.len().max(1) * CHUNK_STEPS as usize;
+    let beyond = series.iter().map(|s| s.points.len()).sum::<usize>().saturating_sub(per_chunk);
+    (POINTS_HELD.saturating_sub(beyond) / per_chunk).clamp(1, MAX_CHUNKS_AHEAD)
 }
 
 /// The workspaces read from Coder so far: their timelines, by id and by (owner, name) (how
@@ -608,8 +630,14 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     async fn read(&self, ids: Vec<String>) -> Vec<Read> {
-        let mut reads = JoinSet::new();
         let mut done = Vec::with_capacity(ids.len());
+        self.read_each(ids, |read| done.push(read)).await;
+        done
+    }
+
+    /// `read`, each read handed to `each` as it completes (in that order).
+    async fn read_each(&self, ids: Vec<String>, mut each: impl FnMut(Read)) {
+        let mut reads = JoinSet::new();
         for id in ids {
             let coder = self.coder.clone();
             let history = self.history;
@@ -619,13 +647,14 @@ impl Reader<'_> {
                 (id, t)
             });
             if reads.len() >= CODER_READS_IN_FLIGHT {
-                done.extend(reads.join_next().await);
+                if let Some(read) = reads.join_next().await {
+                    each(read);
+                }
             }
         }
         while let Some(read) = reads.join_next().await {
-            done.push(read);
+            each(read);
         }
-        done
     }
 }
 
@@ -662,6 +691,23 @@ mod tests {
     use crate::retry::RetryPolicy;
     use wiremock::matchers::{method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    /// Chunks ahead by the points held: two at 10,000 workspaces' 4,400 GPUs (the bench), three
+    /// for a small fleet, one for a fleet past 5,000 GPUs, and one while a first chunk that holds
+    /// a long look-back is replayed.
+    #[test]
+    fn chunks_ahead_keep_the_points_held_within_the_budget() {
+        let chunk = |series: usize, points: usize| {
+            let mut s = GpuSeries::from_labels(|k| (k == "UUID").then_some("GPU-1"), &Arc::from("p"), &Default::default()).unwrap();
+            s.points = vec![crate::gpu::Point::new(Utc::now()); points];
+            vec![s; series]
+        };
+        let rows =
+            [(4_400, 30, 2), (1_000, 30, 3), (3_300, 30, 3), (5_000, 30, 2), (6_000, 30, 1), (20_000, 30, 1), (4_400, 70, 1), (0, 0, 3)];
+        for (series, points, want) in rows {
+            assert_eq!(chunks_ahead(&chunk(series, points)), want, "{series} series of {points} points");
+        }
+    }
 
     /// One workspace's `/builds` answers 429 once (coderd limits per user and path): the
     /// backtest waits for its `Retry-After` and reads it, instead of dropping the workspace.

@@ -106,7 +106,7 @@ fn top(stops: &[SimulatedStop], name: impl Fn(&SimulatedStop) -> String) -> Vec<
 impl VariantReport {
     pub fn from_replay(replay: Replay) -> Self {
         let verdicts = replay.verdicts().map(|(k, v)| (k.to_string(), v)).collect();
-        let stops = replay.stops;
+        let stops = replay.stops.into_vec();
         VariantReport {
             label: replay.label,
             totals: Totals::of(&stops),

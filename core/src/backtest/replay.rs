@@ -9,7 +9,7 @@
 //! the history shows a use before it: then it is averted (`countdowns_averted`), not regretted.
 //! Pure: time, history and readings come in as values.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use crate::coder::types::{BuildReason, JobStatus, ProvisionerJob, Transition, Workspace, WorkspaceBuild, WorkspaceStatus};
 use crate::gpu::{GpuSeries, Point};
+use crate::ids::IdMap;
 use crate::ledger::{Call, Ledger, LedgerConfig, Listed, Outcome, PassView, StopAnswer};
 use crate::pass::audit::AuditKind;
 use crate::pass::decide::{SampleContext, SampleState, Verdict, classify};
@@ -27,10 +28,14 @@ use crate::pass::policy::Policy;
 use super::timeline::{ListingKey, WorkspaceTimeline};
 
 /// The GPU history of one fetched chunk, as every replay reads it: the series (each GPU's points
-/// in time order) and, per workspace id, which of them are its.
+/// in time order) and, per timeline, which of them are its workspace's.
 pub struct Chunk<'a> {
     pub series: &'a [GpuSeries],
-    pub by_workspace: HashMap<&'a str, Vec<usize>>,
+    /// The series' indices grouped by timeline (`of_timeline`), in series order within one:
+    /// timeline `t`'s are `order[starts[t]..starts[t + 1]]`. A pass finds a workspace's series
+    /// by its timeline index, not by hashing its id.
+    order: Vec<usize>,
+    starts: Vec<usize>,
     /// Set when (part of) this chunk could not be fetched.
     pub failed: Option<Failed<'a>>,
     /// The pass the chunk was last advanced to (`advance`: since, now), and each series' points
@@ -48,14 +53,36 @@ pub struct Failed<'a> {
 }
 
 impl<'a> Chunk<'a> {
-    pub fn new(series: &'a [GpuSeries], failed: Option<Failed<'a>>) -> Self {
-        let mut by_workspace: HashMap<&str, Vec<usize>> = HashMap::new();
-        for (i, s) in series.iter().enumerate() {
-            if let Some(id) = s.workspace_id.as_deref() {
-                by_workspace.entry(id).or_default().push(i);
+    /// A chunk's series, each given to the timeline of the workspace it names (none to a
+    /// workspace no timeline holds).
+    pub fn new(series: &'a [GpuSeries], timelines: &[WorkspaceTimeline], failed: Option<Failed<'a>>) -> Self {
+        let by_id: IdMap<&str, usize> = timelines.iter().enumerate().map(|(t, tl)| (tl.record.id.as_str(), t)).collect();
+        let owner: Vec<Option<usize>> = series.iter().map(|s| s.workspace_id.as_deref().and_then(|id| by_id.get(id).copied())).collect();
+        // A counting sort: how many each timeline has, where each one's begin, then the indices.
+        let mut starts = vec![0; timelines.len() + 1];
+        for &t in owner.iter().flatten() {
+            starts[t + 1] += 1;
+        }
+        for t in 1..starts.len() {
+            starts[t] += starts[t - 1];
+        }
+        let mut next = starts.clone();
+        let mut order = vec![0; starts[timelines.len()]];
+        for (i, t) in owner.into_iter().enumerate() {
+            if let Some(t) = t {
+                order[next[t]] = i;
+                next[t] += 1;
             }
         }
-        Chunk { series, by_workspace, failed, advanced: None, in_pass: Vec::new() }
+        Chunk { series, order, starts, failed, advanced: None, in_pass: Vec::new() }
+    }
+
+    /// The indices of timeline `t`'s series, in series order.
+    pub fn of_timeline(&self, t: usize) -> &[usize] {
+        match (self.starts.get(t), self.starts.get(t + 1)) {
+            (Some(&from), Some(&to)) => self.order.get(from..to).unwrap_or_default(),
+            _ => &[],
+        }
     }
 
     /// Finds each series' points in `(since, now]` (every point up to `now` when `since` is
@@ -137,6 +164,60 @@ pub struct SimulatedStop {
     pub window_cut: bool,
 }
 
+/// The simulated stops of one replay, in the order they were made, in blocks of `BLOCK`: the
+/// list grows by a block and never copies what it holds (a `Vec` of 71,683 stops held the old
+/// and the new allocation, 6 MB each, whenever it grew).
+#[derive(Debug, Default)]
+pub struct StopList {
+    blocks: Vec<Vec<SimulatedStop>>,
+    len: usize,
+}
+
+impl StopList {
+    const BLOCK: usize = 4096;
+
+    pub fn push(&mut self, stop: SimulatedStop) {
+        match self.blocks.last_mut() {
+            Some(block) if block.len() < Self::BLOCK => block.push(stop),
+            _ => {
+                let mut block = Vec::with_capacity(Self::BLOCK);
+                block.push(stop);
+                self.blocks.push(block);
+            }
+        }
+        self.len += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn first(&self) -> Option<&SimulatedStop> {
+        self.blocks.first().and_then(|b| b.first())
+    }
+
+    pub fn get_mut(&mut self, i: usize) -> Option<&mut SimulatedStop> {
+        self.blocks.get_mut(i / Self::BLOCK).and_then(|b| b.get_mut(i % Self::BLOCK))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &SimulatedStop> {
+        self.blocks.iter().flatten()
+    }
+
+    /// Every stop in one list (the report's), each block freed as it is moved.
+    pub fn into_vec(self) -> Vec<SimulatedStop> {
+        let mut all = Vec::with_capacity(self.len);
+        for block in self.blocks {
+            all.extend(block);
+        }
+        all
+    }
+}
+
 /// One policy's replay.
 pub struct Replay {
     pub label: String,
@@ -151,7 +232,7 @@ pub struct Replay {
     /// `listing[i]`, `slots[t].listed` its position and the state it was built from).
     listing: Vec<Workspace>,
     owner: Vec<usize>,
-    pub stops: Vec<SimulatedStop>,
+    pub stops: StopList,
     /// Stops whose regret window is still open (index into `stops`, timeline index).
     open: Vec<(usize, usize)>,
     pub passes: u64,
@@ -161,7 +242,7 @@ pub struct Replay {
     /// Workspace-passes each verdict was given, by `Verdict as usize` (`verdicts()` names them).
     verdict_counts: [u64; Verdict::ALL.len()],
     /// Coder's countdowns running (`countdown_in_coder`), by timeline index.
-    countdowns: HashMap<usize, PendingCountdown>,
+    countdowns: IdMap<usize, PendingCountdown>,
     /// Countdowns the history shows a use within: nothing was stopped.
     pub countdowns_averted: u64,
     /// Each stopped timeline's names, made at its first stop.
@@ -206,13 +287,13 @@ impl Replay {
             listing: Vec::new(),
             owner: Vec::new(),
             slots: Vec::new(),
-            stops: Vec::new(),
+            stops: StopList::default(),
             open: Vec::new(),
             passes: 0,
             breaker_passes: 0,
             deferred: 0,
             verdict_counts: [0; Verdict::ALL.len()],
-            countdowns: HashMap::new(),
+            countdowns: IdMap::default(),
             countdowns_averted: 0,
             who: Vec::new(),
         }
@@ -253,8 +334,8 @@ impl Replay {
         self.judge.set_serving(self.ledger.serving());
         let mut pass = self.judge.begin(&self.listing, PassContext { coder_offset: chrono::Duration::zero(), step: Some(step) });
         if failed_now.is_none() {
-            for ws in &self.listing {
-                for &i in chunk.by_workspace.get(ws.id.as_str()).map_or(&[][..], Vec::as_slice) {
+            for &t in &self.owner {
+                for &i in chunk.of_timeline(t) {
                     if let Some(s) = chunk.series.get(i) {
                         pass.merge(s, chunk.points_in_pass(i, since, now));
                     }
@@ -265,7 +346,7 @@ impl Replay {
         // Coder when the history was fetched.
         let wanted = pass.parameters_wanted(now);
         if !wanted.is_empty() {
-            let by_build: HashMap<&str, usize> =
+            let by_build: IdMap<&str, usize> =
                 self.listing.iter().zip(&self.owner).map(|(ws, &t)| (ws.latest_build.id.as_str(), t)).collect();
             for build in wanted {
                 let read = by_build.get(build.as_str()).and_then(|&t| timelines.get(t)?.parameters.get(&build));
@@ -368,12 +449,8 @@ impl Replay {
         }
     }
 
-    /// One simulated stop, kept for the report: the list grows by an eighth, not doubled (a
-    /// doubled list of 71,683 stops held 131,072 slots, and both lists while it grew).
+    /// One simulated stop, kept for the report.
     fn record_stop(&mut self, stop: SimulatedStop) {
-        if self.stops.len() == self.stops.capacity() {
-            self.stops.reserve_exact((self.stops.len() / 8).max(64));
-        }
         self.stops.push(stop);
     }
 
@@ -519,8 +596,8 @@ impl Replay {
         self.open.retain(|&(i, t)| {
             let (Some(stop), Some(timeline)) = (stops.get_mut(i), timelines.get(t)) else { return false };
             let until = (stop.at + window).min(now);
-            let series = chunk.by_workspace.get(stop.who.workspace_id.as_str()).map_or(&[][..], Vec::as_slice);
-            let computed = series
+            let computed = chunk
+                .of_timeline(t)
                 .iter()
                 .filter_map(|&i| Some((chunk.series.get(i)?, chunk.points_in_pass(i, since, now))))
                 .flat_map(|(s, points)| {
@@ -589,6 +666,72 @@ impl Totals {
 mod tests {
     use super::*;
 
+    /// The stops come back in the order they were made, across blocks, and each one can be
+    /// changed in place by its index (a regret found later).
+    #[test]
+    fn a_stop_list_keeps_order_and_index_across_its_blocks() {
+        let who = Arc::new(StoppedWorkspace { workspace_id: "w".into(), owner: "o".into(), workspace: "n".into(), template: "t".into() });
+        let at = |i: usize| DateTime::from_timestamp(1_800_000_000 + i as i64 * 60, 0).unwrap();
+        let stop = |i: usize| SimulatedStop {
+            who: who.clone(),
+            at: at(i),
+            reason: "idle",
+            gpus: 1,
+            stopped_until: None,
+            gpu_hours_given_back: 0.0,
+            regret: None,
+            window_cut: false,
+        };
+        let mut list = StopList::default();
+        assert!(list.is_empty() && list.first().is_none());
+        let n = StopList::BLOCK * 2 + 5;
+        for i in 0..n {
+            list.push(stop(i));
+        }
+        for i in [0, StopList::BLOCK - 1, StopList::BLOCK, n - 1] {
+            list.get_mut(i).unwrap().gpus = 7;
+        }
+        assert!(list.get_mut(n).is_none());
+        assert_eq!((list.len(), list.first().map(|s| s.at)), (n, Some(at(0))));
+        let all = list.into_vec();
+        assert_eq!(all.len(), n);
+        assert!(all.iter().enumerate().all(|(i, s)| s.at == at(i)), "in the order pushed");
+        let changed: Vec<usize> = all.iter().enumerate().filter(|(_, s)| s.gpus == 7).map(|(i, _)| i).collect();
+        assert_eq!(changed, vec![0, StopList::BLOCK - 1, StopList::BLOCK, n - 1]);
+    }
+
+    /// Each timeline gets its workspace's series, in series order, found by its index; a series
+    /// of a workspace no timeline holds, or of none, goes to no timeline.
+    #[test]
+    fn a_chunk_gives_each_timeline_its_workspaces_series_in_order() {
+        let timeline = |id: &str| {
+            let record: Workspace = serde_json::from_value(serde_json::json!({
+                "id": id, "name": "n", "owner_name": "alice", "owner_id": "owner", "created_at": "2026-11-01T00:00:00Z",
+                "last_used_at": "2026-11-01T00:00:00Z", "latest_build": WorkspaceBuild::default()
+            }))
+            .unwrap();
+            WorkspaceTimeline::new(record, Vec::new())
+        };
+        let timelines = [timeline("ws-a"), timeline("ws-b"), timeline("ws-c")];
+        let series = |uuid: &str, ws: Option<&str>| {
+            let mut s = GpuSeries::from_labels(|k| (k == "UUID").then_some(uuid), &Arc::from("p"), &Default::default()).unwrap();
+            s.workspace_id = ws.map(String::from);
+            s
+        };
+        let all = [
+            series("GPU-0", Some("ws-c")),
+            series("GPU-1", Some("ws-a")),
+            series("GPU-2", Some("ws-unknown")),
+            series("GPU-3", None),
+            series("GPU-4", Some("ws-c")),
+            series("GPU-5", Some("ws-a")),
+        ];
+        let chunk = Chunk::new(&all, &timelines, None);
+        let of = |t: usize| chunk.of_timeline(t).to_vec();
+        assert_eq!((of(0), of(1), of(2), of(3)), (vec![1, 5], vec![], vec![0, 4], vec![]), "by timeline: a, b, c, none past the end");
+        assert!(Chunk::new(&all, &[], None).of_timeline(0).is_empty(), "no timelines: no series is anyone's");
+    }
+
     /// The points a pass reads, found by walking on from the pass before, are the ones a search
     /// finds: passes a step apart, a first pass over the look-back, a pass that skips steps, a
     /// series with gaps and one with no points.
@@ -601,7 +744,7 @@ mod tests {
             s
         };
         let all = [series(&(0..30).collect::<Vec<_>>()), series(&[3, 4, 9, 20, 21, 29]), series(&[])];
-        let mut chunk = Chunk::new(&all, None);
+        let mut chunk = Chunk::new(&all, &[], None);
         let passes =
             [(None, 5), (Some(5), 6), (Some(6), 10), (Some(10), 10), (Some(10), 25), (Some(3), 12), (Some(12), 29), (Some(29), 40)];
         for (since, now) in passes {
