@@ -846,7 +846,7 @@ fn the_energy_counter_counts_under_its_dcgm_4_7_name_in_joules() {
             move |t: i64| {
                 let mut p = Point::new(now());
                 p.add(name, (1.0e6 + t.min(stop_at) as f64 * 24.3) * per_joule);
-                p.energy_joules()
+                p.energy_joules
             }
         };
         let d = judge(&away, &observed(NOTHING, 60, counter(i64::MAX)), &policy());

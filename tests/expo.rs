@@ -232,7 +232,7 @@ fn virtual_gpu_series_are_read_by_the_device_not_the_pods_zeros() {
         crate::common::assert_close(r.points[0].values.get(Signal::GpuUtil), Some(0.87), "the device's utilization, not the pod's 0");
         crate::common::assert_close(r.points[0].values.get(Signal::FbUsedMib), Some(31_420.0), "the device's memory, not the pod's 0");
         crate::common::assert_close(r.points[0].values.get(Signal::SmActive), Some(0.803), "");
-        assert_eq!(r.points[0].energy_joules(), Some(98_765_432.101));
+        assert_eq!(r.points[0].energy_joules, Some(98_765_432.101));
     }
     let device = readings.iter().find(|r| r.workspace_id.is_none()).unwrap();
     assert!(device.attribution == Attribution::Exclusive && device.key.pod.is_none());
@@ -414,7 +414,7 @@ fn time_sliced_sharers_with_their_own_process_readings_are_judged_by_them() {
         for s in [Signal::SmActive, Signal::GrEngineActive, Signal::PowerWatts] {
             assert_eq!(p.values.get(s), None, "{s:?} is the whole device's: nobody's own");
         }
-        assert!(p.energy_joules().is_some(), "the energy counter still proves the readings move");
+        assert!(p.energy_joules.is_some(), "the energy counter still proves the readings move");
     }
 }
 

@@ -112,7 +112,7 @@ fn a_fresh_uuid_on_a_pod_mid_session_is_a_copy() {
         source: Arc::from("http://prometheus:9090"),
         attribution: Attribution::Exclusive,
         real_pod_uid: false,
-        points: (0..=from_min).rev().map(|m| Point::reading(now() - Duration::minutes(m), busy(), None)).collect(),
+        points: (0..=from_min).rev().map(|m| Point { at: now() - Duration::minutes(m), values: busy(), energy_joules: None }).collect(),
     };
     // (what, the second GPU's first point in minutes ago, flagged)
     for (what, second_from, flagged) in [
@@ -127,7 +127,7 @@ fn a_fresh_uuid_on_a_pod_mid_session_is_a_copy() {
     }
     // Exporters read directly: both GPUs in one scrape, merged before the pass's flush.
     let mut windows = Windows::new(Duration::minutes(60), StdDuration::from_secs(60));
-    let scrape = |uuid: &str| GpuSeries { points: vec![Point::reading(now(), busy(), None)], ..series(uuid, 0) };
+    let scrape = |uuid: &str| GpuSeries { points: vec![Point { at: now(), values: busy(), energy_joules: None }], ..series(uuid, 0) };
     windows.record(&scrape("GPU-aaaaaaaa-0000-4000-8000-000000000001"), None, false);
     windows.record(&scrape("GPU-bbbbbbbb-0000-4000-8000-000000000002"), None, false);
     windows.flush();
@@ -143,13 +143,16 @@ fn a_fresh_uuid_on_a_pod_mid_session_is_a_copy() {
     let mut windows = Windows::new(Duration::minutes(5), StdDuration::from_secs(60));
     windows.record(&series("GPU-aaaaaaaa-0000-4000-8000-000000000001", 30), None, true);
     let gone = GpuSeries {
-        points: (20..=30).rev().map(|m| Point::reading(now() - Duration::minutes(m), busy(), None)).collect(),
+        points: (20..=30).rev().map(|m| Point { at: now() - Duration::minutes(m), values: busy(), energy_joules: None }).collect(),
         ..series("GPU-bbbbbbbb-0000-4000-8000-000000000002", 0)
     };
     windows.record(&gone, None, true);
     windows.prune(now(), |id| id == WS_ID);
     assert_eq!(windows.get(WS_ID).map(<[GpuWindow]>::len), Some(1), "the second GPU's window aged out");
-    let back = GpuSeries { points: vec![Point::reading(now(), busy(), None)], ..series("GPU-bbbbbbbb-0000-4000-8000-000000000002", 0) };
+    let back = GpuSeries {
+        points: vec![Point { at: now(), values: busy(), energy_joules: None }],
+        ..series("GPU-bbbbbbbb-0000-4000-8000-000000000002", 0)
+    };
     windows.record(&back, None, true);
     assert!(windows.changed_at(WS_ID).is_none(), "a GPU the pod had is no new one");
 }

@@ -220,7 +220,9 @@ fn a_cpu_variant_is_never_waiting() {
 fn the_judge_reads_a_starts_parameters_once_and_learns_templates_from_two_workspaces() {
     let mut judge = Judge::new(policy(), StdDuration::from_secs(60));
     let at = |pass: i64| now() + Duration::minutes(pass);
-    let series = |ws: &Workspace, uuid: &str, pass: i64| series_of(ws, uuid, vec![Point::reading(at(pass), idle_reading(), None)]);
+    let series = |ws: &Workspace, uuid: &str, pass: i64| {
+        series_of(ws, uuid, vec![Point { at: at(pass), values: idle_reading(), energy_joules: None }])
+    };
     let mut a = running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now() - Duration::minutes(40));
     let mut b = running_workspace("1c1d2e3f-0000-4000-8000-000000000002", now() - Duration::minutes(40));
     let mut cpu_ws = starting(Duration::minutes(5), true);
@@ -293,7 +295,8 @@ fn the_backtest_reads_a_start_as_run_does() {
     let p = Policy { reclaim_when: ReclaimWhen::Contended, gpu_templates: vec!["gpu-*".into()], ..policy() };
     let idle_ws = running_workspace("1c1d2e3f-0000-4000-8000-000000000001", now() - Duration::hours(2));
     let starting_ws = never_connected_workspace(now() - Duration::minutes(50), 120, true);
-    let minutely = (0..=45).rev().map(|m| Point::reading(now() - Duration::minutes(m), idle_reading(), Some(1.0e9 - m as f64)));
+    let minutely =
+        (0..=45).rev().map(|m| Point { at: now() - Duration::minutes(m), values: idle_reading(), energy_joules: Some(1.0e9 - m as f64) });
     let series = [series_of(&idle_ws, "GPU-1", minutely.collect())];
     let stops = |parameters: Option<Vec<BuildParameter>>| {
         let idle = WorkspaceTimeline::new(idle_ws.clone(), vec![idle_ws.latest_build.clone()]);

@@ -340,8 +340,7 @@ async fn organization_permissions(coder: &CoderClient, workspaces: &[Workspace],
 /// trimmed counters file or a relabeling may drop (reference dcgm NOTES §10).
 fn frozen_detection(series: &[GpuSeries]) -> String {
     let gpus: HashSet<&GpuKey> = series.iter().map(|s| &s.key).collect();
-    let without: HashSet<&GpuKey> =
-        series.iter().filter(|s| s.points.iter().all(|p| p.energy_joules().is_none())).map(|s| &s.key).collect();
+    let without: HashSet<&GpuKey> = series.iter().filter(|s| s.points.iter().all(|p| p.energy_joules.is_none())).map(|s| &s.key).collect();
     if without.is_empty() {
         return format!("every one of {} GPU series carries an energy counter", gpus.len());
     }

@@ -85,7 +85,7 @@ pub fn idle_gpu_series(ws: &Workspace, at0: DateTime<Utc>, from_min: i64, to_min
         source: std::sync::Arc::from("http://10.0.0.7:9400/metrics"),
         attribution: Attribution::Exclusive,
         real_pod_uid: false,
-        points: (from_min..=to_min).map(|m| Point::reading(at0 + minute(m), idle, Some(1.0e9 + m as f64))).collect(),
+        points: (from_min..=to_min).map(|m| Point { at: at0 + minute(m), values: idle, energy_joules: Some(1.0e9 + m as f64) }).collect(),
     }
 }
 

@@ -40,36 +40,18 @@ impl GpuKey {
     }
 }
 
-/// One moment of one GPU: its signals, and its energy counter. 56 bytes (a backtest holds a
-/// chunk's points, 30 steps of every GPU, while the next chunks are fetched).
-#[derive(Debug, Clone, Copy)]
+/// One moment of one GPU: its signals, and its energy counter.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Point {
     pub at: DateTime<Utc>,
     pub values: SignalValues,
-    /// The device's energy counter, joules (frozen-data detection); NaN when none was read
-    /// (`energy_joules`), as a missing signal is in `SignalValues`.
-    energy: f64,
-}
-
-impl PartialEq for Point {
-    fn eq(&self, other: &Self) -> bool {
-        self.at == other.at && self.values == other.values && self.energy.to_bits() == other.energy.to_bits()
-    }
+    /// The device's energy counter, joules (frozen-data detection).
+    pub energy_joules: Option<f64>,
 }
 
 impl Point {
     pub fn new(at: DateTime<Utc>) -> Self {
-        Point { at, values: SignalValues::default(), energy: f64::NAN }
-    }
-
-    /// A point with these signals and this energy counter reading.
-    pub fn reading(at: DateTime<Utc>, values: SignalValues, energy_joules: Option<f64>) -> Self {
-        Point { at, values, energy: energy_joules.filter(|e| !e.is_nan()).unwrap_or(f64::NAN) }
-    }
-
-    /// The device's energy counter, joules, when one was read.
-    pub fn energy_joules(&self) -> Option<f64> {
-        Some(self.energy).filter(|e| !e.is_nan())
+        Point { at, values: SignalValues::default(), energy_joules: None }
     }
 
     /// Adds one exporter field (a signal or the energy counter) from its raw value. Two values
@@ -83,10 +65,10 @@ impl Point {
     pub fn add_field(&mut self, field: Field, value: f64) {
         match field.read(value) {
             Some(Reading::Energy(energy)) => {
-                // `f64::max` keeps the number when one side is NaN (none read).
-                if let Some(e) = energy.filter(|e| !e.is_nan()) {
-                    self.energy = self.energy.max(e);
-                }
+                self.energy_joules = match (self.energy_joules, energy) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    (a, b) => a.or(b),
+                };
             }
             Some(Reading::Signal(signal, v)) => self.values.set(signal, self.values.get(signal).map_or(v, |old| old.max(v))),
             None => {}
@@ -630,22 +612,6 @@ pub fn twins_in(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A backtest chunk holds 30 of these per GPU (`Point`'s comment).
-    #[test]
-    fn a_point_is_56_bytes_and_keeps_the_higher_energy_reading() {
-        assert_eq!(std::mem::size_of::<Point>(), 56);
-        let at = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        let mut p = Point::new(at);
-        assert_eq!(p.energy_joules(), None);
-        p.add("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", f64::NAN);
-        assert_eq!(p.energy_joules(), None, "a counter that read no number is none");
-        p.add("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 7_000.0);
-        p.add("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 5_000.0);
-        assert_eq!(p.energy_joules(), Some(7.0), "mJ to J, the higher of two kept");
-        assert_eq!(Point::reading(at, SignalValues::default(), Some(f64::NAN)), Point::new(at));
-        assert_ne!(Point::reading(at, SignalValues::default(), Some(1.0)), Point::new(at));
-    }
 
     #[test]
     fn values_land_on_their_points_in_time_order_whatever_order_they_come_in() {

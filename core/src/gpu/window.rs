@@ -332,7 +332,7 @@ impl Windows {
             window.model.clone_from(&series.model);
         }
         for p in points {
-            window.add_reading(p.at, p.values, p.energy_joules());
+            window.add_reading(p.at, p.values, p.energy_joules);
             if steps {
                 window.flush();
             }
@@ -519,7 +519,7 @@ mod tests {
             source: Arc::from("x"),
             attribution: Attribution::Exclusive,
             real_pod_uid: false,
-            points: vec![crate::gpu::Point::reading(t(at), util(0.0), None)],
+            points: vec![crate::gpu::Point { at: t(at), values: util(0.0), energy_joules: None }],
         }
     }
 
