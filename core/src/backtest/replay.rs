@@ -58,7 +58,7 @@ impl<'a> Chunk<'a> {
     pub fn new(series: &'a [GpuSeries], timelines: &[WorkspaceTimeline], failed: Option<Failed<'a>>) -> Self {
         let by_id: IdMap<&str, usize> = timelines.iter().enumerate().map(|(t, tl)| (tl.record.id.as_str(), t)).collect();
         let owner: Vec<Option<usize>> = series.iter().map(|s| s.workspace_id.as_deref().and_then(|id| by_id.get(id).copied())).collect();
-        // A counting sort: how many each timeline has, where each one's begin, then the indices.
+        // A counting sort: how many series each timeline has, where its run begins, then the indices.
         let mut starts = vec![0; timelines.len() + 1];
         for &t in owner.iter().flatten() {
             starts[t + 1] += 1;

@@ -57,8 +57,9 @@ pub struct Judge {
     serving: Vec<usize>,
     /// Templates' schedules by template id, as Coder last answered (`know_template`).
     templates: IdMap<String, TemplateSchedule>,
-    /// Workspaces one of whose GPUs two scrape targets report this pass (`set_twinned`).
-    twinned: IdSet<String>,
+    /// Workspaces one of whose GPUs two scrape targets report this pass (`set_twinned`): the ids
+    /// come from the GPU source's labels, so SipHash (`core::ids`' rule).
+    twinned: HashSet<String>,
     /// By build id, for the listed workspaces' latest builds whose parameters were read: the
     /// parameter that says the build has no GPU (`Policy::cpu_variant`), or `None` when none
     /// does. A build's parameters never change, so each is read once.
@@ -121,7 +122,7 @@ impl Judge {
             teaching: HashMap::new(),
             serving: Vec::new(),
             templates: IdMap::default(),
-            twinned: IdSet::default(),
+            twinned: HashSet::new(),
             build_parameters: IdMap::default(),
             passes: 0,
             learned_in: 0,
