@@ -38,7 +38,7 @@ pub const CHUNK_STEPS: u32 = 30;
 /// replayed beyond one chunk's worth, and those ahead at its series count) within about
 /// `POINTS_HELD`, at least one and at most `MAX_CHUNKS_AHEAD`. The first chunk holds the
 /// look-back too, so it has fewer ahead.
-const POINTS_HELD: usize = 10_000 * CHUNK_STEPS as usize;
+const POINTS_HELD: usize = 6_000 * CHUNK_STEPS as usize;
 const MAX_CHUNKS_AHEAD: usize = 3;
 
 /// Workspaces read from Coder at once when a chunk names new ones.
@@ -427,8 +427,9 @@ pub async fn run(
         // A small fleet's chunk takes Prometheus about 80 ms whatever its size (each answer is
         // evaluated and encoded by one thread), far longer than its replay: several ahead keep
         // Prometheus busy. Two ahead also keep it busy while the last answers of a chunk are
-        // evaluated: at 10,000 workspaces (4,400 GPUs) they replayed 7 days at 1.3-1.6x the
-        // floor against 1.8x with one. Past 5,000 GPUs a chunk's points keep one ahead.
+        // evaluated: at 10,000 workspaces (4,400 GPUs) they replayed 7 days at 1.4-1.5x the
+        // floor against 1.8x with one, but peaked at 127.6-129.9 MiB (one: about 120), past
+        // the 128 MiB this fleet is held to. Past 3,000 GPUs a chunk's points keep one ahead.
         let depth = chunks_ahead(&series);
         let fetch_ahead = |ahead: &mut VecDeque<(DateTime<Utc>, Fetch)>, asked_until: &mut DateTime<Utc>| {
             while ahead.len() < depth && *asked_until < until {
@@ -692,9 +693,9 @@ mod tests {
     use wiremock::matchers::{method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
-    /// Chunks ahead by the points held: two at 10,000 workspaces' 4,400 GPUs (the bench), three
-    /// for a small fleet, one for a fleet past 5,000 GPUs, and one while a first chunk that holds
-    /// a long look-back is replayed.
+    /// Chunks ahead by the points held: three for a small fleet, two up to 3,000 GPUs, one
+    /// above (10,000 workspaces' 4,400 GPUs, the bench), and fewer while a first chunk that
+    /// holds a long look-back is replayed.
     #[test]
     fn chunks_ahead_keep_the_points_held_within_the_budget() {
         let chunk = |series: usize, points: usize| {
@@ -703,7 +704,7 @@ mod tests {
             vec![s; series]
         };
         let rows =
-            [(4_400, 30, 2), (1_000, 30, 3), (3_300, 30, 3), (5_000, 30, 2), (6_000, 30, 1), (20_000, 30, 1), (4_400, 70, 1), (0, 0, 3)];
+            [(4_400, 30, 1), (1_000, 30, 3), (2_000, 30, 3), (3_000, 30, 2), (3_300, 30, 1), (20_000, 30, 1), (2_000, 70, 1), (0, 0, 3)];
         for (series, points, want) in rows {
             assert_eq!(chunks_ahead(&chunk(series, points)), want, "{series} series of {points} points");
         }
