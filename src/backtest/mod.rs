@@ -427,8 +427,8 @@ pub async fn run(
         // A small fleet's chunk takes Prometheus about 80 ms whatever its size (each answer is
         // evaluated and encoded by one thread), far longer than its replay: several ahead keep
         // Prometheus busy. Two ahead also keep it busy while the last answers of a chunk are
-        // evaluated: at 10,000 workspaces (4,400 GPUs) they replayed 7 days at 1.4-1.5x the
-        // floor against 1.8x with one, but peaked at 127.6-129.9 MiB (one: about 120), past
+        // evaluated: at 10,000 workspaces (4,400 GPUs) they replayed 7 days at 1.38-1.54x the
+        // floor against 1.8x with one, but peaked at 127.6-129.9 MiB (one: 115.2 MiB), past
         // the 128 MiB this fleet is held to. Past 3,000 GPUs a chunk's points keep one ahead.
         let depth = chunks_ahead(&series);
         let fetch_ahead = |ahead: &mut VecDeque<(DateTime<Utc>, Fetch)>, asked_until: &mut DateTime<Utc>| {
