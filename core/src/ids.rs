@@ -111,7 +111,8 @@ mod tests {
     #[test]
     fn one_process_hashes_an_id_the_same_way_every_time() {
         let id = "3f1e8f4a-9c4b-4c1e-8d5e-0a9b7c6d5e4f";
-        assert_eq!(hash(id), hash(&id.to_string()));
+        let copy = String::from(id);
+        assert_eq!(hash(id), hash(&copy), "a copy elsewhere in memory");
         assert_eq!(IdHash::default().hash_one(7usize), IdHash::default().hash_one(7usize));
     }
 
