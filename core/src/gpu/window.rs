@@ -378,7 +378,7 @@ impl Windows {
     }
 
     pub fn get(&self, workspace_id: &str) -> Option<&[GpuWindow]> {
-        self.by_workspace.get(workspace_id).map(|g| g.windows.as_slice())
+        self.of(workspace_id).windows
     }
 
     /// `get`, `refused_at` and `changed_at` in one lookup (a pass reads all three of every
@@ -394,13 +394,13 @@ impl Windows {
     /// The latest time a GPU series naming this workspace was refused for being one too many
     /// (within the retention).
     pub fn refused_at(&self, workspace_id: &str) -> Option<DateTime<Utc>> {
-        self.by_workspace.get(workspace_id).and_then(|g| g.refused_at)
+        self.of(workspace_id).refused_at
     }
 
     /// When a GPU with a new `UUID` appeared on a pod that had others with samples, within this
     /// session (`forget` at a new build clears it).
     pub fn changed_at(&self, workspace_id: &str) -> Option<DateTime<Utc>> {
-        self.by_workspace.get(workspace_id).and_then(|g| g.changed_at)
+        self.of(workspace_id).changed_at
     }
 
     pub fn workspace_count(&self) -> usize {
