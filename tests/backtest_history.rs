@@ -40,7 +40,7 @@ fn build(ws: &Workspace, id: &str, transition: Transition, m: i64, status: JobSt
 
 /// A replay of passes every minute from 0 to `last` over one timeline; its stops.
 fn replay(timeline: WorkspaceTimeline, last: i64) -> Replay {
-    let ws = timeline.record.clone();
+    let ws = timeline.record.listing(WorkspaceBuild::default());
     let series = [idle_gpu_series(&ws, now(), -180, last + 120)];
     let policy = Policy { gpu_templates: vec!["gpu-*".into()], ..Policy::defaults(Duration::from_secs(60)) };
     let mut replay = Replay::new("policy".into(), policy, Duration::from_secs(60), Duration::from_secs(3600));

@@ -1,10 +1,12 @@
 //! A build as a backtest's timeline keeps it for the whole window (`PastBuild`): the facts the
-//! replay's rules read of every build, in 88 bytes, and the rest only for a build that a
+//! replay's rules read of every build, in 64 bytes, and the rest only for a build that a
 //! listing can show running (a start whose job succeeded). A parsed `WorkspaceBuild` holds 272
 //! bytes plus four ids of 36 characters, its job's tags and its resources (640 bytes a build on
 //! average at 10,000 workspaces x 7 days, by heaptrack); a timeline holds every build of its
-//! window from the start, 11 a workspace on average there. Ids are kept in 16 bytes when they are UUIDs in Coder's spelling
-//! (`Id`), and every build is given back exactly as it was parsed (`PastBuild::build`).
+//! window from the start, 11 a workspace on average there. Ids are kept in 16 bytes when they
+//! are UUIDs in Coder's spelling (`Id`), a build's initiator as its place among the timeline's
+//! (each user once, `keep_all`), and every build is given back exactly as it was parsed
+//! (`PastBuild::build`).
 
 use std::fmt;
 
@@ -18,7 +20,7 @@ use crate::coder::types::{
 /// An id as a timeline keeps it: a UUID as Coder writes it (36 lowercase hex digits and dashes,
 /// `uuid.UUID.String()`) in its 16 bytes, anything else as its text. Written back, it is the same
 /// text (`Display`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Id {
     Uuid([u8; 16]),
     Text(Box<str>),
@@ -92,8 +94,32 @@ pub struct PastBuild {
     pub reason: BuildReason,
     pub job_status: JobStatus,
     pub completed_at: Option<DateTime<Utc>>,
-    pub initiator_id: Option<Id>,
+    /// Who asked for it: its place in the timeline's initiators, from 1 (`initiator`; 0: nobody
+    /// is named). A workspace's builds are asked for by a few users, each kept once.
+    initiator: u32,
     ran: Option<Box<Ran>>,
+}
+
+/// A timeline's builds as it keeps them, oldest first as given, and the users who asked for
+/// them, each once (`PastBuild::initiator`).
+pub fn keep_all(builds: Vec<WorkspaceBuild>) -> (Vec<PastBuild>, Box<[Id]>) {
+    let mut initiators = Vec::new();
+    // Any text a peer sends may be an initiator: SipHash, not `IdHash` (`crate::ids`).
+    let mut places: std::collections::HashMap<Id, u32> = std::collections::HashMap::new();
+    // Into a list of their own size: collected in place, the kept builds would sit in the
+    // parsed list's buffer (272 bytes a slot) for the whole window.
+    let mut kept = Vec::with_capacity(builds.len());
+    kept.extend(builds.into_iter().map(|mut b| {
+        let place = b.initiator_id.take().map_or(0, |text| {
+            let id = Id::new(text);
+            *places.entry(id.clone()).or_insert_with(|| {
+                initiators.push(id);
+                u32::try_from(initiators.len()).unwrap_or(u32::MAX)
+            })
+        });
+        PastBuild::new(b, place)
+    }));
+    (kept, initiators.into_boxed_slice())
 }
 
 /// The rest of a build that a listing can show running: every other field of `WorkspaceBuild`.
@@ -112,14 +138,16 @@ struct Ran {
 }
 
 impl PastBuild {
-    pub fn new(b: WorkspaceBuild) -> Self {
+    /// `b` kept, asked for by the initiator at `initiator` (`keep_all`: its `initiator_id` is
+    /// read there, not here).
+    fn new(b: WorkspaceBuild, initiator: u32) -> Self {
         let WorkspaceBuild {
             id,
             created_at,
             transition,
             status,
             job,
-            initiator_id,
+            initiator_id: _,
             template_version_id,
             reason,
             mut resources,
@@ -148,16 +176,12 @@ impl PastBuild {
                 matched_provisioners,
             })
         });
-        PastBuild {
-            id: Id::new(id),
-            created_at,
-            transition,
-            reason,
-            job_status,
-            completed_at,
-            initiator_id: initiator_id.map(Id::new),
-            ran,
-        }
+        PastBuild { id: Id::new(id), created_at, transition, reason, job_status, completed_at, initiator, ran }
+    }
+
+    /// Who asked for it, of the timeline's `initiators` (`keep_all`).
+    pub fn initiator<'a>(&self, initiators: &'a [Id]) -> Option<&'a Id> {
+        initiators.get(usize::try_from(self.initiator).ok()?.checked_sub(1)?)
     }
 
     /// Whether it had the workspace running at `t`: a start whose job succeeded by then.
@@ -170,8 +194,9 @@ impl PastBuild {
         self.ran.iter().flat_map(|r| r.resources.iter().flat_map(|r| r.agents.iter()))
     }
 
-    /// The build as it was parsed, for one a listing can show running (`None` for any other).
-    pub fn build(&self) -> Option<WorkspaceBuild> {
+    /// The build as it was parsed, for one a listing can show running (`None` for any other);
+    /// `initiators`: its timeline's.
+    pub fn build(&self, initiators: &[Id]) -> Option<WorkspaceBuild> {
         let r = self.ran.as_deref()?;
         Some(WorkspaceBuild {
             id: self.id.to_string(),
@@ -186,7 +211,7 @@ impl PastBuild {
                 canceled_at: r.canceled_at,
                 tags: r.tags.clone(),
             },
-            initiator_id: self.initiator_id.as_ref().map(Id::to_string),
+            initiator_id: self.initiator(initiators).map(Id::to_string),
             template_version_id: r.template_version_id.as_ref().map(Id::to_string),
             reason: self.reason,
             resources: r.resources.clone(),
@@ -240,8 +265,9 @@ mod tests {
     #[test]
     fn a_start_that_succeeded_is_given_back_exactly_as_parsed() {
         let b = parsed("start", "succeeded");
-        let kept = PastBuild::new(b.clone());
-        assert_eq!(kept.build(), Some(b));
+        let (kept, initiators) = keep_all(vec![b.clone()]);
+        let kept = &kept[0];
+        assert_eq!(kept.build(&initiators), Some(b));
         assert_eq!(kept.agents().map(|a| a.id.as_str()).collect::<Vec<_>>(), ["a1"]);
         let at = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
         assert!(
@@ -254,19 +280,35 @@ mod tests {
     fn other_builds_keep_the_facts_the_rules_read_and_never_run() {
         for (transition, status) in [("stop", "succeeded"), ("start", "failed"), ("start", "canceled"), ("delete", "succeeded")] {
             let b = parsed(transition, status);
-            let kept = PastBuild::new(b.clone());
-            assert_eq!(kept.build(), None, "{transition} {status}");
+            let (kept, initiators) = keep_all(vec![b.clone()]);
+            let kept = &kept[0];
+            assert_eq!(kept.build(&initiators), None, "{transition} {status}");
             assert!(!kept.running_by(DateTime::<Utc>::MAX_UTC));
             assert_eq!(kept.agents().count(), 0);
             assert_eq!((kept.id.to_string(), kept.created_at, kept.transition), (b.id, b.created_at, b.transition));
             assert_eq!((kept.reason, kept.job_status, kept.completed_at), (b.reason, b.job.status, b.job.completed_at));
-            assert_eq!(kept.initiator_id.map(|i| i.to_string()), b.initiator_id);
+            assert_eq!(kept.initiator(&initiators).map(|i| i.to_string()), b.initiator_id);
         }
     }
 
     #[test]
+    fn a_timeline_keeps_each_initiator_once_and_every_build_its_own() {
+        let by = |initiator: Option<&str>| {
+            let mut b = parsed("stop", "succeeded");
+            b.initiator_id = initiator.map(str::to_string);
+            b
+        };
+        let owner = "4cd23375-8c04-4f43-aa35-baf2a1bdd06d";
+        let asked = [Some(owner), Some(crate::coder::types::PREBUILDS_USER_ID), None, Some(owner), Some("Not-A-UUID"), Some(owner)];
+        let (kept, initiators) = keep_all(asked.iter().map(|i| by(*i)).collect());
+        assert_eq!(initiators.len(), 3, "the owner, the prebuilds user and one other, once each");
+        let given_back: Vec<Option<String>> = kept.iter().map(|b| b.initiator(&initiators).map(Id::to_string)).collect();
+        assert_eq!(given_back, asked.map(|i| i.map(str::to_string)));
+    }
+
+    #[test]
     fn a_kept_build_is_a_fraction_of_a_parsed_one() {
-        assert!(std::mem::size_of::<PastBuild>() <= 112, "{}", std::mem::size_of::<PastBuild>());
+        assert_eq!(std::mem::size_of::<PastBuild>(), 64);
         assert!(std::mem::size_of::<PastBuild>() * 2 < std::mem::size_of::<WorkspaceBuild>(), "{}", std::mem::size_of::<WorkspaceBuild>());
     }
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::builds::PastBuild;
+use super::builds::{Id, PastBuild, keep_all};
 use crate::coder::types::{
     AgentLifecycle, AgentStatus, BuildParameter, BuildReason, JobStatus, PREBUILDS_USER_ID, Transition, Workspace, WorkspaceBuild,
 };
@@ -46,11 +46,13 @@ impl ConnectionSource {
 #[derive(Debug, Clone)]
 pub struct WorkspaceTimeline {
     /// As Coder answers it now (`include_deleted=true`): owner, name, template, organization.
-    /// Its `latest_build` is emptied: a listing at a moment shows that moment's build.
-    pub record: Workspace,
+    /// Without its `latest_build`: a listing at a moment shows that moment's build.
+    pub record: WorkspaceRecord,
     /// Its builds, oldest first: the one current at the window's start and every later one,
     /// kept compactly (`PastBuild`).
     pub builds: Vec<PastBuild>,
+    /// Who asked for them, each user once (`PastBuild::initiator`).
+    pub initiators: Box<[Id]>,
     /// Moments of use in time order (by `last_used_at`): when it was seen (`seen`) and the
     /// `last_used_at` then.
     pub uses: Vec<Use>,
@@ -65,6 +67,87 @@ pub struct WorkspaceTimeline {
 /// the moments of use, agent states and the build's agent moments seen by then.
 pub type ListingKey = (usize, usize, usize, usize);
 
+/// A workspace's record as a timeline holds it for the whole window: every field of `Workspace`
+/// but `latest_build`, which a listing at a moment takes from that moment's build (`listing`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkspaceRecord {
+    pub id: String,
+    pub name: String,
+    pub owner_name: String,
+    pub owner_id: String,
+    pub template_name: String,
+    pub template_id: String,
+    pub organization_id: String,
+    pub organization_name: String,
+    pub created_at: DateTime<Utc>,
+    pub last_used_at: DateTime<Utc>,
+    pub ttl_ms: Option<i64>,
+    pub autostart_schedule: Option<String>,
+    pub is_prebuild: bool,
+    pub task_id: Option<String>,
+}
+
+impl From<Workspace> for WorkspaceRecord {
+    fn from(w: Workspace) -> Self {
+        let Workspace {
+            id,
+            name,
+            owner_name,
+            owner_id,
+            template_name,
+            template_id,
+            organization_id,
+            organization_name,
+            created_at,
+            last_used_at,
+            latest_build: _,
+            ttl_ms,
+            autostart_schedule,
+            is_prebuild,
+            task_id,
+        } = w;
+        WorkspaceRecord {
+            id,
+            name,
+            owner_name,
+            owner_id,
+            template_name,
+            template_id,
+            organization_id,
+            organization_name,
+            created_at,
+            last_used_at,
+            ttl_ms,
+            autostart_schedule,
+            is_prebuild,
+            task_id,
+        }
+    }
+}
+
+impl WorkspaceRecord {
+    /// The workspace as a listing shows it with `latest_build` as its build.
+    pub fn listing(&self, latest_build: WorkspaceBuild) -> Workspace {
+        Workspace {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            owner_name: self.owner_name.clone(),
+            owner_id: self.owner_id.clone(),
+            template_name: self.template_name.clone(),
+            template_id: self.template_id.clone(),
+            organization_id: self.organization_id.clone(),
+            organization_name: self.organization_name.clone(),
+            created_at: self.created_at,
+            last_used_at: self.last_used_at,
+            latest_build,
+            ttl_ms: self.ttl_ms,
+            autostart_schedule: self.autostart_schedule.clone(),
+            is_prebuild: self.is_prebuild,
+            task_id: self.task_id.clone(),
+        }
+    }
+}
+
 /// One moment of use: from `seen` on, `last_used_at` read `last_used_at`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Use {
@@ -73,16 +156,13 @@ pub struct Use {
 }
 
 impl WorkspaceTimeline {
-    pub fn new(mut record: Workspace, mut builds: Vec<WorkspaceBuild>) -> Self {
+    pub fn new(record: Workspace, mut builds: Vec<WorkspaceBuild>) -> Self {
         builds.sort_by_key(|b| b.created_at);
         // `listed_at` shows the build of the moment: the record's own is never read, and it
-        // would be held, and copied with every listing, for the whole window.
-        record.latest_build = empty_build(&record.latest_build);
-        // Into a list of their own size: collected in place, the kept builds would sit in the
-        // parsed list's buffer (272 bytes a slot) for the whole window.
-        let mut kept = Vec::with_capacity(builds.len());
-        kept.extend(builds.into_iter().map(PastBuild::new));
-        WorkspaceTimeline { record, builds: kept, uses: Vec::new(), agents: Vec::new(), parameters: HashMap::new() }
+        // would be held (272 bytes inline), and copied with every listing, for the whole window.
+        let record = WorkspaceRecord::from(record);
+        let (builds, initiators) = keep_all(builds);
+        WorkspaceTimeline { record, builds, initiators, uses: Vec::new(), agents: Vec::new(), parameters: HashMap::new() }
     }
 
     /// How many of `builds` were created at or before `t` (the rest come after it).
@@ -138,7 +218,7 @@ impl WorkspaceTimeline {
     /// when its builds begin with the prebuilds user's (`DateTime::MAX_UTC`: never claimed).
     pub fn prebuild_until(&self) -> Option<DateTime<Utc>> {
         let by_prebuilds =
-            |b: &PastBuild| b.initiator_id.as_ref().is_some_and(|i| i.text(&mut [0; 36]).eq_ignore_ascii_case(PREBUILDS_USER_ID));
+            |b: &PastBuild| b.initiator(&self.initiators).is_some_and(|i| i.text(&mut [0; 36]).eq_ignore_ascii_case(PREBUILDS_USER_ID));
         if !self.builds.first().is_some_and(by_prebuilds) {
             return None;
         }
@@ -218,7 +298,7 @@ impl WorkspaceTimeline {
             // Autostart builds carry the owner as initiator too (NOTES §18): only `reason` tells
             // a scheduled start from the owner coming back.
             .filter(|b| b.transition == Transition::Start && b.reason != BuildReason::Autostart)
-            .filter(|b| b.initiator_id.as_ref().is_some_and(|i| i.is(&self.record.owner_id)))
+            .filter(|b| b.initiator(&self.initiators).is_some_and(|i| i.is(&self.record.owner_id)))
             .filter_map(|b| b.created_at)
             .find(|&at| at > from && at <= to)
     }
@@ -228,7 +308,7 @@ impl WorkspaceTimeline {
     /// each agent's state (the journal's, else the build's own connection times).
     pub fn listed_at(&self, t: DateTime<Utc>) -> Option<Workspace> {
         let build = self.running_at(t)?;
-        let mut ws = self.record.clone();
+        let mut ws = self.record.listing(build.build(&self.initiators)?);
         // A claim keeps the workspace's id and changes its owner in place; the builds before it
         // keep the prebuilds user as initiator (NOTES §18): until the claimer's first build it
         // was a prebuild, whoever owns it now.
@@ -238,7 +318,6 @@ impl WorkspaceTimeline {
             ws.is_prebuild = true;
         }
         ws.last_used_at = self.last_used_at(t, build);
-        ws.latest_build = build.build()?;
         ws.latest_build.status = crate::coder::types::WorkspaceStatus::Running;
         // The journal records the first agent's status only.
         let seen = self.agents.partition_point(|(seen, _, _)| *seen <= t);
@@ -247,17 +326,6 @@ impl WorkspaceTimeline {
             agent_at(agent, t, journal.filter(|_| i == 0));
         }
         Some(ws)
-    }
-}
-
-/// The record's `latest_build` with nothing but its kind: no ids, no resources, no tags.
-fn empty_build(b: &WorkspaceBuild) -> WorkspaceBuild {
-    WorkspaceBuild {
-        transition: b.transition,
-        status: b.status,
-        job: crate::coder::types::ProvisionerJob { status: b.job.status, ..Default::default() },
-        reason: b.reason,
-        ..WorkspaceBuild::default()
     }
 }
 
@@ -370,6 +438,20 @@ mod tests {
         }))
         .unwrap();
         WorkspaceTimeline::new(record, builds)
+    }
+
+    #[test]
+    fn a_record_keeps_every_field_of_the_workspace_but_its_build() {
+        let ws: Workspace = serde_json::from_value(serde_json::json!({
+            "id": "w", "name": "n", "owner_name": "alice", "owner_id": "owner", "template_name": "gpu", "template_id": "t",
+            "organization_id": "o", "organization_name": "org", "created_at": at(-100), "last_used_at": at(-50),
+            "latest_build": build("b1", "start", 0, Some(2)), "ttl_ms": 3_600_000, "autostart_schedule": "CRON_TZ=UTC 0 9 * * 1-5",
+            "is_prebuild": true, "task_id": "task"
+        }))
+        .unwrap();
+        let record = WorkspaceRecord::from(ws.clone());
+        assert_eq!(record.listing(ws.latest_build.clone()), ws);
+        assert_ne!(record.listing(build("b2", "stop", 60, None)), ws, "the listing's build is the one given");
     }
 
     #[test]
