@@ -36,9 +36,9 @@ pub const CHUNK_STEPS: u32 = 30;
 
 /// Chunks fetched ahead of the one replayed: as many as keep the points held (the chunk
 /// replayed beyond one chunk's worth, and those ahead at its series count) within about
-/// `POINTS_HELD`, at least one and at most `MAX_CHUNKS_AHEAD`. The first chunk holds the
-/// look-back too, so it has fewer ahead.
-const POINTS_HELD: usize = 6_000 * CHUNK_STEPS as usize;
+/// `POINTS_HELD` (19 MB of 64-byte points), at least one and at most `MAX_CHUNKS_AHEAD`. The
+/// first chunk holds the look-back too, so it has fewer ahead.
+const POINTS_HELD: usize = 10_000 * CHUNK_STEPS as usize;
 const MAX_CHUNKS_AHEAD: usize = 3;
 
 /// Workspaces read from Coder at once when a chunk names new ones.
@@ -427,19 +427,17 @@ pub async fn run(
         // A small fleet's chunk takes Prometheus about 80 ms whatever its size (each answer is
         // evaluated and encoded by one thread), far longer than its replay: several ahead keep
         // Prometheus busy. Two ahead also keep it busy while the last answers of a chunk are
-        // evaluated: at 10,000 workspaces (4,400 GPUs) they replayed 7 days at 1.38-1.54x the
-        // floor against 1.8x with one, but peaked at 127.6-129.9 MiB (one: 115.2 MiB), past
-        // the 128 MiB this fleet is held to. Past 3,000 GPUs a chunk's points keep one ahead.
+        // evaluated: at 10,000 workspaces (4,400 GPUs) they replay 7 days at about 1.45x the
+        // floor against 1.8x with one. The chunks ahead are asked for here, once the chunk
+        // before is replayed and freed, never when one arrives: asked for then, a chunk more
+        // was held while the replay lagged (4 in all; 129.8 MiB there, against 128).
         let depth = chunks_ahead(&series);
-        let fetch_ahead = |ahead: &mut VecDeque<(DateTime<Utc>, Fetch)>, asked_until: &mut DateTime<Utc>| {
-            while ahead.len() < depth && *asked_until < until {
-                let (from, to) = (*asked_until + chrono::Duration::seconds(step_secs), (*asked_until + chunk_span).min(until));
-                let prom = prom.clone();
-                ahead.push_back((to, Fetch(tokio::spawn(async move { prom.collect_between(from.timestamp(), to.timestamp()).await }))));
-                *asked_until = to;
-            }
-        };
-        fetch_ahead(&mut ahead, &mut asked_until);
+        while ahead.len() < depth && asked_until < until {
+            let (from, to) = (asked_until + chrono::Duration::seconds(step_secs), (asked_until + chunk_span).min(until));
+            let prom = prom.clone();
+            ahead.push_back((to, Fetch(tokio::spawn(async move { prom.collect_between(from.timestamp(), to.timestamp()).await }))));
+            asked_until = to;
+        }
         let Fleet { timelines, by_name, asked } = &mut fleet;
         let next = async {
             let (end, mut fetch) = ahead.pop_front()?;
@@ -447,9 +445,6 @@ pub async fn run(
                 failures: vec![SourceFailure::new(prom.shown().to_string(), String::new(), format!("the fetch failed: {e}"))],
                 ..Collection::default()
             });
-            // The next chunk is asked for as soon as this one is in, not when this chunk's
-            // replay ends: Prometheus would wait for the replay meanwhile.
-            fetch_ahead(&mut ahead, &mut asked_until);
             let ids = asked.take_new(&collection.series, &mut pending_ids, CHUNK_READS);
             Some((end, collection, reader.read(ids).await))
         };
@@ -693,9 +688,9 @@ mod tests {
     use wiremock::matchers::{method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
-    /// Chunks ahead by the points held: three for a small fleet, two up to 3,000 GPUs, one
-    /// above (10,000 workspaces' 4,400 GPUs, the bench), and fewer while a first chunk that
-    /// holds a long look-back is replayed.
+    /// Chunks ahead by the points held: three for a small fleet up to 3,333 GPUs, two up to
+    /// 5,000 (10,000 workspaces' 4,400 GPUs, the bench), one above, and fewer while a first
+    /// chunk that holds a long look-back is replayed (the bench's first: 65 steps).
     #[test]
     fn chunks_ahead_keep_the_points_held_within_the_budget() {
         let chunk = |series: usize, points: usize| {
@@ -703,8 +698,18 @@ mod tests {
             s.points = vec![crate::gpu::Point::new(Utc::now()); points];
             vec![s; series]
         };
-        let rows =
-            [(4_400, 30, 1), (1_000, 30, 3), (2_000, 30, 3), (3_000, 30, 2), (3_300, 30, 1), (20_000, 30, 1), (2_000, 70, 1), (0, 0, 3)];
+        let rows = [
+            (4_400, 30, 2),
+            (4_400, 65, 1),
+            (1_000, 30, 3),
+            (3_300, 30, 3),
+            (3_400, 30, 2),
+            (5_000, 30, 2),
+            (5_100, 30, 1),
+            (20_000, 30, 1),
+            (2_000, 150, 1),
+            (0, 0, 3),
+        ];
         for (series, points, want) in rows {
             assert_eq!(chunks_ahead(&chunk(series, points)), want, "{series} series of {points} points");
         }
