@@ -690,7 +690,7 @@ mod tests {
 
     /// Chunks ahead by the points held: three for a small fleet up to 3,333 GPUs, two up to
     /// 5,000 (10,000 workspaces' 4,400 GPUs, the bench), one above, and fewer while a first
-    /// chunk that holds a long look-back is replayed (the bench's first: 65 steps).
+    /// chunk that holds a long look-back is replayed.
     #[test]
     fn chunks_ahead_keep_the_points_held_within_the_budget() {
         let chunk = |series: usize, points: usize| {
