@@ -112,10 +112,14 @@ pub fn keep_all(builds: Vec<WorkspaceBuild>) -> (Vec<PastBuild>, Box<[Id]>) {
     kept.extend(builds.into_iter().map(|mut b| {
         let place = b.initiator_id.take().map_or(0, |text| {
             let id = Id::new(text);
-            *places.entry(id.clone()).or_insert_with(|| {
-                initiators.push(id);
-                u32::try_from(initiators.len()).unwrap_or(u32::MAX)
-            })
+            // Looked up first: a user met before costs no copy of the id.
+            if let Some(&place) = places.get(&id) {
+                return place;
+            }
+            initiators.push(id.clone());
+            let place = u32::try_from(initiators.len()).unwrap_or(u32::MAX);
+            places.insert(id, place);
+            place
         });
         PastBuild::new(b, place)
     }));
