@@ -296,16 +296,8 @@ fn run(exe: &Path, n: usize, days: i64, prometheus: &Path, promtool: &Path) {
     let mut coder_port = String::new();
     BufReader::new(server.0.stdout.take().expect("stdout")).read_line(&mut coder_port).expect("port");
     // `BENCH_PROFILER="perf record -g -o /tmp/backtest.perf --"` runs the measured process under
-    // a profiler (its figures then include the profiler's cost).
-    let mut measured = match std::env::var("BENCH_PROFILER") {
-        Ok(p) if !p.trim().is_empty() => {
-            let mut parts = p.split_whitespace();
-            let mut c = Command::new(parts.next().unwrap_or("env"));
-            c.args(parts).arg(exe);
-            c
-        }
-        _ => Command::new(exe),
-    };
+    // a profiler (`floor::measured`).
+    let mut measured = floor::measured(exe);
     let status = measured
         .args(["--measure", &n.to_string(), &days.to_string(), &end.to_string(), coder_port.trim(), &port.to_string()])
         .arg(prom.0.id().to_string())

@@ -124,6 +124,21 @@ impl Drop for Killed {
     }
 }
 
+/// The command that runs a measured process of `exe`: under the profiler `BENCH_PROFILER`
+/// names when set (`"perf record -g -o /tmp/x.perf --"`, `"heaptrack -o /tmp/x --"`; the
+/// figures then include the profiler's cost), else `exe` itself.
+pub fn measured(exe: &std::path::Path) -> std::process::Command {
+    match std::env::var("BENCH_PROFILER") {
+        Ok(p) if !p.trim().is_empty() => {
+            let mut parts = p.split_whitespace();
+            let mut c = std::process::Command::new(parts.next().unwrap_or("env"));
+            c.args(parts).arg(exe);
+            c
+        }
+        _ => std::process::Command::new(exe),
+    }
+}
+
 /// A program on PATH.
 pub fn which(name: &str) -> Option<std::path::PathBuf> {
     std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|f| f.is_file()))

@@ -16,7 +16,9 @@
 //! empty and the steady passes read stale data), and `RECLAIMER_BENCH_STEADY_PASSES=0` measures
 //! the first pass only; `RECLAIMER_BENCH_AHEAD_MINUTES` and `RECLAIMER_BENCH_HISTORY_MINUTES`
 //! size the history written (promtool needs about 1 GB of memory per 6 minutes of it at 10,000
-//! GPUs).
+//! GPUs). `BENCH_PROFILER` runs each measured process (cold, steady, plan) under a profiler
+//! (`floor::measured`); a wrapper script that puts `$2` (the mode) and `$$` in heaptrack's `-o`
+//! keeps one file per process.
 
 // A measuring harness, not service code: failing loudly is what it should do.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::disallowed_methods)]
@@ -298,7 +300,9 @@ fn run(exe: &std::path::Path, n: usize, prometheus: &std::path::Path, promtool: 
     // glibc's allocator as the container image configures it (Dockerfile): the service's own
     // allocations go to jemalloc (src/lib.rs); this is what the C runtime allocates.
     for mode in ["--cold", "--measure", "--plan"] {
-        let status = Command::new(exe)
+        // `BENCH_PROFILER` runs each measured process under a profiler (`floor::measured`).
+        let mut measured = floor::measured(exe);
+        let status = measured
             .args([mode, &n.to_string(), coder_port.trim(), &port.to_string()])
             .env("MALLOC_ARENA_MAX", std::env::var("MALLOC_ARENA_MAX").unwrap_or_else(|_| "2".into()))
             .status()
