@@ -750,7 +750,7 @@ fn readings_that_make_a_busy_gpu_look_idle() {
     }
     // One sample of GR 0 with utilization is two readings a moment apart, not a stuck counter.
     let mut blip = steady(MEMORY_ONLY, Fields::NoSm, 40);
-    blip[0].samples.back_mut().unwrap().values.set(Signal::GpuUtil, 0.3);
+    blip[0].samples.back_values_mut().unwrap().set(Signal::GpuUtil, 0.3);
     let d = judge(&away, &blip, &p);
     assert_ne!(d.reason, Reason::MetricsDisagree, "{}", d.message);
 }

@@ -37,7 +37,7 @@ pub struct GpuSummary {
 
 impl GpuSummary {
     pub fn new(w: &GpuWindow, p: &Policy) -> Self {
-        let latest = w.latest().map(|s| s.values).unwrap_or_default();
+        let latest = w.latest_values().copied().unwrap_or_default();
         // Rounded for people; the values are f32 underneath.
         let show = |s: Signal| latest.get(s).map(|v| (v * 1e4).round() / 1e4);
         GpuSummary {
@@ -182,7 +182,7 @@ fn activity(gpus: &[GpuWindow]) -> Vec<u8> {
     (0..len)
         .map(|i| {
             gpus.iter()
-                .filter_map(|w| w.samples.len().checked_sub(len - i).and_then(|j| w.samples.get(j)).map(|s| compute_level(&s.values)))
+                .filter_map(|w| w.samples.len().checked_sub(len - i).and_then(|j| w.samples.values_at(j)).map(compute_level))
                 .max()
                 .unwrap_or(0)
         })

@@ -4,6 +4,7 @@
 //! service crate's `gpu` module.
 
 pub mod expo;
+pub mod samples;
 pub mod signals;
 pub mod window;
 

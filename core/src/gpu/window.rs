@@ -6,21 +6,16 @@
 //! counts and memory stays one sample per pass. Memory is bounded: samples older than the
 //! longest rule needs are dropped, and so are workspaces that are gone.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 
+pub use super::samples::{GpuSample, Samples};
 use super::signals::{Signal, SignalValues};
 use super::{Attribution, GpuKey, GpuSeries, Point};
 pub use super::{DEFAULT_MAX_GPUS_PER_WORKSPACE, MAX_GPUS_PER_WORKSPACE};
 use crate::ids::IdMap;
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GpuSample {
-    pub at: DateTime<Utc>,
-    pub values: SignalValues,
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuWindow {
@@ -31,7 +26,8 @@ pub struct GpuWindow {
     pub source_failed: bool,
     /// Whose utilization and memory the samples carry (the latest series' word).
     pub attribution: Attribution,
-    pub samples: VecDeque<GpuSample>,
+    /// Oldest first, 40 bytes each (`Samples`).
+    pub samples: Samples,
     /// Readings since the last pass, merged (each signal's highest value).
     pending: Option<GpuSample>,
     /// Frozen-data tracking over raw readings: the latest energy counter, and since when it has
@@ -49,7 +45,7 @@ impl GpuWindow {
             source,
             source_failed: false,
             attribution: Attribution::Exclusive,
-            samples: VecDeque::new(),
+            samples: Samples::default(),
             pending: None,
             last_energy: None,
             unchanged_since: None,
@@ -93,10 +89,7 @@ impl GpuWindow {
     }
 
     pub fn push(&mut self, sample: GpuSample) {
-        if self.samples.back().is_some_and(|last| sample.at <= last.at) {
-            return; // already have it (Prometheus returns overlapping ranges)
-        }
-        self.samples.push_back(sample);
+        self.samples.push(sample);
     }
 
     pub fn first_at(&self) -> Option<DateTime<Utc>> {
@@ -105,61 +98,37 @@ impl GpuWindow {
     pub fn last_at(&self) -> Option<DateTime<Utc>> {
         self.samples.back().map(|s| s.at)
     }
-    pub fn latest(&self) -> Option<&GpuSample> {
+    pub fn latest(&self) -> Option<GpuSample> {
         self.samples.back()
     }
+    /// The latest sample's values.
+    pub fn latest_values(&self) -> Option<&SignalValues> {
+        self.samples.back_values()
+    }
 
-    pub fn since(&self, t: DateTime<Utc>) -> impl Iterator<Item = &GpuSample> {
-        self.samples.iter().filter(move |s| s.at >= t)
+    /// The values of the samples at or after `t`, oldest first.
+    pub fn values_since(&self, t: DateTime<Utc>) -> impl Iterator<Item = &SignalValues> + '_ {
+        self.samples.values_since(t)
     }
 
     pub fn count_since(&self, t: DateTime<Utc>) -> usize {
-        self.since(t).count()
+        self.samples.count_since(t)
     }
 
     pub fn latest_value(&self, signal: Signal) -> Option<f64> {
-        self.samples.iter().rev().find_map(|s| s.values.get(signal))
+        self.samples.values().rev().find_map(|v| v.get(signal))
     }
 
     /// The longest time between consecutive samples at or after `t`, counting from the last
     /// sample before `t` when there is one, and up to `now`.
     pub fn longest_gap(&self, t: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
-        let mut prev: Option<DateTime<Utc>> = None;
-        let mut longest = Duration::zero();
-        for s in &self.samples {
-            if s.at >= t {
-                if let Some(p) = prev {
-                    longest = longest.max(s.at - p);
-                }
-            }
-            prev = Some(s.at);
-        }
-        if let Some(p) = prev {
-            longest = longest.max(now - p);
-        }
-        longest
+        self.samples.longest_gap(t, now)
     }
 
     /// The time of the first sample after the last active one: since then the GPU has been
-    /// continuously not active. `None` when the latest sample is active or there are none.
-    /// With no active sample at all, the first sample's time (idle for at least that long).
-    /// A hole longer than `max_gap` between two samples restarts the clock: nobody knows what
-    /// ran in it.
-    pub fn idle_since(&self, is_active: impl Fn(&GpuSample) -> bool, max_gap: Duration) -> Option<DateTime<Utc>> {
-        let mut idle_from = None;
-        let mut prev: Option<DateTime<Utc>> = None;
-        for s in &self.samples {
-            if prev.is_some_and(|p| s.at - p > max_gap) {
-                idle_from = None;
-            }
-            prev = Some(s.at);
-            if is_active(s) {
-                idle_from = None;
-            } else if idle_from.is_none() {
-                idle_from = Some(s.at);
-            }
-        }
-        idle_from
+    /// continuously not active (`Samples::idle_since`).
+    pub fn idle_since(&self, is_active: impl Fn(&SignalValues) -> bool, max_gap: Duration) -> Option<DateTime<Utc>> {
+        self.samples.idle_since(is_active, max_gap)
     }
 }
 
@@ -362,9 +331,7 @@ impl Windows {
                 return false;
             }
             gpus.retain(|w| {
-                while w.samples.front().is_some_and(|s| s.at < cutoff) {
-                    w.samples.pop_front();
-                }
+                w.samples.drop_before(cutoff);
                 !w.samples.is_empty()
             });
             gpus.refused_at = gpus.refused_at.filter(|t| *t >= cutoff);
@@ -415,11 +382,6 @@ impl Windows {
 #[cfg(test)]
 mod tests {
 
-    /// The README's memory bound counts samples at this size.
-    #[test]
-    fn a_sample_is_48_bytes() {
-        assert_eq!(std::mem::size_of::<GpuSample>(), 48);
-    }
     use super::*;
 
     fn t(secs: i64) -> DateTime<Utc> {
@@ -449,7 +411,7 @@ mod tests {
 
     #[test]
     fn continuous_idle_clock_restarts_on_activity() {
-        let active = |s: &GpuSample| s.values.get(Signal::GpuUtil).unwrap_or(0.0) >= 0.05;
+        let active = |v: &SignalValues| v.get(Signal::GpuUtil).unwrap_or(0.0) >= 0.05;
         let gap = Duration::seconds(180);
         assert_eq!(window(&[(0, 0.0), (60, 0.0)]).idle_since(active, gap), Some(t(0)));
         assert_eq!(window(&[(0, 0.0), (60, 0.9), (120, 0.0), (180, 0.0)]).idle_since(active, gap), Some(t(120)));
@@ -471,8 +433,9 @@ mod tests {
         w.flush();
         w.flush();
         assert_eq!(w.samples.len(), 1, "one sample per pass");
-        assert_eq!(w.samples[0].at, t(45));
-        assert!((w.samples[0].values.get(Signal::GpuUtil).unwrap() - 0.9).abs() < 1e-6, "the burst at 15 s is kept");
+        let first = w.samples.get(0).unwrap();
+        assert_eq!(first.at, t(45));
+        assert!((first.values.get(Signal::GpuUtil).unwrap() - 0.9).abs() < 1e-6, "the burst at 15 s is kept");
     }
 
     #[test]

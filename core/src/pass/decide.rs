@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::coder::types::{BuildParameter, JobStatus, TemplateSchedule, Transition, Workspace};
 use crate::duration::{chrono as dur, human};
 use crate::gpu::signals::{Signal, SignalValues};
-use crate::gpu::window::{GpuSample, GpuWindow};
+use crate::gpu::window::GpuWindow;
 use crate::gpu::{Attribution, GpuKey, GpuSeries};
 use crate::pass::deadline::{self, CONNECTED_WITHIN, DeadlinePlan, GpuEvidence};
 use crate::pass::policy::{Policy, Thresholds};
@@ -564,7 +564,7 @@ fn judge_gpus(
     }
     for w in windows {
         // The samples within the idle window, read a few times over without being copied.
-        let values = || w.since(span_start).map(|s| &s.values);
+        let values = || w.values_since(span_start);
         let disagreement = if gr_stuck(values(), policy) {
             Some("GR_ENGINE_ACTIVE reads zero while utilization says busy (a stuck profiling counter?)")
         } else {
@@ -586,8 +586,8 @@ fn judge_gpus(
             );
         }
     }
-    let active_in = |w: &GpuWindow, s: &GpuSample| classify(&s.values, policy, SampleContext::of(w, policy)) == SampleState::Active;
-    if windows.iter().any(|w| w.latest().is_some_and(|s| active_in(w, s))) {
+    let active_in = |w: &GpuWindow, v: &SignalValues| classify(v, policy, SampleContext::of(w, policy)) == SampleState::Active;
+    if windows.iter().any(|w| w.latest_values().is_some_and(|v| active_in(w, v))) {
         return b.out(Verdict::Keep, Reason::GpuActive, "GPU is computing".into(), Some(Duration::zero()));
     }
     let fewest = windows.iter().map(|w| w.count_since(span_start)).min().unwrap_or(0);
@@ -673,7 +673,7 @@ fn judge_gpus(
 fn computes_by_its_readings(windows: &[&GpuWindow], policy: &Policy) -> bool {
     windows.iter().any(|w| {
         let ctx = SampleContext { active_power_watts: None, ..SampleContext::of(w, policy) };
-        w.latest().is_some_and(|s| classify(&s.values, policy, ctx) == SampleState::Active)
+        w.latest_values().is_some_and(|v| classify(v, policy, ctx) == SampleState::Active)
     })
 }
 
@@ -688,7 +688,7 @@ fn enough_readings(windows: &[&GpuWindow], policy: &Policy, span_start: DateTime
 /// readings are f32 underneath).
 fn evidence(windows: &[&GpuWindow], from: DateTime<Utc>) -> GpuEvidence {
     let peak = |signal: Signal| {
-        let values = windows.iter().flat_map(|w| w.since(from)).filter_map(|s| s.values.get(signal));
+        let values = windows.iter().flat_map(|w| w.values_since(from)).filter_map(|v| v.get(signal));
         values.fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x)))).map(|x| (x * 1e4).round() / 1e4)
     };
     GpuEvidence { sm_active_peak: peak(Signal::SmActive), gr_engine_active_peak: peak(Signal::GrEngineActive) }
@@ -697,7 +697,7 @@ fn evidence(windows: &[&GpuWindow], from: DateTime<Utc>) -> GpuEvidence {
 fn idle_reason(idle_since: DateTime<Utc>, windows: &[&GpuWindow], policy: &Policy) -> Reason {
     let phantom = windows.iter().any(|w| {
         let ctx = SampleContext::of(w, policy);
-        w.since(idle_since).any(|s| classify(&s.values, policy, ctx) == SampleState::Phantom)
+        w.values_since(idle_since).any(|v| classify(v, policy, ctx) == SampleState::Phantom)
     });
     let holds_memory = windows.iter().any(|w| w.latest_value(Signal::FbUsedMib).is_some_and(|fb| fb >= policy.memory_held_mib));
     if phantom {
