@@ -7,9 +7,10 @@
 //! fifteen lookups each). `IdHash` mixes eight bytes at a time with one folded 64x64-bit multiply
 //! under two keys drawn once per process from `RandomState`, so nobody outside knows the keys.
 //!
-//! **Use it only where the keys inserted are Coder's own ids** (or indices): a peer may make
-//! any lookup (a Prometheus label naming a workspace), and a lookup costs the length of the
-//! chain Coder's keys form, whatever it is asked. Maps whose keys a peer writes (label sets,
+//! **Use it only where the keys inserted are Coder's own ids** (or indices, or digests keyed
+//! with this process's secret keys, as a Prometheus fetch's label sets are remembered): a peer
+//! may make any lookup (a Prometheus label naming a workspace), and a lookup costs the length of
+//! the chain those keys form, whatever it is asked. Maps whose keys a peer writes (label sets,
 //! template names, GPU keys) keep std's SipHash.
 
 use std::collections::{HashMap, HashSet};

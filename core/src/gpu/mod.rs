@@ -572,7 +572,7 @@ fn accounts_for(series: &[GpuSeries], sharers: &[usize], device: &[Point]) -> bo
 /// into the store overlaps it throughout.
 pub fn twins_in(
     series: &[GpuSeries],
-    instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>,
+    instances: impl IntoIterator<Item = (usize, Vec<(Arc<str>, i64, i64)>)>,
     step: i64,
     co_reported: &mut HashMap<GpuKey, (Vec<String>, i64)>,
 ) -> (Vec<Twin>, usize) {

@@ -13,6 +13,7 @@ use serde::de::{Deserializer, MapAccess, Visitor};
 use crate::json_split::{OnElement, Splitter};
 use reclaimer_core::gpu::signals::Field;
 use reclaimer_core::gpu::{GpuKey, GpuSeries, Ownership, PerPod, Point};
+use reclaimer_core::ids::{IdHash, IdMap};
 use reclaimer_core::json_read::{ReadError, Reader, malformed, read_at_start, read_whole};
 
 use super::query::QuerySpec;
@@ -41,13 +42,16 @@ pub(super) const REMEMBERED_ENTRY_BYTES: usize = 64;
 /// query of a fetch names a GPU with the same labels (`max_over_time` drops the metric name), so
 /// a set is parsed (and its GPU looked up) once a fetch, not once per field.
 ///
-/// The digest is 128 bits: two SipHash values of the bytes under keys this process drew at
-/// random (`RandomState`). Two different sets share one by chance about once in 2^64 fetches of
-/// 10,000 sets; on purpose only with the keys, which never leave the process. Not the bytes:
-/// they cost 250 bytes a GPU (2.5 MB a fetch at 10,000), and a fetch's memory is its peak.
+/// The digest is 128 bits: a SipHash value of the bytes under a key this process drew at random
+/// (`RandomState`), and `IdHash`'s (one multiply per eight bytes, under this process's own keys).
+/// Two different sets share one by chance about once in 2^64 fetches of 10,000 sets. On purpose
+/// it takes the SipHash key, which never leaves the process: a peer who cannot see the digests
+/// has one chance in 2^64 a try. Not the bytes: they cost 250 bytes a GPU (2.5 MB a fetch at
+/// 10,000), and a fetch's memory is its peak. The digests are keyed, so nobody outside chooses
+/// them: the map of them hashes them with `IdHash`, not SipHash again (`reclaimer_core::ids`).
 pub(super) struct LabelMemo {
-    keys: (std::hash::RandomState, std::hash::RandomState),
-    known: HashMap<(u64, u64), Named>,
+    keys: (std::hash::RandomState, IdHash),
+    known: IdMap<(u64, u64), Named>,
     /// Bytes left (each set charged `REMEMBERED_ENTRY_BYTES`); past them sets are parsed each time.
     budget: usize,
 }
@@ -69,7 +73,7 @@ pub(super) enum Named {
 
 impl LabelMemo {
     pub(super) fn new(budget: usize) -> Self {
-        LabelMemo { keys: (std::hash::RandomState::new(), std::hash::RandomState::new()), known: HashMap::new(), budget }
+        LabelMemo { keys: (std::hash::RandomState::new(), IdHash::default()), known: IdMap::default(), budget }
     }
 
     fn digest(&self, bytes: &[u8]) -> (u64, u64) {
@@ -354,7 +358,7 @@ pub(super) struct Fold {
     pub(super) device_series: usize,
     /// Per workspace series (its place in `series`): each scrape target (`instance`) that
     /// reported it, with its first and last step (at most four targets).
-    pub(super) instances: HashMap<usize, Vec<(Arc<str>, i64, i64)>>,
+    pub(super) instances: IdMap<usize, Vec<(Arc<str>, i64, i64)>>,
     /// The workspaces whose series are held (the pass's listing); `None`: every one.
     pub(super) wanted: Option<Arc<HashSet<String>>>,
     /// Workspaces the listing does not name whose series have a point at the latest step.

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use reclaimer_core::ids::IdMap;
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::Semaphore;
@@ -488,7 +489,7 @@ impl PrometheusSource {
             max_series: self.options.max_series,
             over: false,
             per_pod: PerPod::with_cap(self.options.series_per_pod),
-            instances: HashMap::new(),
+            instances: IdMap::default(),
             wanted,
             unlisted: Vec::new(),
             step_secs: step as i64,

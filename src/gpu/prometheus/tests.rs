@@ -77,7 +77,7 @@ fn fold(remember_budget: usize) -> Fold {
         max_series: 10,
         over: false,
         per_pod: PerPod::default(),
-        instances: HashMap::new(),
+        instances: reclaimer_core::ids::IdMap::default(),
         wanted: None,
         unlisted: Vec::new(),
         step_secs: 1,
