@@ -21,7 +21,7 @@ pub mod serve;
 pub use reclaimer_core::{duration, json_read};
 
 /// The allocator of every process that runs the service (the binary, its benches and tests):
-/// jemalloc with one arena, freed pages handed back to the kernel within a second
+/// jemalloc with one arena, freed pages handed back to the kernel within 50 ms
 /// (`.cargo/config.toml`). With glibc's two arenas (`MALLOC_ARENA_MAX=2`) the peak grew from
 /// pass to pass while the heap did not (README, "Speed and size").
 #[global_allocator]
