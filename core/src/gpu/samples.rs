@@ -31,11 +31,18 @@ struct Stored {
 const SPAN_MS: i64 = u32::MAX as i64;
 
 /// A window's samples, strictly increasing in time.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Samples {
     /// The time offsets count from (the first sample kept, until a rebase).
     base: DateTime<Utc>,
     ring: VecDeque<Stored>,
+}
+
+/// Equal when they hold the same samples, whatever base each counts from.
+impl PartialEq for Samples {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
 }
 
 /// `d` in whole milliseconds, rounded up (toward later times).
@@ -299,5 +306,14 @@ mod tests {
         assert_eq!(s.iter().map(|x| x.at).collect::<Vec<_>>(), [t(200 * day)]);
         assert!(s.push(sample(t(200 * day + 1), 0.0)));
         assert_eq!(s.back().map(|x| x.at), Some(t(200 * day + 1)));
+        // The same samples counted from another base are the same samples.
+        let mut other = Samples::default();
+        for at in [t(199 * day), t(200 * day), t(200 * day + 1)] {
+            other.push(sample(at, 0.0));
+        }
+        other.drop_before(t(200 * day));
+        assert_eq!(s, other);
+        other.back_values_mut().unwrap().set(Signal::GpuUtil, 0.5);
+        assert_ne!(s, other);
     }
 }
