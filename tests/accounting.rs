@@ -130,3 +130,22 @@ fn a_stop_that_completes_passes_later_is_counted() {
     assert_eq!(inc.gpus_reclaimed, vec![("gpu-a10g".to_string(), 2)]);
     assert_eq!(acc.summary(t(300)).recent_stops.len(), 1);
 }
+
+/// A workspace seen pass after pass is kept as last seen: renamed, given another owner name or
+/// template, or more GPUs between passes, its stop is recorded with the latest of each.
+#[test]
+fn a_stop_is_recorded_with_what_the_workspace_was_last_seen_as() {
+    let mut acc = Accounting::default();
+    let idle = decision(A, Verdict::Reclaim, Reason::Idle, Some(3600));
+    acc.pass(t(0), &[judged(&idle, 1, None)], &[]);
+    let mut renamed = judged(&idle, 2, None);
+    renamed.workspace.name = "renamed".into();
+    renamed.workspace.owner_name = "bob".into();
+    renamed.workspace.template_name = "gpu-h100".into();
+    acc.pass(t(60), &[renamed], &[]);
+    let inc = acc.pass(t(120), &[], &[A.to_string()]);
+    assert_eq!(inc.gpus_reclaimed, vec![("gpu-h100".to_string(), 2)]);
+    let s = acc.summary(t(120));
+    let r = &s.recent_stops[0];
+    assert_eq!((r.workspace.as_str(), r.owner.as_str(), r.template.as_str(), r.gpus), ("renamed", "bob", "gpu-h100", 2));
+}

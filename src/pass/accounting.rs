@@ -95,6 +95,29 @@ struct Seen {
     at: DateTime<Utc>,
 }
 
+/// Records a running GPU workspace as seen now: a workspace seen last pass is updated in place
+/// (its names copied again only where they changed), not copied anew every pass.
+fn remember(
+    seen: &mut HashMap<String, Seen>,
+    w: &reclaimer_core::coder::types::Workspace,
+    gpus: u64,
+    price: Option<f64>,
+    now: DateTime<Utc>,
+) {
+    let Some(s) = seen.get_mut(w.id.as_str()) else {
+        let names =
+            Seen { template: w.template_name.clone(), workspace: w.name.clone(), owner: w.owner_name.clone(), gpus, price, at: now };
+        seen.insert(w.id.clone(), names);
+        return;
+    };
+    for (mine, now_named) in [(&mut s.template, &w.template_name), (&mut s.workspace, &w.name), (&mut s.owner, &w.owner_name)] {
+        if mine != now_named {
+            mine.clone_from(now_named);
+        }
+    }
+    (s.gpus, s.price, s.at) = (gpus, price, now);
+}
+
 /// Totals of one UTC day.
 #[derive(Debug, Clone, Copy, Default)]
 struct Day {
@@ -193,15 +216,7 @@ impl Accounting {
         for Judged { workspace: w, decision: d, gpus: n, price } in judged {
             let (n, price) = (*n, *price);
             if n > 0 {
-                let seen = Seen {
-                    template: w.template_name.clone(),
-                    workspace: w.name.clone(),
-                    owner: w.owner_name.clone(),
-                    gpus: n,
-                    price,
-                    at: now,
-                };
-                self.seen.insert(w.id.clone(), seen);
+                remember(&mut self.seen, w, n, price, now);
             }
             if let Some(idle) = d.gpu_idle.filter(|g| *g > Duration::zero()).filter(|_| n > 0) {
                 let idle_secs = idle.num_milliseconds() as f64 / 1000.0;
