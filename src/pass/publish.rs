@@ -291,7 +291,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
                 if let Some(plan) = &d.deadline {
                     let kept = KeptRunning::new(plan, mode, acted.extended.contains(&ws.id));
                     entry.deadline = Some(kept.until);
-                    entry.kept_running = Some(kept);
+                    entry.kept_running = Some(Box::new(kept));
                 }
                 if let Some(c) = counting_down.get(ws.id.as_str()) {
                     // Coder's countdown: a warning Coder gives, with its deadline as the stop.

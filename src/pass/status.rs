@@ -117,9 +117,9 @@ pub struct WorkspaceStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline: Option<DateTime<Utc>>,
     /// `extend_while_busy`: the GPU computes with nobody connected, and what that does to
-    /// Coder's deadline.
+    /// Coder's deadline. Boxed: few workspaces have one, and every entry would hold its 80 bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kept_running: Option<KeptRunning>,
+    pub kept_running: Option<Box<KeptRunning>>,
     pub gpus: Vec<GpuSummary>,
     /// Compute activity over the window, oldest first, 0..=100 (the busiest GPU per sample; the
     /// best compute signal: SM_ACTIVE, else GR_ENGINE_ACTIVE, else utilization). For the status
