@@ -79,10 +79,6 @@ impl Samples {
         GpuSample { at: self.at(s), values: s.values }
     }
 
-    pub fn get(&self, i: usize) -> Option<GpuSample> {
-        self.ring.get(i).map(|s| self.sample(s))
-    }
-
     pub fn front(&self) -> Option<GpuSample> {
         self.ring.front().map(|s| self.sample(s))
     }

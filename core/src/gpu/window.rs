@@ -284,7 +284,7 @@ impl Windows {
                         pod.is_some()
                             && w.key.pod.as_deref() == pod
                             && w.key.uuid != series.key.uuid
-                            && w.samples.front().zip(first).is_some_and(|(s, first)| first - s.at > NEW_GPU_AFTER)
+                            && w.first_at().zip(first).is_some_and(|(oldest, first)| first - oldest > NEW_GPU_AFTER)
                     });
                 if appeared {
                     gpus.changed_at = gpus.changed_at.or(first);
@@ -433,7 +433,7 @@ mod tests {
         w.flush();
         w.flush();
         assert_eq!(w.samples.len(), 1, "one sample per pass");
-        let first = w.samples.get(0).unwrap();
+        let first = w.samples.front().unwrap();
         assert_eq!(first.at, t(45));
         assert!((first.values.get(Signal::GpuUtil).unwrap() - 0.9).abs() < 1e-6, "the burst at 15 s is kept");
     }
