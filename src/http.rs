@@ -236,7 +236,7 @@ async fn for_each_chunk<E>(
     mut resp: reqwest::Response,
     limit: usize,
     body_error: fn(BodyError) -> E,
-    mut on_chunk: impl FnMut(&[u8]) -> Result<(), E>,
+    mut on_chunk: impl FnMut(Bytes) -> Result<(), E>,
 ) -> Result<(), E> {
     if resp.content_length().is_some_and(|n| n > limit as u64) {
         return Err(body_error(BodyError::TooLarge { limit }));
@@ -247,7 +247,7 @@ async fn for_each_chunk<E>(
         if received > limit {
             return Err(body_error(BodyError::TooLarge { limit }));
         }
-        on_chunk(&chunk)?;
+        on_chunk(chunk)?;
     }
     Ok(())
 }
@@ -260,7 +260,7 @@ pub async fn read_limited(resp: reqwest::Response, limit: usize) -> Result<Bytes
         limit,
         |e| e,
         |chunk| {
-            buf.extend_from_slice(chunk);
+            buf.extend_from_slice(&chunk);
             Ok(())
         },
     )
@@ -306,41 +306,77 @@ pub struct BudgetedBody {
 /// `read_limited`, taking each chunk's bytes from `budget` as it arrives; when the bodies in
 /// flight hold the whole budget, this one stops with `BodyError::OverBudget` (never waits: a
 /// wait could deadlock bodies that each hold part of it).
+///
+/// Each byte is copied once. A body that announces its length (within `limit`) is read into one
+/// buffer of that size, charged to the budget before it is made. Otherwise (a compressed body)
+/// the chunks are kept as they came, not copied, and joined at the end (no buffer that doubles
+/// as it grows).
 pub async fn read_limited_within(resp: reqwest::Response, limit: usize, budget: &BodyBudget) -> Result<BudgetedBody, BodyError> {
-    // The chunks as they came (no buffer that doubles as it grows), joined once at the end.
+    let mut charge = Charge { budget, limit, upto: 0, share: None };
+    let announced = resp.content_length().and_then(|n| usize::try_from(n).ok()).filter(|n| *n <= limit);
+    let mut whole = match announced {
+        Some(n) => {
+            charge.upto(n)?;
+            Some(BytesMut::with_capacity(n))
+        }
+        None => None,
+    };
     let mut chunks: Vec<Bytes> = Vec::new();
-    let mut share: Option<tokio::sync::OwnedSemaphorePermit> = None;
     let mut read = 0usize;
     for_each_chunk(
         resp,
         limit,
         |e| e,
         |chunk| {
-            // Only the bytes beyond the body's own share are taken from the common part.
-            let beyond = (read + chunk.len()).saturating_sub(budget.share.max(read));
             read += chunk.len();
-            if beyond > 0 {
-                let n = u32::try_from(beyond).map_err(|_| BodyError::TooLarge { limit })?;
-                let more = budget.bytes.clone().try_acquire_many_owned(n).map_err(|_| BodyError::OverBudget { budget: budget.total })?;
-                match &mut share {
-                    Some(s) => s.merge(more),
-                    None => share = Some(more),
-                }
+            charge.upto(read)?;
+            match &mut whole {
+                Some(buf) => buf.extend_from_slice(&chunk),
+                None => chunks.push(chunk),
             }
-            chunks.push(Bytes::copy_from_slice(chunk));
             Ok(())
         },
     )
     .await?;
-    let bytes = match chunks.len() {
-        1 => chunks.remove(0),
-        _ => {
-            let mut whole = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
-            chunks.drain(..).for_each(|c| whole.extend_from_slice(&c));
-            whole.freeze()
+    let bytes = match (whole, chunks.len()) {
+        (Some(buf), _) => buf.freeze(),
+        (None, 1) => chunks.remove(0),
+        (None, _) => {
+            let mut joined = BytesMut::with_capacity(read);
+            chunks.drain(..).for_each(|c| joined.extend_from_slice(&c));
+            joined.freeze()
         }
     };
-    Ok(BudgetedBody { bytes, _share: share })
+    Ok(BudgetedBody { bytes, _share: charge.share })
+}
+
+/// What one body has taken from a `BodyBudget`: its first `share` bytes are its own; only what
+/// it holds beyond them comes from the common part.
+struct Charge<'a> {
+    budget: &'a BodyBudget,
+    /// The body's own limit.
+    limit: usize,
+    /// Bytes charged so far (own share first).
+    upto: usize,
+    share: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Charge<'_> {
+    /// Charges the body up to `bytes` in all (nothing when that much is charged already).
+    fn upto(&mut self, bytes: usize) -> Result<(), BodyError> {
+        let beyond = bytes.saturating_sub(self.budget.share.max(self.upto));
+        self.upto = self.upto.max(bytes);
+        if beyond == 0 {
+            return Ok(());
+        }
+        let n = u32::try_from(beyond).map_err(|_| BodyError::TooLarge { limit: self.limit })?;
+        let more = self.budget.bytes.clone().try_acquire_many_owned(n).map_err(|_| BodyError::OverBudget { budget: self.budget.total })?;
+        match &mut self.share {
+            Some(s) => s.merge(more),
+            None => self.share = Some(more),
+        }
+        Ok(())
+    }
 }
 
 /// Why a body could not be read as it streamed in.
@@ -378,7 +414,7 @@ pub async fn read_split(
     on_element: &mut (dyn OnElement + Send),
 ) -> Result<Vec<u8>, StreamError> {
     let mut splitter = Splitter::new(path, MAX_PIECE);
-    for_each_chunk(resp, limit, StreamError::Body, |chunk| splitter.feed(chunk, on_element).map_err(StreamError::Parse)).await?;
+    for_each_chunk(resp, limit, StreamError::Body, |chunk| splitter.feed(&chunk, on_element).map_err(StreamError::Parse)).await?;
     splitter.finish().map_err(StreamError::Parse)
 }
 
@@ -488,6 +524,32 @@ mod tests {
         assert_eq!(healthy.len(), 31, "every other slot still reads a real body");
         drop((stalled, healthy));
         assert!(read_limited_within(body(15 << 20), 16 << 20, &budget).await.is_ok(), "given back when dropped");
+    }
+
+    /// A body without a length (a compressed or chunked one) is kept as its chunks came and
+    /// joined once; each chunk is charged to the budget as it arrives.
+    #[tokio::test]
+    async fn a_body_without_a_length_is_joined_from_its_chunks_and_charged_as_they_arrive() {
+        let chunks = || futures_util::stream::iter((0..3u8).map(|i| Ok::<_, std::io::Error>(Bytes::from(vec![b'a' + i; 512 << 10]))));
+        let app = axum::Router::new().route("/", axum::routing::get(move || async move { axum::body::Body::from_stream(chunks()) }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        // A share of 512 KiB a body, and 1 MiB in common.
+        let budget = BodyBudget::new(2 << 20, 2);
+        let http = client(Duration::from_secs(5), Duration::from_secs(5), &Outbound::default()).unwrap();
+        let resp = send(http.get(&url)).await.unwrap();
+        assert_eq!(resp.content_length(), None, "sent chunked");
+        let chunked = read_limited_within(resp, 16 << 20, &budget).await.unwrap();
+        assert_eq!(chunked.bytes.len(), 3 * (512 << 10));
+        assert!(
+            chunked.bytes[..512 << 10].iter().all(|b| *b == b'a') && chunked.bytes[1024 << 10..].iter().all(|b| *b == b'c'),
+            "in order"
+        );
+        let over = read_limited_within(body((512 << 10) + 1), 16 << 20, &budget).await;
+        assert!(matches!(over, Err(BodyError::OverBudget { .. })), "the chunks took the common MiB");
+        drop(chunked);
+        assert!(read_limited_within(body(1 << 20), 16 << 20, &budget).await.is_ok(), "given back when dropped");
     }
 
     #[test]
