@@ -48,6 +48,23 @@ impl BuildHasher for IdHash {
     }
 }
 
+/// 128-bit digests of bytes a peer wrote (label sets, pod names), under keys this process drew:
+/// a SipHash value (`RandomState`) and `IdHash`'s. Two different inputs share one by chance about
+/// once in 2^64 tries; on purpose it takes the SipHash key, which never leaves the process. A map
+/// keyed by these digests may use `IdHash` (nobody outside chooses them), and holds 16 bytes a
+/// key instead of the bytes.
+#[derive(Debug, Default)]
+pub struct Digests {
+    sip: std::collections::hash_map::RandomState,
+    id: IdHash,
+}
+
+impl Digests {
+    pub fn of(&self, bytes: &[u8]) -> (u64, u64) {
+        (self.sip.hash_one(bytes), self.id.hash_one(bytes))
+    }
+}
+
 /// One hash in progress (`IdHash`).
 #[derive(Debug, Clone, Copy)]
 pub struct IdHasher {

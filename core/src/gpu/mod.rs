@@ -4,6 +4,7 @@
 //! service crate's `gpu` module.
 
 pub mod expo;
+pub mod places;
 pub mod samples;
 pub mod signals;
 pub mod window;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::ids::{Digests, IdMap};
 use signals::{Field, Reading, Signal, SignalValues};
 
 /// One physical GPU or MIG instance, as one pod sees it. With time-slicing in virtual-GPU mode
@@ -124,8 +126,18 @@ impl GpuSeries {
     /// A GPU's series from its labels (`label` answers a label's value), with no points yet.
     pub fn from_labels<'a>(label: impl Fn(&str) -> Option<&'a str>, source: &Arc<str>, ownership: &Ownership) -> Option<GpuSeries> {
         let key = GpuKey::from_labels(&label, ownership)?;
-        let (workspace_id, namespace) = ownership.owner(&label);
-        Some(GpuSeries {
+        Some(Self::with_key(key, ownership.owner(&label), label, source))
+    }
+
+    /// `from_labels` with the key and the owner read already (`GpuKey::from_labels`,
+    /// `Ownership::owner`): a fold that checked them first does not read them twice.
+    pub fn with_key<'a>(
+        key: GpuKey,
+        (workspace_id, namespace): (Option<String>, Option<String>),
+        label: impl Fn(&str) -> Option<&'a str>,
+        source: &Arc<str>,
+    ) -> GpuSeries {
+        GpuSeries {
             key,
             workspace_id,
             namespace,
@@ -134,7 +146,7 @@ impl GpuSeries {
             attribution: if label("vgpu").is_some_and(|v| !v.is_empty()) { Attribution::Shared } else { Attribution::Exclusive },
             real_pod_uid: false,
             points: Vec::new(),
-        })
+        }
     }
 
     /// Adds one field's values, in time order, to the points at their times (added where there
@@ -241,7 +253,7 @@ impl Ownership {
         };
         WORKLOAD_LABELS.into_iter().find_map(|(pod_label, namespace_label)| {
             let pod = label(pod_label).filter(|v| !v.is_empty())?;
-            (names_workspace || find_uuid(pod).is_some()).then(|| (pod, label(namespace_label).filter(|v| !v.is_empty())))
+            (names_workspace || uuid_in_pod_name(pod).is_some()).then(|| (pod, label(namespace_label).filter(|v| !v.is_empty())))
         })
     }
 }
@@ -256,12 +268,18 @@ const WORKLOAD_LABELS: [(&str, &str); 3] = [("exported_pod", "exported_namespace
 /// (a bare pod: `coder-<workspace id>`). Only there: a pod `batch-<id>-run7` that someone names
 /// after a workspace is nobody's workspace.
 pub fn find_uuid(text: &str) -> Option<String> {
+    uuid_in_pod_name(text).map(str::to_ascii_lowercase)
+}
+
+/// `find_uuid`'s id as the pod name spells it (no copy: a pod is checked once per label set).
+fn uuid_in_pod_name(text: &str) -> Option<&str> {
     const DASHES: [usize; 4] = [8, 13, 18, 23];
-    let w = text.strip_prefix("coder-")?.as_bytes();
-    let id = w.get(..36)?;
+    let w = text.strip_prefix("coder-")?;
+    // Only ASCII passes the check below, so the 36 bytes are whole characters when it does.
+    let id = w.as_bytes().get(..36)?;
     let ok = id.iter().enumerate().all(|(i, c)| if DASHES.contains(&i) { *c == b'-' } else { c.is_ascii_hexdigit() });
-    let ends = w.get(36).is_none_or(|c| *c == b'-');
-    (ok && ends).then(|| String::from_utf8_lossy(id).to_ascii_lowercase())
+    let ends = w.as_bytes().get(36).is_none_or(|c| *c == b'-');
+    if ok && ends { w.get(..36) } else { None }
 }
 
 /// GPU series one pod may name in one answer: one more than a workspace may have, so that a pod
@@ -283,7 +301,9 @@ pub const MAX_GPUS_PER_WORKSPACE: usize = 64;
 /// holds `MAX_SERIES_PER_POD` series (no pod can be over before): then the pods of those are.
 #[derive(Debug)]
 pub struct PerPod {
-    counts: Option<HashMap<String, usize>>,
+    /// Series per pod, by a digest of its name (16 bytes a pod, not a copy of the name).
+    counts: Option<IdMap<(u64, u64), usize>>,
+    digests: Digests,
     /// Series one pod may name (`MAX_SERIES_PER_POD`, or the policy's `max_gpus_per_workspace`
     /// plus one: enough to reach the windows as too many, and no more).
     cap: usize,
@@ -291,14 +311,14 @@ pub struct PerPod {
 
 impl Default for PerPod {
     fn default() -> Self {
-        PerPod { counts: None, cap: MAX_SERIES_PER_POD }
+        PerPod { counts: None, digests: Digests::default(), cap: MAX_SERIES_PER_POD }
     }
 }
 
 impl PerPod {
     /// At most `cap` series per pod (at least one, at most `MAX_SERIES_PER_POD`).
     pub fn with_cap(cap: usize) -> Self {
-        PerPod { counts: None, cap: cap.clamp(1, MAX_SERIES_PER_POD) }
+        PerPod { counts: None, digests: Digests::default(), cap: cap.clamp(1, MAX_SERIES_PER_POD) }
     }
 
     /// Whether one more series of `pod` is kept; `held` are the series kept so far.
@@ -307,19 +327,17 @@ impl PerPod {
         if self.counts.is_none() && held.len() < self.cap {
             return true;
         }
+        let digests = &self.digests;
         let counts = self.counts.get_or_insert_with(|| {
-            let mut counts = HashMap::new();
+            let mut counts = IdMap::default();
             for p in held.iter().filter_map(|s| s.key.pod.as_deref()) {
-                *counts.entry(p.to_string()).or_insert(0) += 1;
+                *counts.entry(digests.of(p.as_bytes())).or_insert(0) += 1;
             }
             counts
         });
-        if let Some(n) = counts.get_mut(pod) {
-            *n += 1;
-            return *n <= self.cap;
-        }
-        counts.insert(pod.to_string(), 1);
-        true
+        let n = counts.entry(digests.of(pod.as_bytes())).or_insert(0);
+        *n += 1;
+        *n <= self.cap
     }
 }
 
@@ -359,7 +377,7 @@ pub fn series_from_exposition_capped(
     ownership: &Ownership,
     max_gpus: usize,
 ) -> (Vec<GpuSeries>, expo::ParseErrors, bool) {
-    let mut by_gpu: HashMap<GpuKey, usize> = HashMap::new();
+    let mut by_gpu = places::SeriesPlaces::default();
     let mut series: Vec<GpuSeries> = Vec::new();
     // Each label set read, by its text: the GPU it names (in `series`) and whether its `pod_uid`
     // is empty; `None` when it names none. Every family repeats a GPU's set, so each is parsed
@@ -367,6 +385,7 @@ pub fn series_from_exposition_capped(
     let mut by_text: HashMap<&str, Slot> = HashMap::new();
     let mut by_place: Vec<(&str, Slot)> = Vec::new();
     let mut family = ("", 0usize);
+    let mut as_read = ("", false, "", Field::Unread);
     let max_texts = max_gpus.saturating_mul(8).min(1 << 16);
     let mut labels = Vec::with_capacity(16);
     let mut label_errors = expo::ParseErrors::default();
@@ -385,6 +404,12 @@ pub fn series_from_exposition_capped(
             if line.name != family.0 {
                 family = (line.name, 0);
             }
+            // The field a name is read as, looked up once a family (an integer value may read
+            // a `_RATIO` name as another field, `read_as`).
+            if line.name != as_read.0 || line.integer != as_read.1 {
+                let name = signals::read_as(line.name, line.integer);
+                as_read = (line.name, line.integer, name, Field::of(name));
+            }
             let place = family.1;
             family.1 += 1;
             let known = match by_place.get(place) {
@@ -401,17 +426,16 @@ pub fn series_from_exposition_capped(
                     // dcgm-exporter never writes `exported_*` labels itself (only a Prometheus
                     // scrape renames colliding ones): on a scraped body they are a forgery.
                     let label = |k: &str| if k.starts_with("exported_") { None } else { expo::label(&labels, k) };
-                    let gpu = GpuKey::from_labels(label, ownership).and_then(|key| match by_gpu.get(&key) {
-                        Some(&i) => Some(i),
+                    let gpu = GpuKey::from_labels(label, ownership).and_then(|key| match by_gpu.get(&series, &key) {
+                        Some(i) => Some(i),
                         None if by_gpu.len() >= max_gpus => {
                             over = true;
                             None
                         }
                         None if !per_pod.admit(key.pod.as_deref(), &series) => None,
                         None => {
-                            let new = GpuSeries::from_labels(label, source, ownership)?;
-                            by_gpu.insert(key, series.len());
-                            series.push(new);
+                            series.push(GpuSeries::with_key(key, ownership.owner(label), label, source));
+                            by_gpu.insert(&series, series.len() - 1);
                             Some(series.len() - 1)
                         }
                     });
@@ -427,8 +451,7 @@ pub fn series_from_exposition_capped(
                 }
             };
             let Some((i, pod_uid)) = slot else { return };
-            let name = signals::read_as(line.name, line.integer);
-            let field = Field::of(name);
+            let (name, field) = (as_read.2, as_read.3);
             // Only a series with a `pod_uid` label needs to know (most have none).
             let per_process = pod_uid.is_some() && field.per_process();
             if per_process && pod_uid == Some(true) {
@@ -613,6 +636,30 @@ pub fn twins_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_pod_holds_at_most_its_cap_of_series_and_a_device_any() {
+        let source: Arc<str> = Arc::from("test");
+        let gpu = |n: usize, pod: Option<&str>| {
+            let key = GpuKey { uuid: format!("GPU-{n}"), gpu_instance: None, pod: pod.map(str::to_string) };
+            GpuSeries::with_key(key, (None, None), |_| None, &source)
+        };
+        let mut per_pod = PerPod::with_cap(2);
+        let mut held = Vec::new();
+        let tries = [Some("a"), Some("a"), Some("a"), Some("b"), None, Some("b"), Some("b"), None, Some("a"), Some("c")];
+        let admitted: Vec<bool> = tries
+            .iter()
+            .enumerate()
+            .map(|(n, pod)| {
+                let ok = per_pod.admit(*pod, &held);
+                if ok {
+                    held.push(gpu(n, *pod));
+                }
+                ok
+            })
+            .collect();
+        assert_eq!(admitted, [true, true, false, true, true, true, false, true, false, true]);
+    }
 
     #[test]
     fn values_land_on_their_points_in_time_order_whatever_order_they_come_in() {

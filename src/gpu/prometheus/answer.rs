@@ -3,7 +3,7 @@
 //! and step into series (`Fold`), within a budget of points and remembered labels.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
@@ -11,9 +11,10 @@ use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
 use crate::json_split::{OnElement, Splitter};
+use reclaimer_core::gpu::places::SeriesPlaces;
 use reclaimer_core::gpu::signals::Field;
 use reclaimer_core::gpu::{GpuKey, GpuSeries, Ownership, PerPod, Point};
-use reclaimer_core::ids::{IdHash, IdMap};
+use reclaimer_core::ids::{Digests, IdMap};
 use reclaimer_core::json_read::{ReadError, Reader, malformed, read_at_start, read_whole};
 
 use super::query::QuerySpec;
@@ -50,7 +51,7 @@ pub(super) const REMEMBERED_ENTRY_BYTES: usize = 64;
 /// 10,000), and a fetch's memory is its peak. The digests are keyed, so nobody outside chooses
 /// them: the map of them hashes them with `IdHash`, not SipHash again (`reclaimer_core::ids`).
 pub(super) struct LabelMemo {
-    keys: (std::hash::RandomState, IdHash),
+    keys: Digests,
     known: IdMap<(u64, u64), Named>,
     /// Bytes left (each set charged `REMEMBERED_ENTRY_BYTES`); past them sets are parsed each time.
     budget: usize,
@@ -73,12 +74,11 @@ pub(super) enum Named {
 
 impl LabelMemo {
     pub(super) fn new(budget: usize) -> Self {
-        LabelMemo { keys: (std::hash::RandomState::new(), IdHash::default()), known: IdMap::default(), budget }
+        LabelMemo { keys: Digests::default(), known: IdMap::default(), budget }
     }
 
     fn digest(&self, bytes: &[u8]) -> (u64, u64) {
-        use std::hash::BuildHasher;
-        (self.keys.0.hash_one(bytes), self.keys.1.hash_one(bytes))
+        self.keys.of(bytes)
     }
 
     /// What the set names for a field (`per_process`), if it was remembered for it.
@@ -335,7 +335,7 @@ pub(super) struct Fold {
     pub(super) ownership: Ownership,
     /// Steps fetched: each GPU's room for points, reserved once.
     pub(super) steps: usize,
-    pub(super) index: HashMap<GpuKey, usize>,
+    pub(super) index: SeriesPlaces,
     pub(super) series: Vec<GpuSeries>,
     /// At most this many series; `over` once an answer named more (nothing more is created).
     pub(super) max_series: usize,
@@ -508,19 +508,19 @@ impl Fold {
     /// read from it, and never fails the fetch: past its own budget it is not held.
     pub(super) fn gpu_of(&mut self, labels: &Labels<'_>, per_process: bool) -> Option<usize> {
         let key = GpuKey::from_labels(|k| labels.get(k), &self.ownership)?;
+        let owner = self.ownership.owner(|k| labels.get(k));
         if key.pod.is_some() {
             // A workload series of a workspace the listing does not name is nobody's: not held.
-            let (id, _) = self.ownership.owner(|k| labels.get(k));
             if let Some(wanted) = &self.wanted {
-                if id.as_deref().is_none_or(|id| !wanted.contains(id)) {
+                if owner.0.as_deref().is_none_or(|id| !wanted.contains(id)) {
                     return None;
                 }
             }
         } else if !per_process {
             return None;
         }
-        match self.index.get(&key) {
-            Some(&i) => Some(i),
+        match self.index.get(&self.series, &key) {
+            Some(i) => Some(i),
             None if key.pod.is_none() && (self.device_series >= self.max_series || self.device_points_left == 0) => None,
             None if key.pod.is_some() && self.series.len() - self.device_series >= self.max_series => {
                 self.over = true;
@@ -528,16 +528,16 @@ impl Fold {
             }
             None if !self.per_pod.admit(key.pod.as_deref(), &self.series) => None,
             None => {
-                let mut new = GpuSeries::from_labels(|k| labels.get(k), &self.source, &self.ownership)?;
-                let left = if key.pod.is_none() { &mut self.device_points_left } else { &mut self.points_left };
+                let mut new = GpuSeries::with_key(key, owner, |k| labels.get(k), &self.source);
+                let left = if new.key.pod.is_none() { &mut self.device_points_left } else { &mut self.points_left };
                 let room = self.steps.min(*left);
                 *left -= room;
                 new.points.reserve_exact(room);
-                if key.pod.is_none() {
+                if new.key.pod.is_none() {
                     self.device_series += 1;
                 }
-                self.index.insert(key, self.series.len());
                 self.series.push(new);
+                self.index.insert(&self.series, self.series.len() - 1);
                 Some(self.series.len() - 1)
             }
         }

@@ -47,6 +47,7 @@ use query::{AGGREGATE_UP_TO_STEPS, Filters, QuerySpec};
 mod answer;
 pub mod jobs;
 mod query;
+use reclaimer_core::gpu::places::SeriesPlaces;
 use reclaimer_core::gpu::{GpuKey, Ownership, PerPod, merge_device_level, twins_in};
 
 /// One query's body at most (uncompressed); over 10,000 GPUs a steady-state pass reads about
@@ -155,6 +156,9 @@ pub struct PrometheusSource {
     co_reported: Mutex<HashMap<GpuKey, (Vec<String>, i64)>>,
     /// Which jobs carry the exporter's series, when `jobs` is `Discover`.
     discovery: Mutex<Discovery>,
+    /// How many series the last fetch held: the next reserves room for as many (at most
+    /// `max_series`) instead of doubling its list up to them.
+    last_series: std::sync::atomic::AtomicUsize,
 }
 
 impl PrometheusSource {
@@ -193,6 +197,7 @@ impl PrometheusSource {
             wanted: Mutex::new(None),
             co_reported: Mutex::new(HashMap::new()),
             discovery: Mutex::new(Discovery::default()),
+            last_series: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -289,7 +294,8 @@ impl PrometheusSource {
             else {
                 return;
             };
-            if let Some(&i) = fold.lock().unwrap_or_else(|p| p.into_inner()).index.get(&key) {
+            let f = fold.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = f.index.get(&f.series, &key) {
                 copied.push((i, first, last));
             }
         };
@@ -484,8 +490,8 @@ impl PrometheusSource {
             source: Arc::from(self.shown.as_str()),
             ownership: self.ownership.clone(),
             steps: usize::try_from(steps).unwrap_or(0).min(MAX_STEPS_RESERVED),
-            index: HashMap::new(),
-            series: Vec::new(),
+            index: SeriesPlaces::default(),
+            series: Vec::with_capacity(self.last_series.load(std::sync::atomic::Ordering::Relaxed).min(self.options.max_series)),
             max_series: self.options.max_series,
             over: false,
             per_pod: PerPod::with_cap(self.options.series_per_pod),
@@ -563,8 +569,11 @@ impl PrometheusSource {
             let mut f = fold.lock().unwrap_or_else(|p| p.into_inner());
             (std::mem::take(&mut f.series), std::mem::take(&mut f.unlisted))
         };
+        self.last_series.store(series.len(), std::sync::atomic::Ordering::Relaxed);
         merge_device_level(&mut series);
-        series.sort_by(|a, b| a.key.cmp(&b.key));
+        // In place: one series per key (`Fold::index`), so the order is the same as a stable
+        // sort's, without its buffer of half the list.
+        series.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         // Every workspace one of whose GPUs is a twin (the listed twins are the first few only).
         let twinned = {
             let co = self.co_reported.lock().unwrap_or_else(|p| p.into_inner());
