@@ -4,7 +4,6 @@
 //! service crate's `gpu` module.
 
 pub mod expo;
-pub mod places;
 pub mod samples;
 pub mod signals;
 pub mod window;
@@ -15,7 +14,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::ids::{Digests, IdMap};
+use crate::ids::DigestMap;
 use signals::{Field, Reading, Signal, SignalValues};
 
 /// One physical GPU or MIG instance, as one pod sees it. With time-slicing in virtual-GPU mode
@@ -301,9 +300,8 @@ pub const MAX_GPUS_PER_WORKSPACE: usize = 64;
 /// holds `MAX_SERIES_PER_POD` series (no pod can be over before): then the pods of those are.
 #[derive(Debug)]
 pub struct PerPod {
-    /// Series per pod, by a digest of its name (16 bytes a pod, not a copy of the name).
-    counts: Option<IdMap<(u64, u64), usize>>,
-    digests: Digests,
+    /// Series per pod, by a digest of its name (not a copy of it).
+    counts: Option<DigestMap<usize>>,
     /// Series one pod may name (`MAX_SERIES_PER_POD`, or the policy's `max_gpus_per_workspace`
     /// plus one: enough to reach the windows as too many, and no more).
     cap: usize,
@@ -311,14 +309,14 @@ pub struct PerPod {
 
 impl Default for PerPod {
     fn default() -> Self {
-        PerPod { counts: None, digests: Digests::default(), cap: MAX_SERIES_PER_POD }
+        PerPod { counts: None, cap: MAX_SERIES_PER_POD }
     }
 }
 
 impl PerPod {
     /// At most `cap` series per pod (at least one, at most `MAX_SERIES_PER_POD`).
     pub fn with_cap(cap: usize) -> Self {
-        PerPod { counts: None, digests: Digests::default(), cap: cap.clamp(1, MAX_SERIES_PER_POD) }
+        PerPod { counts: None, cap: cap.clamp(1, MAX_SERIES_PER_POD) }
     }
 
     /// Whether one more series of `pod` is kept; `held` are the series kept so far.
@@ -327,15 +325,14 @@ impl PerPod {
         if self.counts.is_none() && held.len() < self.cap {
             return true;
         }
-        let digests = &self.digests;
         let counts = self.counts.get_or_insert_with(|| {
-            let mut counts = IdMap::default();
+            let mut counts = DigestMap::default();
             for p in held.iter().filter_map(|s| s.key.pod.as_deref()) {
-                *counts.entry(digests.of(p.as_bytes())).or_insert(0) += 1;
+                *counts.get_or_insert_with(p, || 0) += 1;
             }
             counts
         });
-        let n = counts.entry(digests.of(pod.as_bytes())).or_insert(0);
+        let n = counts.get_or_insert_with(pod, || 0);
         *n += 1;
         *n <= self.cap
     }
@@ -377,7 +374,8 @@ pub fn series_from_exposition_capped(
     ownership: &Ownership,
     max_gpus: usize,
 ) -> (Vec<GpuSeries>, expo::ParseErrors, bool) {
-    let mut by_gpu = places::SeriesPlaces::default();
+    // Each GPU's place in `series`, by a digest of its key (not a second copy of it).
+    let mut by_gpu: DigestMap<usize> = DigestMap::default();
     let mut series: Vec<GpuSeries> = Vec::new();
     // Each label set read, by its text: the GPU it names (in `series`) and whether its `pod_uid`
     // is empty; `None` when it names none. Every family repeats a GPU's set, so each is parsed
@@ -426,16 +424,16 @@ pub fn series_from_exposition_capped(
                     // dcgm-exporter never writes `exported_*` labels itself (only a Prometheus
                     // scrape renames colliding ones): on a scraped body they are a forgery.
                     let label = |k: &str| if k.starts_with("exported_") { None } else { expo::label(&labels, k) };
-                    let gpu = GpuKey::from_labels(label, ownership).and_then(|key| match by_gpu.get(&series, &key) {
-                        Some(i) => Some(i),
+                    let gpu = GpuKey::from_labels(label, ownership).and_then(|key| match by_gpu.get(&key) {
+                        Some(&i) => Some(i),
                         None if by_gpu.len() >= max_gpus => {
                             over = true;
                             None
                         }
                         None if !per_pod.admit(key.pod.as_deref(), &series) => None,
                         None => {
+                            by_gpu.insert(&key, series.len());
                             series.push(GpuSeries::with_key(key, ownership.owner(label), label, source));
-                            by_gpu.insert(&series, series.len() - 1);
                             Some(series.len() - 1)
                         }
                     });

@@ -11,10 +11,9 @@ use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
 use crate::json_split::{OnElement, Splitter};
-use reclaimer_core::gpu::places::SeriesPlaces;
 use reclaimer_core::gpu::signals::Field;
 use reclaimer_core::gpu::{GpuKey, GpuSeries, Ownership, PerPod, Point};
-use reclaimer_core::ids::{Digests, IdMap};
+use reclaimer_core::ids::{DigestMap, Digests, IdMap};
 use reclaimer_core::json_read::{ReadError, Reader, malformed, read_at_start, read_whole};
 
 use super::query::QuerySpec;
@@ -335,7 +334,8 @@ pub(super) struct Fold {
     pub(super) ownership: Ownership,
     /// Steps fetched: each GPU's room for points, reserved once.
     pub(super) steps: usize,
-    pub(super) index: SeriesPlaces,
+    /// Each GPU's place in `series`, by a digest of its key (not a second copy of it).
+    pub(super) index: DigestMap<usize>,
     pub(super) series: Vec<GpuSeries>,
     /// At most this many series; `over` once an answer named more (nothing more is created).
     pub(super) max_series: usize,
@@ -519,8 +519,8 @@ impl Fold {
         } else if !per_process {
             return None;
         }
-        match self.index.get(&self.series, &key) {
-            Some(i) => Some(i),
+        match self.index.get(&key) {
+            Some(&i) => Some(i),
             None if key.pod.is_none() && (self.device_series >= self.max_series || self.device_points_left == 0) => None,
             None if key.pod.is_some() && self.series.len() - self.device_series >= self.max_series => {
                 self.over = true;
@@ -536,8 +536,8 @@ impl Fold {
                 if new.key.pod.is_none() {
                     self.device_series += 1;
                 }
+                self.index.insert(&new.key, self.series.len());
                 self.series.push(new);
-                self.index.insert(&self.series, self.series.len() - 1);
                 Some(self.series.len() - 1)
             }
         }

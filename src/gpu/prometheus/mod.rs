@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use reclaimer_core::ids::IdMap;
+use reclaimer_core::ids::{DigestMap, IdMap};
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::Semaphore;
@@ -47,7 +47,6 @@ use query::{AGGREGATE_UP_TO_STEPS, Filters, QuerySpec};
 mod answer;
 pub mod jobs;
 mod query;
-use reclaimer_core::gpu::places::SeriesPlaces;
 use reclaimer_core::gpu::{GpuKey, Ownership, PerPod, merge_device_level, twins_in};
 
 /// One query's body at most (uncompressed); over 10,000 GPUs a steady-state pass reads about
@@ -295,7 +294,7 @@ impl PrometheusSource {
                 return;
             };
             let f = fold.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = f.index.get(&f.series, &key) {
+            if let Some(&i) = f.index.get(&key) {
                 copied.push((i, first, last));
             }
         };
@@ -490,7 +489,7 @@ impl PrometheusSource {
             source: Arc::from(self.shown.as_str()),
             ownership: self.ownership.clone(),
             steps: usize::try_from(steps).unwrap_or(0).min(MAX_STEPS_RESERVED),
-            index: SeriesPlaces::default(),
+            index: DigestMap::default(),
             series: Vec::with_capacity(self.last_series.load(std::sync::atomic::Ordering::Relaxed).min(self.options.max_series)),
             max_series: self.options.max_series,
             over: false,

@@ -72,7 +72,7 @@ fn fold(remember_budget: usize) -> Fold {
         source: Arc::from("p"),
         ownership: Ownership::default(),
         steps: 1,
-        index: SeriesPlaces::default(),
+        index: DigestMap::default(),
         series: Vec::new(),
         max_series: 10,
         over: false,
