@@ -763,9 +763,9 @@ fn an_optional_power_veto_keeps_a_gpu_drawing_power() {
     assert_eq!(off.reason, Reason::MemoryHeldIdle, "off by default: holding the GPU raises power with no work");
     let on = Policy { active_power_watts: vec![("NVIDIA A10*".into(), 80.0)], ..policy() };
     let mut named = g.clone();
-    named[0].model = Some("NVIDIA A10G".into());
+    named[0].model = Some(std::sync::Arc::from("NVIDIA A10G"));
     assert_eq!(judge(&away, &named, &on).reason, Reason::GpuActive, "89.1 W >= 80 W for an A10G");
-    named[0].model = Some("NVIDIA H100 80GB HBM3".into());
+    named[0].model = Some(std::sync::Arc::from("NVIDIA H100 80GB HBM3"));
     assert_eq!(judge(&away, &named, &on).reason, Reason::MemoryHeldIdle, "the veto is per model");
 }
 
@@ -798,9 +798,9 @@ fn no_power_veto_for_a_mig_instance() {
     let away = ws(mins(40));
     let on = Policy { active_power_watts: vec![("NVIDIA A100*".into(), 150.0)], ..policy() };
     let mut g = steady((0.0, 0.0, 265.3, 0.0, 0.0), Fields::NoSm, 40);
-    g[0].model = Some("NVIDIA A100-SXM4-80GB".into());
+    g[0].model = Some(std::sync::Arc::from("NVIDIA A100-SXM4-80GB"));
     assert_eq!(judge(&away, &g, &on).reason, Reason::GpuActive, "a whole GPU drawing 265 W is kept by the veto");
-    g[0].key.gpu_instance = Some("3".into());
+    std::sync::Arc::make_mut(&mut g[0].key).gpu_instance = Some("3".into());
     let d = judge(&away, &g, &on);
     assert_eq!((d.verdict, d.reason), (Verdict::Reclaim, Reason::Idle), "an idle MIG instance: {}", d.message);
 }
@@ -929,7 +929,7 @@ fn only_work_the_gpu_itself_shows_is_kept_running() {
     // A power veto keeps a GPU, but a GPU drawing power alone is not kept running.
     let veto = Policy { active_power_watts: vec![("NVIDIA A10*".into(), 80.0)], ..extending() };
     let mut held = steady(MEMORY_ONLY, Fields::All, 40);
-    held[0].model = Some("NVIDIA A10G".into());
+    held[0].model = Some(std::sync::Arc::from("NVIDIA A10G"));
     let d = judge(&soon, &held, &veto);
     assert_eq!((d.reason, action(&d)), (Reason::GpuActive, None), "89.1 W keeps it, extends nothing");
     // Readings that could not judge it idle either: one sample, or a gap within the window.

@@ -20,10 +20,11 @@ use crate::pass::policy::Policy;
 /// The latest reading of one GPU.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct GpuSummary {
+    /// The window's own (`Arc`: the document holds no copy of its strings).
     #[serde(flatten)]
-    pub key: GpuKey,
+    pub key: std::sync::Arc<GpuKey>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
+    pub model: Option<std::sync::Arc<str>>,
     pub samples: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_sample_at: Option<DateTime<Utc>>,

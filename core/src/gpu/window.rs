@@ -19,8 +19,9 @@ use crate::ids::IdMap;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuWindow {
-    pub key: GpuKey,
-    pub model: Option<String>,
+    /// Shared with the status document's summary of this GPU (`Arc`: one copy of its strings).
+    pub key: Arc<GpuKey>,
+    pub model: Option<Arc<str>>,
     pub source: Arc<str>,
     /// The source that reported this GPU failed in the latest pass: its data is not current.
     pub source_failed: bool,
@@ -40,7 +41,7 @@ pub struct GpuWindow {
 impl GpuWindow {
     pub fn new(key: GpuKey, source: Arc<str>) -> Self {
         GpuWindow {
-            key,
+            key: Arc::new(key),
             model: None,
             source,
             source_failed: false,
@@ -138,7 +139,7 @@ impl GpuWindow {
 #[derive(Debug, Default)]
 struct WorkspaceWindows {
     windows: Vec<GpuWindow>,
-    index: HashMap<GpuKey, usize>,
+    index: HashMap<Arc<GpuKey>, usize>,
     /// The latest time a series for this workspace was refused because it already had
     /// `max_per_workspace` windows: then it is judged on none of them (see `refused_at`).
     refused_at: Option<DateTime<Utc>>,
@@ -165,7 +166,7 @@ pub const NEW_GPU_AFTER: Duration = Duration::minutes(2);
 
 impl WorkspaceWindows {
     fn position(&self, key: &GpuKey) -> Option<usize> {
-        if self.windows.len() > INDEX_FROM { self.index.get(key).copied() } else { self.windows.iter().position(|w| &w.key == key) }
+        if self.windows.len() > INDEX_FROM { self.index.get(key).copied() } else { self.windows.iter().position(|w| *w.key == *key) }
     }
 
     fn push(&mut self, window: GpuWindow) -> usize {
@@ -298,7 +299,7 @@ impl Windows {
         window.source = series.source.clone();
         window.attribution = series.attribution;
         if window.model.is_none() {
-            window.model.clone_from(&series.model);
+            window.model = series.model.as_deref().map(Arc::from);
         }
         for p in points {
             window.add_reading(p.at, p.values, p.energy_joules);
