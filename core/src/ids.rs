@@ -50,11 +50,12 @@ impl BuildHasher for IdHash {
     }
 }
 
-/// 128-bit digests of bytes a peer wrote (label sets, pod names), under keys this process drew:
-/// a SipHash value (`RandomState`) and `IdHash`'s. Two different inputs share one by chance about
-/// once in 2^64 tries; on purpose it takes the SipHash key, which never leaves the process. A map
-/// keyed by these digests may use `IdHash` (nobody outside chooses them), and holds 16 bytes a
-/// key instead of the bytes.
+/// 128-bit digests of what a peer wrote (label sets, GPU keys, pod names), under keys this
+/// process drew: a SipHash value (`RandomState`) and `IdHash`'s. Two different inputs share one by
+/// chance about once in 2^64 maps of 10,000 keys; on purpose it takes the SipHash key, which never
+/// leaves the process (a peer who cannot see the digests has one chance in 2^64 a try). A map
+/// keyed by these digests may use `IdHash` (nobody outside chooses them), and holds 16 bytes a key
+/// instead of the key.
 #[derive(Debug, Default)]
 pub struct Digests {
     sip: std::collections::hash_map::RandomState,

@@ -42,13 +42,9 @@ pub(super) const REMEMBERED_ENTRY_BYTES: usize = 64;
 /// query of a fetch names a GPU with the same labels (`max_over_time` drops the metric name), so
 /// a set is parsed (and its GPU looked up) once a fetch, not once per field.
 ///
-/// The digest is 128 bits: a SipHash value of the bytes under a key this process drew at random
-/// (`RandomState`), and `IdHash`'s (one multiply per eight bytes, under this process's own keys).
-/// Two different sets share one by chance about once in 2^64 fetches of 10,000 sets. On purpose
-/// it takes the SipHash key, which never leaves the process: a peer who cannot see the digests
-/// has one chance in 2^64 a try. Not the bytes: they cost 250 bytes a GPU (2.5 MB a fetch at
-/// 10,000), and a fetch's memory is its peak. The digests are keyed, so nobody outside chooses
-/// them: the map of them hashes them with `IdHash`, not SipHash again (`reclaimer_core::ids`).
+/// A set is remembered by its 128-bit keyed digest (`reclaimer_core::ids::Digests`, which says
+/// what a collision takes), not its bytes: they cost 250 bytes a GPU (2.5 MB a fetch at 10,000),
+/// and a fetch's memory is its peak.
 pub(super) struct LabelMemo {
     keys: Digests,
     known: IdMap<(u64, u64), Named>,
