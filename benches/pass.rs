@@ -59,7 +59,7 @@ async fn measure(n: usize, port: u16) {
         let pass = app.pass(&rx).await.expect("pass");
         walls.push(t.elapsed().as_secs_f64());
         requests = 1 + pass.eval.gpu_requests * (1 + SAMPLES_BETWEEN_PASSES);
-        assert_eq!(pass.eval.judged.len(), n);
+        assert_eq!(pass.eval.len(), n);
     }
     let cpu = (synthetic::cpu_seconds() - cpu0) / PASSES as f64;
     let peak = synthetic::proc_status("VmHWM:") as f64 / 1024.0;

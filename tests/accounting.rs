@@ -5,7 +5,8 @@ use chrono::{DateTime, Duration, Utc};
 use coder_gpu_reclaimer::coder::types::Workspace;
 use coder_gpu_reclaimer::pass::accounting::{Accounting, Increments};
 use coder_gpu_reclaimer::pass::decide::{Decision, Reason, Verdict};
-use coder_gpu_reclaimer::pass::evaluate::Judged;
+use coder_gpu_reclaimer::pass::judge::Judged;
+use reclaimer_core::ledger::Listed;
 
 use crate::common::running_workspace;
 
@@ -40,6 +41,11 @@ fn decision(id: &str, verdict: Verdict, reason: Reason, gpu_idle: Option<i64>) -
     }
 }
 
+/// One pass of `acc` over workspaces as the evaluation lists them (`Evaluation::listed`).
+fn pass(acc: &mut Accounting, now: DateTime<Utc>, judged: &[Judged], stops_done: &[String]) -> Increments {
+    acc.pass(now, &judged.iter().map(Listed::from).collect::<Vec<_>>(), stops_done)
+}
+
 /// The workspace `d` is about, judged with `gpus` GPUs at `price` per GPU-hour.
 fn judged(d: &Decision, gpus: u64, price: Option<f64>) -> Judged {
     Judged { workspace: ws(&d.workspace_id), decision: d.clone(), gpus, price }
@@ -60,21 +66,21 @@ fn a_scripted_story_gives_exact_figures() {
         total.given_back_cost.extend(inc.given_back_cost);
     };
     // 10:00 A idle on 1 GPU, B waits; 10:01 the same.
-    add(acc.pass(t(0), &[judged(&idle_a, 1, PRICE), judged(&waiting_b, 0, PRICE)], &[]));
-    add(acc.pass(t(60), &[judged(&idle_a, 1, PRICE), judged(&waiting_b, 0, PRICE)], &[]));
+    add(pass(&mut acc, t(0), &[judged(&idle_a, 1, PRICE), judged(&waiting_b, 0, PRICE)], &[]));
+    add(pass(&mut acc, t(60), &[judged(&idle_a, 1, PRICE), judged(&waiting_b, 0, PRICE)], &[]));
     assert_eq!(acc.summary(t(60)).waiting, 1);
     assert_eq!(acc.summary(t(60)).longest_wait_seconds, 60);
     // 10:02 A's stop build completed (A is no longer listed as running).
-    add(acc.pass(t(120), &[judged(&waiting_b, 0, PRICE)], &[A.to_string()]));
+    add(pass(&mut acc, t(120), &[judged(&waiting_b, 0, PRICE)], &[A.to_string()]));
     // 10:03 B has its GPU and computes; A's GPU has been given back for a minute.
     let working_b = judged(&decision(B, Verdict::Keep, Reason::GpuActive, Some(0)), 1, PRICE);
-    add(acc.pass(t(180), std::slice::from_ref(&working_b), &[]));
+    add(pass(&mut acc, t(180), std::slice::from_ref(&working_b), &[]));
     // 10:05 still: two more minutes given back.
-    add(acc.pass(t(300), std::slice::from_ref(&working_b), &[]));
+    add(pass(&mut acc, t(300), std::slice::from_ref(&working_b), &[]));
     // 10:06 A runs again: giving back ends (this minute is not counted: A was listed running).
     let warming_a = judged(&decision(A, Verdict::Keep, Reason::WarmingUp, None), 1, PRICE);
-    add(acc.pass(t(360), &[warming_a.clone(), working_b.clone()], &[]));
-    add(acc.pass(t(420), &[warming_a, working_b], &[]));
+    add(pass(&mut acc, t(360), &[warming_a.clone(), working_b.clone()], &[]));
+    add(pass(&mut acc, t(420), &[warming_a, working_b], &[]));
 
     assert_eq!(total.idle_gpu_seconds, vec![("gpu-a10g".to_string(), 60.0)], "one minute of one idle GPU");
     assert_eq!(total.gpus_reclaimed, vec![("gpu-a10g".to_string(), 1)]);
@@ -101,8 +107,8 @@ fn without_prices_there_is_no_money() {
     let mut acc = Accounting::default();
     let idle = decision(A, Verdict::Keep, Reason::NotIdleLongEnough, Some(600));
     let idle = [judged(&idle, 1, None)];
-    acc.pass(t(0), &idle, &[]);
-    let inc = acc.pass(t(60), &idle, &[]);
+    pass(&mut acc, t(0), &idle, &[]);
+    let inc = pass(&mut acc, t(60), &idle, &[]);
     assert!(inc.idle_cost.is_empty() && acc.summary(t(60)).cost.is_none());
 }
 
@@ -111,8 +117,8 @@ fn a_service_that_was_down_does_not_count_the_gap() {
     let mut acc = Accounting::default();
     let idle = decision(A, Verdict::Keep, Reason::NotIdleLongEnough, Some(86_400));
     let idle = [judged(&idle, 2, PRICE)];
-    acc.pass(t(0), &idle, &[]);
-    let inc = acc.pass(t(3600), &idle, &[]);
+    pass(&mut acc, t(0), &idle, &[]);
+    let inc = pass(&mut acc, t(3600), &idle, &[]);
     assert_eq!(inc.idle_gpu_seconds, vec![("gpu-a10g".to_string(), 600.0)], "at most 5 minutes a pass, times 2 GPUs");
 }
 
@@ -122,11 +128,11 @@ fn a_service_that_was_down_does_not_count_the_gap() {
 fn a_stop_that_completes_passes_later_is_counted() {
     let mut acc = Accounting::default();
     let idle = decision(A, Verdict::Reclaim, Reason::Idle, Some(3600));
-    acc.pass(t(0), &[judged(&idle, 2, None)], &[]);
+    pass(&mut acc, t(0), &[judged(&idle, 2, None)], &[]);
     for m in 1..5 {
-        acc.pass(t(60 * m), &[], &[]); // stopping: not listed
+        pass(&mut acc, t(60 * m), &[], &[]); // stopping: not listed
     }
-    let inc = acc.pass(t(300), &[], &[A.to_string()]);
+    let inc = pass(&mut acc, t(300), &[], &[A.to_string()]);
     assert_eq!(inc.gpus_reclaimed, vec![("gpu-a10g".to_string(), 2)]);
     assert_eq!(acc.summary(t(300)).recent_stops.len(), 1);
 }
@@ -137,13 +143,13 @@ fn a_stop_that_completes_passes_later_is_counted() {
 fn a_stop_is_recorded_with_what_the_workspace_was_last_seen_as() {
     let mut acc = Accounting::default();
     let idle = decision(A, Verdict::Reclaim, Reason::Idle, Some(3600));
-    acc.pass(t(0), &[judged(&idle, 1, None)], &[]);
+    pass(&mut acc, t(0), &[judged(&idle, 1, None)], &[]);
     let mut renamed = judged(&idle, 2, None);
     renamed.workspace.name = "renamed".into();
     renamed.workspace.owner_name = "bob".into();
     renamed.workspace.template_name = "gpu-h100".into();
-    acc.pass(t(60), &[renamed], &[]);
-    let inc = acc.pass(t(120), &[], &[A.to_string()]);
+    pass(&mut acc, t(60), &[renamed], &[]);
+    let inc = pass(&mut acc, t(120), &[], &[A.to_string()]);
     assert_eq!(inc.gpus_reclaimed, vec![("gpu-h100".to_string(), 2)]);
     let s = acc.summary(t(120));
     let r = &s.recent_stops[0];

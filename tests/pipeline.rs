@@ -93,7 +93,7 @@ impl Harness {
 
     /// Evaluates only: decisions, no action (as `plan` does).
     pub async fn evaluate(&mut self) -> Vec<Decision> {
-        self.app.evaluator.evaluate().await.map_err(|(e, _)| e).unwrap().judged.into_iter().map(|j| j.decision).collect()
+        self.app.evaluator.evaluate().await.map_err(|(e, _)| e).unwrap().into_decisions()
     }
 
     pub fn posts(&self) -> usize {
@@ -597,7 +597,7 @@ async fn a_workspace_listed_twice_is_judged_and_stopped_once() {
     let mut sizes = Vec::new();
     for _ in 0..20 {
         let r = h.pass().await;
-        sizes.push(r.eval.judged.len());
+        sizes.push(r.eval.len());
         if h.stops_by_admin(a) > 0 {
             break;
         }

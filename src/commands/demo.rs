@@ -306,7 +306,7 @@ pub async fn run(args: DemoArgs) -> Result<(), Error> {
                 a_waited_again += 1;
             }
         }
-        for j in pass.eval.judged.iter().filter(|j| pass.acted.extended.contains(&j.workspace.id)) {
+        for j in pass.eval.judged().filter(|j| pass.acted.extended.contains(&j.workspace.id)) {
             let to = j.decision.deadline.as_ref().and_then(|p| p.extend_to()).map(crate::pass::mode::at).unwrap_or_default();
             let who = names.get(j.workspace.id.as_str()).cloned().unwrap_or_default();
             tl.line(&format!(

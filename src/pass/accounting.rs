@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::pass::audit::gpu_seconds_given_back;
 use crate::pass::decide::Verdict;
-use crate::pass::evaluate::Judged;
+use reclaimer_core::ledger::Listed;
 
 /// How many of the latest completed stops the status document lists.
 pub const RECENT_STOPS: usize = 10;
@@ -159,12 +159,12 @@ impl Accounting {
 
     /// Accounts one pass: the running workspaces as judged (each with how many GPUs it holds and
     /// what one of its GPU-hours costs), and the workspaces whose stop build completed this pass.
-    pub fn pass(&mut self, now: DateTime<Utc>, judged: &[Judged], stops_done: &[String]) -> Increments {
+    pub fn pass(&mut self, now: DateTime<Utc>, judged: &[Listed<'_>], stops_done: &[String]) -> Increments {
         let dt = self.last_pass.map_or(Duration::zero(), |t| (now - t).clamp(Duration::zero(), MAX_PASS_GAP));
         let secs = dt.num_milliseconds() as f64 / 1000.0;
         self.last_pass = Some(now);
         let mut inc = Increments::default();
-        let listed: HashMap<&str, &Judged> = judged.iter().map(|j| (j.workspace.id.as_str(), j)).collect();
+        let listed: HashMap<&str, &Listed<'_>> = judged.iter().map(|j| (j.workspace.id.as_str(), j)).collect();
         let day = self.days.entry(now.date_naive()).or_default();
 
         // Given back until the workspace runs again.
@@ -213,8 +213,7 @@ impl Accounting {
         }
 
         // Idle GPU time, and who waits.
-        for Judged { workspace: w, decision: d, gpus: n, price } in judged {
-            let (n, price) = (*n, *price);
+        for &Listed { workspace: w, decision: d, gpus: n, price } in judged {
             if n > 0 {
                 remember(&mut self.seen, w, n, price, now);
             }

@@ -14,7 +14,6 @@ use crate::coder::{CoderClient, CoderError, ErrorKind};
 use crate::gpu::source::JobsRead;
 use crate::gpu::window::Windows;
 use crate::gpu::{Collection, GpuSource, SourceFailure, Sources};
-use crate::pass::deadline::DeadlinePlan;
 use crate::pass::decide::{Decision, Reason};
 use crate::pass::fleet::FleetOutcome;
 use crate::pass::judge::{Judge, Judgement, PassContext, merge_points, session_starts};
@@ -24,19 +23,23 @@ use crate::pass::starts;
 use reclaimer_core::ledger::{Listed, PassView};
 use reclaimer_core::pass::blind::{Blindness, likely_cause};
 
-pub use crate::pass::judge::Judged;
-
 /// Everything one evaluation found.
 #[derive(Debug)]
 pub struct Evaluation {
     pub now: DateTime<Utc>,
     pub started: Instant,
-    /// The running workspaces, in listing order, each with its decision.
-    pub judged: Vec<Judged>,
-    /// The fleet rules' outcome; its indices are into `judged`.
+    /// The running workspaces, in listing order; `judged()` pairs each with its decision and
+    /// its GPUs. The three lists stay apart: pairing them into one list copied every listing
+    /// entry while the listing was still held (5.3 MiB more at a steady pass's peak RSS, 10,000
+    /// workspaces).
+    workspaces: Vec<Workspace>,
+    /// One decision per workspace, in listing order.
+    decisions: Vec<Decision>,
+    /// What each workspace's GPUs are, in listing order.
+    holdings: Vec<Holding>,
+    /// The fleet rules' outcome; its indices are into the listing order.
     pub fleet: FleetOutcome,
-    /// Indices into `judged` of the workspaces whose warning (grace) began this pass (read them
-    /// with `new_warnings()`).
+    /// Indices of the workspaces whose warning (grace) began this pass.
     new_warnings: Vec<usize>,
     /// GPU source requests made this pass.
     pub gpu_requests: usize,
@@ -64,35 +67,43 @@ pub struct Evaluation {
     pub problems: Vec<String>,
 }
 
-impl Evaluation {
-    /// The workspaces the fleet rules chose to stop this pass, in their order.
-    pub fn stop_order(&self) -> impl Iterator<Item = &Judged> {
-        self.fleet.stop_order.iter().filter_map(|&i| self.judged.get(i))
-    }
+/// What one listed workspace's GPUs are this pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Holding {
+    /// How many GPUs report for it.
+    pub gpus: u64,
+    /// The price of one of its GPU-hours (`gpu_hour_price` for its GPUs' model), when set.
+    pub price: Option<f64>,
+}
 
+impl Evaluation {
     /// Coder's clock now, as the decisions read it: this pass's time plus `coder_offset`.
     pub fn coder_now(&self) -> DateTime<Utc> {
         self.now + self.coder_offset
     }
 
-    /// The workspaces whose Coder deadline is due to be extended, soonest first, each with its
-    /// plan and the deadline to send.
-    pub fn extend_order(&self) -> impl Iterator<Item = (&Judged, &DeadlinePlan, DateTime<Utc>)> {
-        self.fleet.extend_order.iter().filter_map(|&i| {
-            let j = self.judged.get(i)?;
-            let plan = j.decision.deadline.as_deref()?;
-            Some((j, plan, plan.extend_to()?))
+    /// The running workspaces, in listing order, each with its decision and its GPUs.
+    pub fn judged(&self) -> impl ExactSizeIterator<Item = Listed<'_>> + Clone {
+        self.workspaces.iter().zip(&self.decisions).zip(&self.holdings).map(|((workspace, decision), held)| Listed {
+            workspace,
+            decision,
+            gpus: held.gpus,
+            price: held.price,
         })
     }
 
-    /// The workspaces whose warning (grace) began this pass.
-    pub fn new_warnings(&self) -> impl Iterator<Item = &Judged> {
-        self.new_warnings.iter().filter_map(|&i| self.judged.get(i))
+    /// How many running workspaces the pass judged.
+    pub fn len(&self) -> usize {
+        self.workspaces.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workspaces.is_empty()
     }
 
     /// The listed workspaces as the ledger reads them (`view`).
     pub fn listed(&self) -> Vec<Listed<'_>> {
-        self.judged.iter().map(Listed::from).collect()
+        self.judged().collect()
     }
 
     /// The pass as the ledger reads it, over `listed` (`listed()`).
@@ -110,12 +121,17 @@ impl Evaluation {
 
     /// The running workspaces' listing entries.
     pub fn workspaces(&self) -> impl Iterator<Item = &Workspace> {
-        self.judged.iter().map(|j| &j.workspace)
+        self.workspaces.iter()
     }
 
     /// The decisions, in listing order.
     pub fn decisions(&self) -> impl Iterator<Item = &Decision> {
-        self.judged.iter().map(|j| &j.decision)
+        self.decisions.iter()
+    }
+
+    /// The decisions, in listing order, taken out of the evaluation.
+    pub fn into_decisions(self) -> Vec<Decision> {
+        self.decisions
     }
 }
 
@@ -384,19 +400,20 @@ impl Evaluator {
         let (without_series, problems) = self.blind(now, &collection, &workspaces, &decisions, (maps, cause), gpu_jobs.as_ref());
         let windows = self.judge.windows();
         let policy = self.judge.policy();
-        let judged = workspaces
-            .into_iter()
-            .zip(decisions)
-            .map(|(workspace, decision)| {
+        let holdings = workspaces
+            .iter()
+            .map(|workspace| {
                 let gpus = windows.get(&workspace.id);
                 let model = gpus.and_then(|g| g.iter().find_map(|w| w.model.as_deref()));
-                Judged { gpus: gpus.map_or(0, |g| g.len() as u64), price: policy.gpu_hour_price_for(model), workspace, decision }
+                Holding { gpus: gpus.map_or(0, |g| g.len() as u64), price: policy.gpu_hour_price_for(model) }
             })
             .collect();
         Ok(Evaluation {
             now,
             started,
-            judged,
+            workspaces,
+            decisions,
+            holdings,
             fleet,
             new_warnings,
             gpu_requests: collection.requests,

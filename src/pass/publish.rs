@@ -14,10 +14,11 @@ use crate::gpu::SourceFailure;
 use crate::pass::accounting::Accounting;
 use crate::pass::actuator::{Acted, NoProvisioner, StuckStop};
 use crate::pass::decide::Verdict;
-use crate::pass::evaluate::{Evaluation, Evaluator, Judged};
+use crate::pass::evaluate::{Evaluation, Evaluator};
 use crate::pass::metrics::{Metrics, PassLabels, PassResult, PoolLabels, SourceLabels};
 use crate::pass::mode::Mode;
 use crate::pass::status::{KeptRunning, PoolStatus, StatusDocument, WorkspaceStatus};
+use reclaimer_core::ledger::Listed;
 
 /// What is wrong with the token.
 #[derive(Debug, Clone, PartialEq)]
@@ -244,7 +245,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
     }
     state.audit_failing.store(acted.audit_failing, std::sync::atomic::Ordering::Relaxed);
     metrics.set_verdicts(eval.decisions().map(|d| (d.verdict, d.reason)));
-    let inc = accounting.pass(eval.now, &eval.judged, &acted.stops_done);
+    let inc = accounting.pass(eval.now, &eval.listed(), &acted.stops_done);
     accounting.averted(eval.now, acted.autostops_averted.len(), acted.countdowns_averted.len());
     metrics.account(&inc, &policy.currency);
     metrics.gpu_series_twins.set(eval.twin_count as i64);
@@ -281,9 +282,8 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
         gpu_jobs: eval.gpu_jobs.clone(),
         notes: Vec::new(),
         workspaces: eval
-            .judged
-            .iter()
-            .map(|Judged { workspace: ws, decision: d, .. }| {
+            .judged()
+            .map(|Listed { workspace: ws, decision: d, .. }| {
                 let mut entry = WorkspaceStatus::new(ws, d, windows.get(&ws.id), policy);
                 if let (Verdict::Warn, Some(stop_at)) = (d.verdict, d.stop_at) {
                     entry.message = format!("{}; {}", entry.message, mode.countdown(stop_at - eval.now));
@@ -313,7 +313,7 @@ pub fn publish(state: &State, pass: &PassOutcome, judged_by: &Evaluator, account
     }
     tracing::info!(
         event = "pass",
-        workspaces = eval.judged.len(),
+        workspaces = eval.len(),
         reclaim = count(Verdict::Reclaim),
         warn = count(Verdict::Warn),
         waiting = count(Verdict::Waiting),

@@ -34,7 +34,7 @@ pub struct LedgerConfig {
     pub start_allowance: Duration,
 }
 
-/// One listed workspace as the ledger reads it, borrowed from the pass (`run`'s `Judged`, or the
+/// One listed workspace as the ledger reads it, borrowed from the pass (`run`'s evaluation, or the
 /// backtest's listing and decisions).
 #[derive(Debug, Clone, Copy)]
 pub struct Listed<'a> {

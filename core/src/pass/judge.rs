@@ -70,8 +70,9 @@ pub struct Judge {
     learned_in: u64,
 }
 
-/// One running workspace as a pass judged it: its listing entry, its decision, and what its
-/// GPUs are.
+/// One running workspace as a pass judged it, owned: its listing entry, its decision, and what
+/// its GPUs are. `run`'s evaluation keeps these in three lists and lends them as `Listed`; this
+/// is for passes built by hand (the ledger's and the accounting's tests).
 #[derive(Debug, Clone)]
 pub struct Judged {
     pub workspace: Workspace,
