@@ -30,8 +30,8 @@ pub struct Evaluation {
     pub started: Instant,
     /// The running workspaces, in listing order; `judged()` pairs each with its decision and
     /// its GPUs. The three lists stay apart: pairing them into one list copied every listing
-    /// entry while the listing was still held (5.3 MiB more at a steady pass's peak RSS, 10,000
-    /// workspaces).
+    /// entry while the listing was still held (about 5 MiB more at a steady pass's peak RSS,
+    /// 10,000 workspaces).
     workspaces: Vec<Workspace>,
     /// One decision per workspace, in listing order.
     decisions: Vec<Decision>,
