@@ -24,8 +24,8 @@ pub fn world(gpus: usize) -> WorldConfig {
 const STORY_POLICY: [(&str, &str); 2] = [("exporter_collect_interval", "\"1s\""), ("bind_allowance", "\"0s\"")];
 
 /// `extra` with `--config` pointing at the test's file (or none) with `STORY_POLICY` added in
-/// front of its own keys.
-fn with_story_policy(extra: &[&str]) -> Vec<String> {
+/// front of its own keys, and the folder that file was written in (the `Service` removes it).
+fn with_story_policy(extra: &[&str]) -> (Vec<String>, std::path::PathBuf) {
     let mut out: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
     let given = out.iter().position(|a| a == "--config").and_then(|i| out.get(i + 1).cloned().map(|p| (i + 1, p)));
     let own = given.as_ref().map(|(_, p)| std::fs::read_to_string(p).unwrap_or_default()).unwrap_or_default();
@@ -44,13 +44,15 @@ fn with_story_policy(extra: &[&str]) -> Vec<String> {
         Some((i, _)) => out[i] = path,
         None => out.extend(["--config".to_string(), path]),
     }
-    out
+    (out, dir)
 }
 
 pub struct Service {
     child: Child,
     logs: Arc<Mutex<Vec<Value>>>,
     raw: Arc<Mutex<String>>,
+    /// The story's policy file's folder, removed with the process.
+    policy_dir: std::path::PathBuf,
 }
 
 impl Service {
@@ -80,7 +82,7 @@ impl Service {
         for e in exporters {
             cmd.args(["--dcgm-exporter", e]);
         }
-        let extra = with_story_policy(extra);
+        let (extra, policy_dir) = with_story_policy(extra);
         cmd.args(&extra)
             .env("CODER_SESSION_TOKEN", token)
             .env_remove("CODER_URL")
@@ -99,7 +101,7 @@ impl Service {
                 }
             }
         });
-        Service { child, logs, raw }
+        Service { child, logs, raw, policy_dir }
     }
 
     pub fn events(&self, name: &str) -> Vec<Value> {
@@ -168,6 +170,7 @@ impl Service {
 impl Drop for Service {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.policy_dir);
     }
 }
 
