@@ -400,6 +400,8 @@ impl Evaluator {
         let (without_series, problems) = self.blind(now, &collection, &workspaces, &decisions, (maps, cause), gpu_jobs.as_ref());
         let windows = self.judge.windows();
         let policy = self.judge.policy();
+        // `judged()` zips the three lists: one decision per listed workspace, in its order.
+        debug_assert_eq!(decisions.len(), workspaces.len(), "one decision per listed workspace");
         let holdings = workspaces
             .iter()
             .map(|workspace| {
