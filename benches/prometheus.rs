@@ -162,6 +162,10 @@ async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>
             .entry(serde_json::to_value(d.verdict).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default())
             .or_insert(0usize) += 1;
     }
+    let gpu_requests = pass.eval.gpu_requests;
+    // A running service drops the pass's result here (`Application::run`): the floor's client
+    // reads beside what stays between passes, not beside this pass's listing and decisions.
+    drop(pass);
     let queries: Vec<String> = std::mem::take(&mut *seen.requests.lock().unwrap()).iter().map(|t| format!("{}{t}", floor.proxy)).collect();
     let gzip = [("accept-encoding", "gzip")];
     let (_, floor_wall, floor_cpu) = floor::timed(async {
@@ -173,7 +177,7 @@ async fn one_pass(app: &mut Application, rx: &tokio::sync::watch::Receiver<bool>
     .await;
     println!(
         "{n:>6} GPUs | {label:<14} | {:>2} queries | {:>7.1} KB received | service: wall {:>5.0} ms, CPU {:>4.0} ms, peak RSS {:>5.1} MiB | floor: wall {:>5.0} ms, CPU {:>4.0} ms | wall {:.2}x the floor | {verdicts:?}",
-        pass.eval.gpu_requests,
+        gpu_requests,
         bytes as f64 / 1e3,
         wall * 1e3,
         cpu * 1e3,
