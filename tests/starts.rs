@@ -301,9 +301,9 @@ fn the_backtest_reads_a_start_as_run_does() {
     let stops = |parameters: Option<Vec<BuildParameter>>| {
         let idle = WorkspaceTimeline::new(idle_ws.clone(), vec![idle_ws.latest_build.clone()]);
         let mut starting = WorkspaceTimeline::new(starting_ws.clone(), vec![starting_ws.latest_build.clone()]);
-        starting.agents = vec![(now() - Duration::minutes(45), starting_ws.latest_build.id.clone(), AgentStatus::Timeout)];
+        starting.agents = vec![(now() - Duration::minutes(45), starting_ws.latest_build.id.to_string(), AgentStatus::Timeout)];
         if let Some(values) = parameters {
-            starting.parameters.insert(starting_ws.latest_build.id.clone(), values);
+            starting.parameters.insert(starting_ws.latest_build.id.to_string(), values);
         }
         let mut replay = Replay::new("policy".into(), p.clone(), StdDuration::from_secs(60), StdDuration::from_secs(3600));
         let timelines = [idle, starting];

@@ -79,7 +79,7 @@ impl Tracker {
                 workspace: ws.name.clone(),
                 template: ws.template_name.clone(),
                 last_used_at: Some(ws.last_used_at),
-                build_id: ws.latest_build.id.clone(),
+                build_id: ws.latest_build.id.to_string(),
                 agent: agent.map(str::to_string),
             };
             self.last.insert(ws.id.clone(), line.clone());

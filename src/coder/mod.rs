@@ -415,7 +415,7 @@ impl CoderClient {
             received += page.len();
             let mut new = 0;
             for b in page {
-                if ids.insert(b.id.clone()) {
+                if ids.insert(b.id.to_string()) {
                     new += 1;
                     // Past the window's end a build changes nothing a replay reads.
                     if bounds.until.is_none_or(|u| b.created_at.is_none_or(|c| c <= u)) {

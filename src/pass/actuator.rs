@@ -275,7 +275,7 @@ impl Actuator {
         };
         let used = stop.last_used_at.is_some_and(|t| ws.last_used_at > t);
         if ws.latest_build.id != stop.expect_build || used {
-            return StopAnswer::Moved { latest_build: ws.latest_build.id, last_used_at: ws.last_used_at };
+            return StopAnswer::Moved { latest_build: ws.latest_build.id.to_string(), last_used_at: ws.last_used_at };
         }
         // The line first, on disk, then the POST: a stop is never sent without its audit line.
         let sending = reclaimer_core::pass::audit::AuditEvent { event: AuditKind::StopSending, ..stop.event.clone() };

@@ -395,7 +395,8 @@ impl Evaluator {
         self.said_parameters_unread.retain(|b| workspaces.iter().any(|w| &w.latest_build.id == b));
         let failed: HashSet<&str> = collection.failures.iter().map(|f| f.source.as_str()).collect();
         let may_stop = &self.may_stop;
-        let Judgement { decisions, fleet, new_warnings } = pass.decide(now, &failed, |ws| may_stop.get(&ws.organization_id).copied());
+        let Judgement { decisions, fleet, new_warnings } =
+            pass.decide(now, &failed, |ws| may_stop.get(ws.organization_id.as_str()).copied());
         let held_outside = self.held_outside(now, &unlisted).await;
         let (without_series, problems) = self.blind(now, &collection, &workspaces, &decisions, (maps, cause), gpu_jobs.as_ref());
         let windows = self.judge.windows();

@@ -13,8 +13,8 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 
 use crate::coder::types::{
-    BuildReason, JobStatus, JobTags, MatchedProvisioners, ProvisionerJob, Transition, WorkspaceAgent, WorkspaceBuild, WorkspaceResource,
-    WorkspaceStatus,
+    BuildReason, CoderId, JobStatus, JobTags, MatchedProvisioners, ProvisionerJob, Transition, WorkspaceAgent, WorkspaceBuild,
+    WorkspaceResource, WorkspaceStatus,
 };
 
 /// An id as a timeline keeps it: a UUID as Coder writes it (36 lowercase hex digits and dashes,
@@ -31,8 +31,13 @@ const DASHES: [usize; 4] = [8, 13, 18, 23];
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 impl Id {
-    pub fn new(text: String) -> Self {
-        uuid_bytes(&text).map_or_else(|| Id::Text(text.into_boxed_str()), Id::Uuid)
+    pub fn new(text: &str) -> Self {
+        uuid_bytes(text).map_or_else(|| Id::Text(text.into()), Id::Uuid)
+    }
+
+    /// The id as a listing holds it.
+    pub fn coder_id(&self) -> CoderId {
+        CoderId::new(self.text(&mut [0; 36]))
     }
 
     /// Whether this is the id `text` (the same text, byte for byte).
@@ -111,7 +116,7 @@ pub fn keep_all(builds: Vec<WorkspaceBuild>) -> (Vec<PastBuild>, Box<[Id]>) {
     let mut kept = Vec::with_capacity(builds.len());
     kept.extend(builds.into_iter().map(|mut b| {
         let place = b.initiator_id.take().map_or(0, |text| {
-            let id = Id::new(text);
+            let id = Id::new(&text);
             // Looked up first: a user met before costs no copy of the id.
             if let Some(&place) = places.get(&id) {
                 return place;
@@ -169,18 +174,18 @@ impl PastBuild {
             }
             Box::new(Ran {
                 status,
-                job_id: Id::new(job_id),
+                job_id: Id::new(&job_id),
                 error,
                 canceled_at,
                 tags,
-                template_version_id: template_version_id.map(Id::new),
+                template_version_id: template_version_id.map(|v| Id::new(&v)),
                 resources,
                 deadline,
                 max_deadline,
                 matched_provisioners,
             })
         });
-        PastBuild { id: Id::new(id), created_at, transition, reason, job_status, completed_at, initiator, ran }
+        PastBuild { id: Id::new(&id), created_at, transition, reason, job_status, completed_at, initiator, ran }
     }
 
     /// Who asked for it, of the timeline's `initiators` (`keep_all`).
@@ -203,20 +208,20 @@ impl PastBuild {
     pub fn build(&self, initiators: &[Id]) -> Option<WorkspaceBuild> {
         let r = self.ran.as_deref()?;
         Some(WorkspaceBuild {
-            id: self.id.to_string(),
+            id: self.id.coder_id(),
             created_at: self.created_at,
             transition: self.transition,
             status: r.status,
             job: ProvisionerJob {
-                id: r.job_id.to_string(),
+                id: r.job_id.coder_id(),
                 status: self.job_status,
                 completed_at: self.completed_at,
                 error: r.error.clone(),
                 canceled_at: r.canceled_at,
                 tags: r.tags.clone(),
             },
-            initiator_id: self.initiator(initiators).map(Id::to_string),
-            template_version_id: r.template_version_id.as_ref().map(Id::to_string),
+            initiator_id: self.initiator(initiators).map(Id::coder_id),
+            template_version_id: r.template_version_id.as_ref().map(Id::coder_id),
             reason: self.reason,
             resources: r.resources.clone(),
             deadline: r.deadline,
@@ -233,7 +238,7 @@ mod tests {
     #[test]
     fn a_uuid_is_kept_in_16_bytes_and_written_back_the_same() {
         let uuid = "c42fdf75-3097-471c-8c33-fb52454d81c0";
-        let id = Id::new(uuid.into());
+        let id = Id::new(uuid);
         assert!(matches!(id, Id::Uuid(_)));
         assert_eq!(id.to_string(), uuid);
         assert!(id.is(uuid));
@@ -246,7 +251,7 @@ mod tests {
             "c42fdf75x3097-471c-8c33-fb52454d81c0",
             "c42fdf75-3097-471c-8c33-fb52454d81cg",
         ] {
-            let id = Id::new(text.into());
+            let id = Id::new(text);
             assert!(matches!(id, Id::Text(_)), "{text}");
             assert_eq!(id.to_string(), text);
             assert!(id.is(text));
@@ -289,9 +294,9 @@ mod tests {
             assert_eq!(kept.build(&initiators), None, "{transition} {status}");
             assert!(!kept.running_by(DateTime::<Utc>::MAX_UTC));
             assert_eq!(kept.agents().count(), 0);
-            assert_eq!((kept.id.to_string(), kept.created_at, kept.transition), (b.id, b.created_at, b.transition));
+            assert_eq!((kept.id.coder_id(), kept.created_at, kept.transition), (b.id, b.created_at, b.transition));
             assert_eq!((kept.reason, kept.job_status, kept.completed_at), (b.reason, b.job.status, b.job.completed_at));
-            assert_eq!(kept.initiator(&initiators).map(|i| i.to_string()), b.initiator_id);
+            assert_eq!(kept.initiator(&initiators).map(Id::coder_id), b.initiator_id);
         }
     }
 
@@ -299,7 +304,7 @@ mod tests {
     fn a_timeline_keeps_each_initiator_once_and_every_build_its_own() {
         let by = |initiator: Option<&str>| {
             let mut b = parsed("stop", "succeeded");
-            b.initiator_id = initiator.map(str::to_string);
+            b.initiator_id = initiator.map(CoderId::new);
             b
         };
         let owner = "4cd23375-8c04-4f43-aa35-baf2a1bdd06d";

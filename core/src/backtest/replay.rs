@@ -412,7 +412,7 @@ impl Replay {
                     outcomes.push(Outcome::Stop { workspace_id: id, answer: StopAnswer::Queued(Box::new(build)) });
                 }
                 Call::FollowStop { workspace_id, build_id } => {
-                    let answer = Ok(WorkspaceBuild { id: build_id.clone(), ..simulated_stop_build(&workspace_id, now) });
+                    let answer = Ok(WorkspaceBuild { id: build_id.as_str().into(), ..simulated_stop_build(&workspace_id, now) });
                     outcomes.push(Outcome::FollowStop { workspace_id, build_id, answer });
                 }
                 Call::ListProvisioners { organization, tags } => {
@@ -626,7 +626,7 @@ impl Replay {
 /// The stop build a simulated Coder answers with: queued, and done at once.
 fn simulated_stop_build(workspace_id: &str, now: DateTime<Utc>) -> WorkspaceBuild {
     WorkspaceBuild {
-        id: format!("simulated-stop-{workspace_id}-{}", now.timestamp()),
+        id: format!("simulated-stop-{workspace_id}-{}", now.timestamp()).into(),
         created_at: Some(now),
         transition: Transition::Stop,
         status: WorkspaceStatus::Stopped,

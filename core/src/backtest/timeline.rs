@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::builds::{Id, PastBuild, keep_all};
 use crate::coder::types::{
-    AgentLifecycle, AgentStatus, BuildParameter, BuildReason, JobStatus, PREBUILDS_USER_ID, Transition, Workspace, WorkspaceBuild,
+    AgentLifecycle, AgentStatus, BuildParameter, BuildReason, CoderId, JobStatus, PREBUILDS_USER_ID, Transition, Workspace, WorkspaceBuild,
 };
 
 /// Where the moments of use came from, in the order the backtest prefers them.
@@ -74,10 +74,10 @@ pub struct WorkspaceRecord {
     pub id: String,
     pub name: String,
     pub owner_name: String,
-    pub owner_id: String,
+    pub owner_id: CoderId,
     pub template_name: String,
-    pub template_id: String,
-    pub organization_id: String,
+    pub template_id: CoderId,
+    pub organization_id: CoderId,
     pub organization_name: String,
     pub created_at: DateTime<Utc>,
     pub last_used_at: DateTime<Utc>,
@@ -313,7 +313,7 @@ impl WorkspaceTimeline {
         // keep the prebuilds user as initiator (NOTES §18): until the claimer's first build it
         // was a prebuild, whoever owns it now.
         if self.prebuild_until().is_some_and(|claimed| t < claimed) {
-            ws.owner_id = PREBUILDS_USER_ID.to_string();
+            ws.owner_id = PREBUILDS_USER_ID.into();
             ws.owner_name = "prebuilds".into();
             ws.is_prebuild = true;
         }

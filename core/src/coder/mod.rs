@@ -1,6 +1,6 @@
 //! Coder's REST API as values: the serde models and `read_workspace` (`types`), and a build's
-//! parameter values (`BuildParameter`, re-exported there). The client that
-//! fetches them is the service crate's `coder`.
+//! parameter values (`BuildParameter`, re-exported there). The client that fetches them is the
+//! service crate's `coder`.
 
 pub mod types;
 

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 pub use super::BuildParameter;
+pub use crate::coder_id::CoderId;
 
 use crate::json_read::{ReadError, Reader, malformed};
 
@@ -29,16 +30,16 @@ pub struct Workspace {
     pub name: String,
     pub owner_name: String,
     #[serde(default)]
-    pub owner_id: String,
+    pub owner_id: CoderId,
     #[serde(default)]
     pub template_name: String,
     /// Its template's id: the template's schedule (activity bump, autostop reminder) is read by it.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub template_id: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub template_id: CoderId,
     /// Permissions are per organization (`rbac/roles.go`): an organization admin may stop
     /// workspaces of its own only.
     #[serde(default)]
-    pub organization_id: String,
+    pub organization_id: CoderId,
     #[serde(default)]
     pub organization_name: String,
     pub created_at: Time,
@@ -94,7 +95,7 @@ impl Workspace {
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 pub struct WorkspaceBuild {
-    pub id: String,
+    pub id: CoderId,
     /// When the build was asked for (Coder's clock): the session's samples start after it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<Time>,
@@ -103,10 +104,10 @@ pub struct WorkspaceBuild {
     pub job: ProvisionerJob,
     /// Who started the build: this service's user for its own stops.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initiator_id: Option<String>,
+    pub initiator_id: Option<CoderId>,
     /// A TTL the template refused is not asked for again until the template version changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template_version_id: Option<String>,
+    pub template_version_id: Option<CoderId>,
     #[serde(default)]
     pub reason: BuildReason,
     #[serde(default)]
@@ -157,7 +158,7 @@ impl WorkspaceBuild {
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 pub struct ProvisionerJob {
-    pub id: String,
+    pub id: CoderId,
     pub status: JobStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
@@ -254,7 +255,7 @@ pub struct WorkspaceResource {
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct WorkspaceAgent {
-    pub id: String,
+    pub id: CoderId,
     pub status: AgentStatus,
     /// When the build created the agent: a start-up (image pull, container start) is timed from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -441,10 +442,10 @@ pub fn read_workspace(r: &mut Reader<'_>) -> Result<Workspace, ReadError> {
         b"id" => set(&mut id, key, text(r)?),
         b"name" => set(&mut name, key, text(r)?),
         b"owner_name" => set(&mut owner_name, key, text(r)?),
-        b"owner_id" => set(&mut owner_id, key, text(r)?),
+        b"owner_id" => set(&mut owner_id, key, coder_id(r)?),
         b"template_name" => set(&mut template_name, key, text(r)?),
-        b"template_id" => set(&mut template_id, key, text(r)?),
-        b"organization_id" => set(&mut organization_id, key, text(r)?),
+        b"template_id" => set(&mut template_id, key, coder_id(r)?),
+        b"organization_id" => set(&mut organization_id, key, coder_id(r)?),
         b"organization_name" => set(&mut organization_name, key, text(r)?),
         b"created_at" => set(&mut created_at, key, time(r)?),
         b"last_used_at" => set(&mut last_used_at, key, time(r)?),
@@ -479,13 +480,13 @@ fn read_build(r: &mut Reader<'_>) -> Result<WorkspaceBuild, ReadError> {
     let (mut initiator_id, mut template_version_id, mut reason, mut resources, mut deadline) = (None, None, None, None, None);
     let (mut max_deadline, mut matched_provisioners) = (None, None);
     r.object(|r, key| match key {
-        b"id" => set(&mut id, key, text(r)?),
+        b"id" => set(&mut id, key, coder_id(r)?),
         b"created_at" => set(&mut created_at, key, optional(r, time)?),
         b"transition" => set(&mut transition, key, Transition::from_text(&r.string()?)),
         b"status" => set(&mut status, key, WorkspaceStatus::from_text(&r.string()?)),
         b"job" => set(&mut job, key, read_job(r)?),
-        b"initiator_id" => set(&mut initiator_id, key, optional(r, text)?),
-        b"template_version_id" => set(&mut template_version_id, key, optional(r, text)?),
+        b"initiator_id" => set(&mut initiator_id, key, optional(r, coder_id)?),
+        b"template_version_id" => set(&mut template_version_id, key, optional(r, coder_id)?),
         b"reason" => set(&mut reason, key, BuildReason::from_text(&r.string()?)),
         b"resources" => set(&mut resources, key, list(r, read_resource)?),
         b"deadline" => set(&mut deadline, key, optional(r, time)?),
@@ -538,7 +539,7 @@ fn read_job(r: &mut Reader<'_>) -> Result<ProvisionerJob, ReadError> {
     let (mut id, mut status, mut completed_at, mut error, mut canceled_at) = (None, None, None, None, None);
     let mut tags = None;
     r.object(|r, key| match key {
-        b"id" => set(&mut id, key, text(r)?),
+        b"id" => set(&mut id, key, coder_id(r)?),
         b"status" => set(&mut status, key, JobStatus::from_text(&r.string()?)),
         b"completed_at" => set(&mut completed_at, key, optional(r, time)?),
         b"error" => set(&mut error, key, optional(r, text)?),
@@ -569,7 +570,7 @@ fn read_agent(r: &mut Reader<'_>) -> Result<WorkspaceAgent, ReadError> {
     let (mut id, mut status, mut created_at, mut connection_timeout_seconds) = (None, None, None, None);
     let (mut lifecycle_state, mut first_connected_at, mut last_connected_at, mut disconnected_at) = (None, None, None, None);
     r.object(|r, key| match key {
-        b"id" => set(&mut id, key, text(r)?),
+        b"id" => set(&mut id, key, coder_id(r)?),
         b"status" => set(&mut status, key, AgentStatus::from_text(&r.string()?)),
         b"created_at" => set(&mut created_at, key, optional(r, time)?),
         b"connection_timeout_seconds" => set(&mut connection_timeout_seconds, key, r.i64()?),
@@ -606,6 +607,11 @@ fn required<T>(slot: Option<T>, key: &str) -> Result<T, ReadError> {
 
 fn text(r: &mut Reader<'_>) -> Result<String, ReadError> {
     r.string().map(|s| s.into_owned())
+}
+
+/// An id, held inline (`CoderId`): no allocation where the text has no escapes.
+fn coder_id(r: &mut Reader<'_>) -> Result<CoderId, ReadError> {
+    r.string().map(|s| CoderId::new(&s))
 }
 
 /// A time as chrono's serde support reads one (`DateTime<Utc>::from_str`); Go's RFC 3339 in

@@ -70,7 +70,7 @@ pub(super) struct Countdowns {
 /// The audit event of a countdown's move of Coder's deadline from `from` to `to`.
 fn move_event(kind: AuditKind, view: &PassView, mode: &'static str, j: &Listed, from: DateTime<Utc>, to: DateTime<Utc>) -> AuditEvent {
     AuditEvent {
-        build_id: Some(j.workspace.latest_build.id.clone()),
+        build_id: Some(j.workspace.latest_build.id.to_string()),
         extension: Some(Extension {
             deadline_from: from,
             deadline_to: to,
@@ -154,7 +154,7 @@ impl Countdowns {
                 Start::Sooner { deadline } => {
                     // After a move whose answer was lost, a deadline this soon is that move's.
                     let countdown = Countdown {
-                        build_id: ws.latest_build.id.clone(),
+                        build_id: ws.latest_build.id.to_string(),
                         last_used_at: ws.last_used_at,
                         original_deadline: lost_move.unwrap_or(deadline),
                         deadline,
@@ -173,7 +173,7 @@ impl Countdowns {
                     let from = countdown::coder_deadline(ws).unwrap_or(to);
                     let event = move_event(AuditKind::CountdownSet, view, self.config.mode, j, from, to);
                     let countdown = Countdown {
-                        build_id: ws.latest_build.id.clone(),
+                        build_id: ws.latest_build.id.to_string(),
                         last_used_at: ws.last_used_at,
                         original_deadline: from,
                         deadline: to,
@@ -445,11 +445,11 @@ impl Countdowns {
                 b.job.status.as_str()
             );
             notes.push(Note::new(Level::Warn, "countdown_stop_failed", text).about(&r.event).build(b.id.clone()));
-            let event = AuditEvent { time: self.now, build_id: Some(b.id.clone()), ..r.event };
-            return Some(Followed::StopFailed { event, build_id: b.id });
+            let event = AuditEvent { time: self.now, build_id: Some(b.id.to_string()), ..r.event };
+            return Some(Followed::StopFailed { event, build_id: b.id.to_string() });
         }
         let time = b.job.completed_at.map_or(self.now, |t| (t - self.coder_offset).min(self.now));
-        let done = AuditEvent { event: AuditKind::CountdownDone, time, build_id: Some(b.id.clone()), ..r.event };
+        let done = AuditEvent { event: AuditKind::CountdownDone, time, build_id: Some(b.id.to_string()), ..r.event };
         let text = "Coder stopped it at the end of its countdown: its GPU is free";
         notes.push(Note::new(Level::Info, "countdown_done", text).audit(done.clone()));
         self.acted.stops_done.push(id.to_string());

@@ -47,7 +47,7 @@ fn extension_event(
 ) -> AuditEvent {
     let ws = &j.workspace;
     AuditEvent {
-        build_id: Some(ws.latest_build.id.clone()),
+        build_id: Some(ws.latest_build.id.to_string()),
         extension: Some(Extension {
             deadline_from: plan.deadline,
             deadline_to: to,
@@ -175,7 +175,7 @@ impl Deadlines {
             if d.verdict == Verdict::Reclaim {
                 continue;
             }
-            let version = ws.latest_build.template_version_id.clone().unwrap_or_default();
+            let version = ws.latest_build.template_version_id.as_deref().unwrap_or_default().to_string();
             if self.ttl_refused.get(&ws.id) == Some(&version) {
                 continue;
             }
@@ -230,7 +230,7 @@ impl Deadlines {
         for (j, p, to) in extend_order(view) {
             let ws = &j.workspace;
             // A countdown's deadline is put back this pass: the extension waits for the next.
-            if self.extend_refused.get(&ws.id) == Some(&ws.latest_build.id) || moving.contains(&ws.id) {
+            if self.extend_refused.get(&ws.id).is_some_and(|b| *b == ws.latest_build.id) || moving.contains(&ws.id) {
                 continue;
             }
             if slots == 0 {
@@ -239,8 +239,12 @@ impl Deadlines {
             slots -= 1;
             let event = extension_event(AuditKind::DeadlineExtended, view.now, self.config.mode, j, p, to);
             plan.calls.push(Call::Extend { workspace_id: ws.id.clone(), to, event: Box::new(event.clone()) });
-            let planned =
-                PlannedExtension { build_id: ws.latest_build.id.clone(), listed_deadline: p.deadline, coder_now: view.coder_now(), event };
+            let planned = PlannedExtension {
+                build_id: ws.latest_build.id.to_string(),
+                listed_deadline: p.deadline,
+                coder_now: view.coder_now(),
+                event,
+            };
             self.planned_extensions.insert(ws.id.clone(), planned);
         }
     }

@@ -318,12 +318,12 @@ impl Stops {
                 let c = Candidate {
                     event,
                     pool: j.decision.pool,
-                    session: ws.latest_build.id.clone(),
-                    organization: ws.organization_id.clone(),
+                    session: ws.latest_build.id.to_string(),
+                    organization: ws.organization_id.to_string(),
                     last_used_at: ws.last_used_at,
                     tags: ws.latest_build.job.tags.clone(),
                 };
-                candidates.push((c, ws.latest_build.id.clone()));
+                candidates.push((c, ws.latest_build.id.to_string()));
             }
         }
         let slots_left = view.fleet.stop_slots.saturating_sub(candidates.len());
@@ -695,13 +695,13 @@ impl Stops {
         if latest.transition == Transition::Stop && by_us && around {
             let event = AuditEvent {
                 event: AuditKind::StopSent,
-                build_id: Some(latest.id.clone()),
+                build_id: Some(latest.id.to_string()),
                 message: format!("{} (found after a restart: sent before the previous run ended)", sending.message),
                 ..sending
             };
             let text = "a stop sent before the previous run ended was found in Coder's builds";
             notes.push(Note::new(Level::Info, "stop_found", text).build(&latest.id).audit(event.clone()));
-            self.stops.insert(id.clone(), TrackedStop::recovered(event, StopState::Sent { build_id: latest.id }));
+            self.stops.insert(id.clone(), TrackedStop::recovered(event, StopState::Sent { build_id: latest.id.to_string() }));
             self.acted.stops_sent.push(id);
         } else {
             let text = "a stop about to be sent when the previous run ended was not sent";

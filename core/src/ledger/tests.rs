@@ -54,7 +54,7 @@ pub(super) fn build(id: &str, transition: Transition, status: JobStatus) -> Work
         transition,
         status: WorkspaceStatus::Running,
         job: ProvisionerJob {
-            id: format!("job-{id}"),
+            id: format!("job-{id}").into(),
             status,
             completed_at: (status == JobStatus::Succeeded).then(|| t0() - Duration::hours(3)),
             error: None,
@@ -147,7 +147,7 @@ fn follow(ws: &str, build: &str) -> Call {
 }
 
 fn followed(ws: &str, build: WorkspaceBuild) -> Outcome {
-    Outcome::FollowStop { workspace_id: ws.into(), build_id: build.id.clone(), answer: Ok(build) }
+    Outcome::FollowStop { workspace_id: ws.into(), build_id: build.id.to_string(), answer: Ok(build) }
 }
 
 fn queued(ws: &str, build: WorkspaceBuild) -> Outcome {

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
-use crate::coder::types::{BuildParameter, TemplateSchedule, Workspace};
+use crate::coder::types::{BuildParameter, CoderId, TemplateSchedule, Workspace};
 use crate::gpu::window::Windows;
 use crate::gpu::{GpuSeries, Point};
 use crate::ids::{IdMap, IdSet};
@@ -45,7 +45,7 @@ pub struct Judge {
     /// Warnings in progress (grace): workspace id -> stop time.
     warnings: IdMap<String, DateTime<Utc>>,
     /// The latest build id seen per workspace: a new build is a new session.
-    sessions: IdMap<String, String>,
+    sessions: IdMap<String, CoderId>,
     /// While `gpu_templates` is unset: templates learned as GPU templates, and when a workspace
     /// of theirs was last seen with a GPU series (`LEARNED_TEMPLATE_MEMORY`).
     gpu_templates_seen: HashMap<String, DateTime<Utc>>,
@@ -190,7 +190,7 @@ impl Judge {
     /// A workspace a listing named before any pass (`plan` samples before its pass): its
     /// readings between passes are kept from now on.
     pub fn know_session(&mut self, workspace_id: &str, build_id: &str) {
-        self.sessions.entry(workspace_id.to_string()).or_insert_with(|| build_id.to_string());
+        self.sessions.entry(workspace_id.to_string()).or_insert_with(|| CoderId::new(build_id));
     }
 
     /// A reading between passes: kept only for a workspace a listing said runs, merged into the
@@ -301,9 +301,9 @@ impl JudgePass<'_> {
         let judge = &*self.judge;
         self.workspaces
             .iter()
-            .filter(|ws| !judge.build_parameters.contains_key(&ws.latest_build.id) && judge.is_gpu_template(&ws.template_name))
+            .filter(|ws| !judge.build_parameters.contains_key(ws.latest_build.id.as_str()) && judge.is_gpu_template(&ws.template_name))
             .filter(|ws| may_wait(ws, judge.windows.get(&ws.id).unwrap_or(&[]), now, &judge.policy))
-            .map(|ws| ws.latest_build.id.clone())
+            .map(|ws| ws.latest_build.id.to_string())
             .collect()
     }
 
@@ -338,7 +338,7 @@ impl JudgePass<'_> {
                     gpu_template: judge.is_gpu_template(&ws.template_name),
                     step: context.step,
                     gpu_series_refused_at: seen.refused_at,
-                    template: judge.templates.get(&ws.template_id).copied(),
+                    template: judge.templates.get(ws.template_id.as_str()).copied(),
                     cpu_variant: judge.cpu_variant(&ws.latest_build.id),
                     twinned: judge.twinned.contains(&ws.id),
                     gpu_changed_at: seen.changed_at,
