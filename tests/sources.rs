@@ -272,7 +272,8 @@ async fn a_pod_over_its_series_cap_fails_only_its_own_workspace() {
     }
     series.push(json!({"metric": labels(WS_ID, 99_999), "values": [[end, "0"]]}));
     Mock::given(method("GET")).and(path("/api/v1/query_range")).respond_with(matrix(json!(series))).mount(&server).await;
-    source.want((0..1000).map(id).chain([WS_ID.to_string()]).collect());
+    let ids: Vec<String> = (0..1000).map(id).chain([WS_ID.to_string()]).collect();
+    source.want(ids.iter().map(String::as_str));
     let c = source.collect(Utc::now()).await;
     assert!(c.failures.is_empty(), "one pod's series fail no other workspace: {:?}", c.failures);
     let of = |ws: &str| c.series.iter().filter(|s| s.workspace_id.as_deref() == Some(ws)).count();
@@ -303,7 +304,7 @@ async fn a_twins_instance_label_is_bounded() {
         {"metric": labels(&huge), "values": [[end - 60, "0"], [end, "0"]]},
     ]);
     Mock::given(method("GET")).and(path("/api/v1/query_range")).respond_with(matrix(series)).mount(&server).await;
-    source.want([WS_ID.to_string()].into_iter().collect());
+    source.want([WS_ID].into_iter());
     let c = source.collect(Utc::now()).await;
     assert_eq!(c.twin_count, 1, "{:?}", c.failures);
     let targets = &c.twins[0].reported_by;
@@ -323,7 +324,7 @@ async fn a_copy_under_the_real_target_with_one_more_label_is_a_twin() {
     let mut end = Utc::now().timestamp() / 60 * 60;
     let labels = json!({"UUID": "GPU-585834da-1c2b-4d5e-8f90-a1b2c3d4e5f6", "exported_pod": format!("coder-{WS_ID}-7d9f8b6c5d-x2x9k"),
         "exported_namespace": "coder", "instance": "10.0.1.7:9400"});
-    source.want([WS_ID.to_string()].into_iter().collect());
+    source.want([WS_ID].into_iter());
     for pass in 0..3 {
         server.reset().await;
         let at = end;

@@ -82,6 +82,10 @@ impl<V> DigestMap<V> {
         self.map.get(&self.digests.of(key))
     }
 
+    pub fn contains<K: std::hash::Hash + ?Sized>(&self, key: &K) -> bool {
+        self.map.contains_key(&self.digests.of(key))
+    }
+
     pub fn insert<K: std::hash::Hash + ?Sized>(&mut self, key: &K, value: V) -> Option<V> {
         self.map.insert(self.digests.of(key), value)
     }

@@ -88,7 +88,7 @@ pub async fn run(settings: Result<Settings, Error>) -> bool {
     // Read as a pass reads it: behind Prometheus only the listed workspaces' series are held.
     if source.lists_first() {
         if let Ok(listing) = coder.listing().await {
-            source.want(listing.workspaces.iter().map(|w| w.id.clone()).collect());
+            source.want(listing.workspaces.iter().map(|w| w.id.as_str()));
         }
     }
     if let Some(why) = crate::app::gpu_templates_unset(&source, &settings.policy) {

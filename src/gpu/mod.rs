@@ -7,8 +7,6 @@ pub mod exporter;
 pub mod prometheus;
 pub mod source;
 
-use std::collections::HashSet;
-
 use chrono::{DateTime, Utc};
 use reqwest::Url;
 
@@ -113,7 +111,7 @@ impl Sources {
     }
 
     /// The workspaces whose series to hold from now on (only where `lists_first`).
-    pub fn want(&self, workspaces: HashSet<String>) {
+    pub fn want<'a>(&self, workspaces: impl Iterator<Item = &'a str>) {
         if let Sources::Prometheus(s) = self {
             s.want(workspaces);
         }

@@ -324,7 +324,7 @@ impl Evaluator {
                 Ok(l) => l,
                 Err(e) => return Err((e, Vec::new())),
             };
-            self.source.want(listing.workspaces.iter().map(|w| w.id.clone()).collect());
+            self.source.want(listing.workspaces.iter().map(|w| w.id.as_str()));
             let collection = self.source.collect(now).await;
             (Ok(listing), collection)
         } else {

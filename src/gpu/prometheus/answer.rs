@@ -3,7 +3,6 @@
 //! and step into series (`Fold`), within a budget of points and remembered labels.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
@@ -325,6 +324,9 @@ pub fn read_answer(status: u16, body: &[u8], on_series: &mut dyn FnMut(Series<'_
 /// real `pod_uid`, and its scrape target (`instance`).
 pub(super) type Known = (usize, bool, Arc<str>);
 
+/// The listed workspaces whose series a fetch holds (`PrometheusSource::want`), by digest.
+pub(super) type Wanted = DigestMap<()>;
+
 pub(super) struct Fold {
     pub(super) source: Arc<str>,
     pub(super) ownership: Ownership,
@@ -356,7 +358,7 @@ pub(super) struct Fold {
     /// reported it, with its first and last step (at most four targets).
     pub(super) instances: IdMap<usize, Vec<(Arc<str>, i64, i64)>>,
     /// The workspaces whose series are held (the pass's listing); `None`: every one.
-    pub(super) wanted: Option<Arc<HashSet<String>>>,
+    pub(super) wanted: Option<Arc<Wanted>>,
     /// Workspaces the listing does not name whose series have a point at the latest step.
     pub(super) unlisted: Vec<String>,
     /// The steps asked for (unix seconds): points outside are dropped, so no answer can grow a
@@ -487,7 +489,7 @@ impl Fold {
         let wanted = self.wanted.as_ref()?;
         let key = GpuKey::from_labels(|k| labels.get(k), &self.ownership)?;
         let (Some(_), (Some(id), _)) = (key.pod, self.ownership.owner(|k| labels.get(k))) else { return None };
-        (!wanted.contains(&id)).then_some(id)
+        (!wanted.contains(id.as_str())).then_some(id)
     }
 
     /// A series of a workspace the listing does not name, with a point at the latest step: its

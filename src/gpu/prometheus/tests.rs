@@ -1,6 +1,6 @@
 //! The Prometheus source's parsing, query plan and fold, without a server.
 
-use super::answer::{Labels, REMEMBERED_ENTRY_BYTES, read_series, sample_value};
+use super::answer::{Labels, REMEMBERED_ENTRY_BYTES, Wanted, read_series, sample_value};
 use super::query::BY;
 use super::*;
 use crate::json_split::Splitter;
@@ -278,7 +278,7 @@ fn copies_are_counted_per_job() {
 #[test]
 fn an_unlisted_workspace_is_parsed_once_and_noted_by_any_field() {
     let mut fold = fold(1 << 20);
-    fold.wanted = Some(Arc::new(std::collections::HashSet::new()));
+    fold.wanted = Some(Arc::new(Wanted::default()));
     fold.span = (0, 120);
     let id = "0b7c3f6e-1d2a-4c5b-9e8f-7a6b5c4d3e2f";
     let labels = format!(r#"{{"UUID":"GPU-1","pod":"coder-{id}-6d9f8b7c5-x2x9k","namespace":"coder"}}"#);
