@@ -29,8 +29,10 @@ pub struct GpuWindow {
     pub attribution: Attribution,
     /// Oldest first, 40 bytes each (`Samples`).
     pub samples: Samples,
-    /// Readings since the last pass, merged (each signal's highest value).
-    pending: Option<GpuSample>,
+    /// Readings since the last pass, merged (each signal's highest value). Boxed: only exporter
+    /// readings wait here between passes; behind Prometheus each step is a sample at once, and
+    /// every window would hold 40 bytes more for nothing.
+    pending: Option<Box<GpuSample>>,
     /// Frozen-data tracking over raw readings: the latest energy counter, and since when it has
     /// not risen. Without the counter there is no tracking: an idle GPU's other readings do not
     /// change either, so "nothing changed" cannot tell frozen from idle (reference dcgm NOTES §10).
@@ -58,6 +60,26 @@ impl GpuWindow {
     /// the hostengine is serving cached values. A reading without the counter switches the
     /// tracking off until the counter comes back.
     pub fn add_reading(&mut self, at: DateTime<Utc>, values: SignalValues, energy: Option<f64>) {
+        self.track_energy(at, energy);
+        match &mut self.pending {
+            Some(p) => **p = GpuSample { at: at.max(p.at), values: p.values.max(values) },
+            None => self.pending = Some(Box::new(GpuSample { at, values })),
+        }
+    }
+
+    /// One reading that is a sample of its own (a step of Prometheus history): `add_reading`
+    /// then `flush`, without boxing a reading only to take it out again.
+    pub fn add_step(&mut self, at: DateTime<Utc>, values: SignalValues, energy: Option<f64>) {
+        if self.pending.is_some() {
+            self.add_reading(at, values, energy);
+            self.flush();
+        } else {
+            self.track_energy(at, energy);
+            self.push(GpuSample { at, values });
+        }
+    }
+
+    fn track_energy(&mut self, at: DateTime<Utc>, energy: Option<f64>) {
         match energy {
             Some(now) => {
                 if self.last_energy.is_none_or(|before| now > before) || self.unchanged_since.is_none() {
@@ -70,16 +92,12 @@ impl GpuWindow {
                 self.unchanged_since = None;
             }
         }
-        self.pending = Some(match self.pending {
-            Some(p) => GpuSample { at: at.max(p.at), values: p.values.max(values) },
-            None => GpuSample { at, values },
-        });
     }
 
     /// Ends a pass: the merged readings since the last pass become one sample.
     pub fn flush(&mut self) {
         if let Some(p) = self.pending.take() {
-            self.push(p);
+            self.push(*p);
         }
     }
 
@@ -218,6 +236,25 @@ pub struct Windows {
     /// Keys of the (pod, UUID) fingerprints, random per process: nobody who writes series can
     /// make a new GPU's fingerprint match a known one.
     fingerprints: std::collections::hash_map::RandomState,
+    /// The GPU models named so far, each held once and shared by its windows (a fleet has a
+    /// handful; a copy per window was 48 bytes a GPU). Past `MAX_MODELS` a window holds its own.
+    models: Vec<Arc<str>>,
+}
+
+/// Models `Windows` shares at most: a label is what a peer writes, and a search of this list is
+/// made for each new window.
+const MAX_MODELS: usize = 32;
+
+/// `name` as one of `models`, shared (added while there are fewer than `MAX_MODELS`).
+fn shared_model(models: &mut Vec<Arc<str>>, name: &str) -> Arc<str> {
+    if let Some(known) = models.iter().find(|m| m.as_ref() == name) {
+        return known.clone();
+    }
+    let model: Arc<str> = Arc::from(name);
+    if models.len() < MAX_MODELS {
+        models.push(model.clone());
+    }
+    model
 }
 
 impl Windows {
@@ -230,6 +267,7 @@ impl Windows {
             by_workspace: IdMap::default(),
             max_per_workspace: DEFAULT_MAX_GPUS_PER_WORKSPACE,
             fingerprints: Default::default(),
+            models: Vec::new(),
         }
     }
 
@@ -299,12 +337,13 @@ impl Windows {
         window.source = series.source.clone();
         window.attribution = series.attribution;
         if window.model.is_none() {
-            window.model = series.model.as_deref().map(Arc::from);
+            window.model = series.model.as_deref().map(|name| shared_model(&mut self.models, name));
         }
         for p in points {
-            window.add_reading(p.at, p.values, p.energy_joules);
             if steps {
-                window.flush();
+                window.add_step(p.at, p.values, p.energy_joules);
+            } else {
+                window.add_reading(p.at, p.values, p.energy_joules);
             }
         }
     }
@@ -391,6 +430,30 @@ mod tests {
 
     fn util(v: f64) -> SignalValues {
         SignalValues::default().with(Signal::GpuUtil, v)
+    }
+
+    #[test]
+    fn a_step_is_a_reading_flushed_at_once() {
+        // (seconds, utilization, energy counter): a rise, a frozen counter, none, a rise again.
+        let steps = [(0, 0.5, Some(10.0)), (60, 0.0, Some(10.0)), (120, 0.9, None), (180, 0.2, Some(11.0))];
+        for waiting in [false, true] {
+            let (mut stepped, mut flushed) = (window(&[]), window(&[]));
+            if waiting {
+                // An exporter reading taken before the steps: merged into the first.
+                for w in [&mut stepped, &mut flushed] {
+                    w.add_reading(t(-30), util(0.75), Some(9.0));
+                }
+            }
+            for (s, u, energy) in steps {
+                stepped.add_step(t(s), util(u), energy);
+                flushed.add_reading(t(s), util(u), energy);
+                flushed.flush();
+            }
+            assert_eq!(stepped, flushed, "waiting: {waiting}");
+            assert_eq!(stepped.samples.len(), 4);
+            assert_eq!(stepped.samples.front().map(|s| s.values.get(Signal::GpuUtil)), Some(Some(if waiting { 0.75 } else { 0.5 })));
+            assert_eq!(stepped.unchanged_since(), Some(t(180)));
+        }
     }
 
     fn window(points: &[(i64, f64)]) -> GpuWindow {
@@ -485,6 +548,23 @@ mod tests {
             real_pod_uid: false,
             points: vec![crate::gpu::Point { at: t(at), values: util(0.0), energy_joules: None }],
         }
+    }
+
+    #[test]
+    fn windows_of_one_model_share_its_name_and_past_the_cap_each_holds_its_own() {
+        let mut ws = Windows::new(Duration::seconds(600), std::time::Duration::from_secs(10));
+        let of_model = |i: usize, model: &str| GpuSeries { model: Some(model.into()), ..series(&format!("GPU-{i}"), &format!("w{i}"), 0) };
+        ws.record(&of_model(0, "NVIDIA A10G"), None, true);
+        ws.record(&of_model(1, "NVIDIA A10G"), None, true);
+        for i in 0..MAX_MODELS + 1 {
+            ws.record(&of_model(2 + i, &format!("model {i}")), None, true);
+        }
+        let model = |i: usize| ws.get(&format!("w{i}")).and_then(|w| w[0].model.clone()).unwrap();
+        assert!(Arc::ptr_eq(&model(0), &model(1)), "one name for both");
+        assert_eq!(ws.models.len(), MAX_MODELS);
+        let last = model(2 + MAX_MODELS);
+        assert_eq!(&*last, format!("model {MAX_MODELS}"), "past the cap, still its own name");
+        assert!(!ws.models.iter().any(|m| Arc::ptr_eq(m, &last)));
     }
 
     #[test]
