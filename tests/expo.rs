@@ -296,7 +296,7 @@ fn readings_of(text: &str, ownership: &Ownership) -> Vec<(String, coder_gpu_recl
     let text = text.replace("<gpu0>", GPU0).replace("<w>", W).replace("<w2>", W2);
     let (series, errors) = series_from_exposition(&text, Utc::now(), &Arc::from("x"), ownership);
     assert!(errors.is_empty(), "{errors:?}");
-    let mut owned: Vec<_> = series.into_iter().filter_map(|s| Some((s.workspace_id?, s.points[0].values))).collect();
+    let mut owned: Vec<_> = series.into_iter().filter_map(|s| Some((s.workspace_id?.to_string(), s.points[0].values))).collect();
     owned.sort_by(|a, b| a.0.cmp(&b.0));
     owned
 }

@@ -56,7 +56,7 @@ fn gpu(secs_ago: impl IntoIterator<Item = i64>) -> Vec<GpuWindow> {
 fn series_of(ws: &Workspace, uuid: &str, points: Vec<Point>) -> GpuSeries {
     GpuSeries {
         key: GpuKey { uuid: uuid.into(), gpu_instance: None, pod: Some(format!("coder-{}-7d9f8b6c5d-x2x9k", ws.id)) },
-        workspace_id: Some(ws.id.clone()),
+        workspace_id: Some(ws.id.as_str().into()),
         namespace: Some("coder".into()),
         model: Some("NVIDIA A10G".into()),
         source: Arc::from("http://10.0.0.7:9400/metrics"),

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::coder::types::Workspace;
+use crate::coder::types::{CoderId, Workspace};
 use crate::duration::human;
 use crate::gpu::GpuKey;
 use crate::gpu::signals::Signal;
@@ -103,7 +103,7 @@ pub struct StatusDocument {
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct WorkspaceStatus {
-    pub id: String,
+    pub id: CoderId,
     pub name: String,
     pub owner: String,
     pub template: String,
@@ -193,7 +193,7 @@ fn activity(gpus: &[GpuWindow]) -> Vec<u8> {
 impl WorkspaceStatus {
     pub fn new(ws: &Workspace, d: &Decision, gpus: Option<&[GpuWindow]>, policy: &Policy) -> Self {
         WorkspaceStatus {
-            id: ws.id.clone(),
+            id: ws.id.as_str().into(),
             name: ws.name.clone(),
             owner: ws.owner_name.clone(),
             template: ws.template_name.clone(),

@@ -79,7 +79,7 @@ pub fn idle_gpu_series(ws: &Workspace, at0: DateTime<Utc>, from_min: i64, to_min
     let minute = chrono::Duration::minutes;
     GpuSeries {
         key: GpuKey { uuid: format!("GPU-{}", ws.id), gpu_instance: None, pod: Some(format!("coder-{}-7d9f8b6c5d-x2x9k", ws.id)) },
-        workspace_id: Some(ws.id.clone()),
+        workspace_id: Some(ws.id.as_str().into()),
         namespace: Some("coder".into()),
         model: Some("NVIDIA A10G".into()),
         source: std::sync::Arc::from("http://10.0.0.7:9400/metrics"),

@@ -715,7 +715,7 @@ mod tests {
         let timelines = [timeline("ws-a"), timeline("ws-b"), timeline("ws-c")];
         let series = |uuid: &str, ws: Option<&str>| {
             let mut s = GpuSeries::from_labels(|k| (k == "UUID").then_some(uuid), &Arc::from("p"), &Default::default()).unwrap();
-            s.workspace_id = ws.map(String::from);
+            s.workspace_id = ws.map(crate::coder::types::CoderId::new);
             s
         };
         let all = [

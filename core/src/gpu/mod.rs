@@ -14,6 +14,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::coder_id::CoderId;
 use crate::ids::DigestMap;
 use signals::{Field, Reading, Signal, SignalValues};
 
@@ -84,8 +85,9 @@ impl Point {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuSeries {
     pub key: GpuKey,
-    /// The workspace the series belongs to, when its labels say so.
-    pub workspace_id: Option<String>,
+    /// The workspace the series belongs to, when its labels say so (inline: a fetch holds one
+    /// per GPU).
+    pub workspace_id: Option<CoderId>,
     pub namespace: Option<String>,
     pub model: Option<String>,
     /// The exporter URL or Prometheus base URL that reported it.
@@ -138,7 +140,7 @@ impl GpuSeries {
     ) -> GpuSeries {
         GpuSeries {
             key,
-            workspace_id,
+            workspace_id: workspace_id.as_deref().map(CoderId::new),
             namespace,
             model: label("modelName").map(str::to_string),
             source: source.clone(),

@@ -15,6 +15,7 @@ pub use super::samples::{GpuSample, Samples};
 use super::signals::{Signal, SignalValues};
 use super::{Attribution, GpuKey, GpuSeries, Point};
 pub use super::{DEFAULT_MAX_GPUS_PER_WORKSPACE, MAX_GPUS_PER_WORKSPACE};
+use crate::coder_id::CoderId;
 use crate::ids::IdMap;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -231,7 +232,7 @@ pub struct Windows {
     /// Samples a window holds at most (the look-back over the interval): reserved up front,
     /// so a full window costs no more than its samples.
     capacity: usize,
-    by_workspace: IdMap<String, WorkspaceWindows>,
+    by_workspace: IdMap<CoderId, WorkspaceWindows>,
     max_per_workspace: usize,
     /// Keys of the (pod, UUID) fingerprints, random per process: nobody who writes series can
     /// make a new GPU's fingerprint match a known one.
@@ -295,7 +296,7 @@ impl Windows {
             return;
         }
         // Looked up before inserting: most passes find it, and need no copy of the id.
-        let gpus = match self.by_workspace.get_mut(ws) {
+        let gpus = match self.by_workspace.get_mut(ws.as_str()) {
             Some(gpus) => gpus,
             None => self.by_workspace.entry(ws.clone()).or_default(),
         };

@@ -582,7 +582,11 @@ impl PrometheusSource {
         // Every workspace one of whose GPUs is a twin (the listed twins are the first few only).
         let twinned = {
             let co = self.co_reported.lock().unwrap_or_else(|p| p.into_inner());
-            series.iter().filter(|s| co.get(&s.key).is_some_and(|(_, steps)| *steps >= 2)).filter_map(|s| s.workspace_id.clone()).collect()
+            series
+                .iter()
+                .filter(|s| co.get(&s.key).is_some_and(|(_, steps)| *steps >= 2))
+                .filter_map(|s| s.workspace_id.as_deref().map(str::to_string))
+                .collect()
         };
         // Configured jobs that hold no listed workspace's series: which jobs do (hourly), to say.
         let mut read = read;
