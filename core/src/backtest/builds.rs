@@ -1,12 +1,12 @@
 //! A build as a backtest's timeline keeps it for the whole window (`PastBuild`): the facts the
 //! replay's rules read of every build, in 64 bytes, and the rest only for a build that a
-//! listing can show running (a start whose job succeeded). A parsed `WorkspaceBuild` holds 272
-//! bytes plus four ids of 36 characters, its job's tags and its resources (640 bytes a build on
-//! average at 10,000 workspaces x 7 days, by heaptrack); a timeline holds every build of its
-//! window from the start, 11 a workspace on average there. Ids are kept in 16 bytes when they
-//! are UUIDs in Coder's spelling (`Id`), a build's initiator as its place among the timeline's
-//! (each user once, `keep_all`), and every build is given back exactly as it was parsed
-//! (`PastBuild::build`).
+//! listing can show running (a start whose job succeeded). A parsed `WorkspaceBuild` holds 336
+//! bytes with its four ids inline (`CoderId`), plus its job's tags and its resources (640 bytes
+//! a build on average at 10,000 workspaces x 7 days by heaptrack, when its ids were strings of
+//! their own); a timeline holds every build of its window from the start, 11 a workspace on
+//! average there. Ids are kept in 16 bytes when they are UUIDs in Coder's spelling (`Id`), a
+//! build's initiator as its place among the timeline's (each user once, `keep_all`), and every
+//! build is given back exactly as it was parsed (`PastBuild::build`).
 
 use std::fmt;
 
@@ -112,7 +112,7 @@ pub fn keep_all(builds: Vec<WorkspaceBuild>) -> (Vec<PastBuild>, Box<[Id]>) {
     // Any text a peer sends may be an initiator: SipHash, not `IdHash` (`crate::ids`).
     let mut places: std::collections::HashMap<Id, u32> = std::collections::HashMap::new();
     // Into a list of their own size: collected in place, the kept builds would sit in the
-    // parsed list's buffer (272 bytes a slot) for the whole window.
+    // parsed list's buffer (336 bytes a slot) for the whole window.
     let mut kept = Vec::with_capacity(builds.len());
     kept.extend(builds.into_iter().map(|mut b| {
         let place = b.initiator_id.take().map_or(0, |text| {

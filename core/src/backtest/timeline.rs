@@ -159,7 +159,7 @@ impl WorkspaceTimeline {
     pub fn new(record: Workspace, mut builds: Vec<WorkspaceBuild>) -> Self {
         builds.sort_by_key(|b| b.created_at);
         // `listed_at` shows the build of the moment: the record's own is never read, and it
-        // would be held (272 bytes inline), and copied with every listing, for the whole window.
+        // would be held (336 bytes inline), and copied with every listing, for the whole window.
         let record = WorkspaceRecord::from(record);
         let (builds, initiators) = keep_all(builds);
         WorkspaceTimeline { record, builds, initiators, uses: Vec::new(), agents: Vec::new(), parameters: HashMap::new() }
