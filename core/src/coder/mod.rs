@@ -1,7 +1,8 @@
-//! Coder's REST API as values: the serde models and `read_workspace` (`types`), and a build's
-//! parameter values (`BuildParameter`, re-exported there). The client that fetches them is the
-//! service crate's `coder`.
+//! Coder's REST API as values: the serde models and `read_workspace` (`types`), a job's tags
+//! (`job_tags`), and a build's parameter values (`BuildParameter`, re-exported there). The
+//! client that fetches them is the service crate's `coder`.
 
+pub mod job_tags;
 pub mod types;
 
 use serde::{Deserialize, Serialize};
