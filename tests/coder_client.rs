@@ -63,6 +63,36 @@ async fn lists_running_workspaces_in_one_request_and_parses_real_shapes() {
     assert_eq!((agent.status, agent.first_connected_at), (AgentStatus::Timeout, None));
 }
 
+/// The listing's list is made in the room the last listing needed: a steady pass's list is not
+/// copied into a smaller one (both would be held at once); a first listing, grown by doubling,
+/// is copied into one its size.
+#[tokio::test]
+async fn the_second_listing_is_read_into_the_room_the_first_one_needed() {
+    let mut listing = fixture_json("coder/workspaces_running.json");
+    let one = listing["workspaces"][0].clone();
+    listing["workspaces"] = (0..300)
+        .map(|i| {
+            let mut ws = one.clone();
+            ws["id"] = format!("00000000-0000-4000-8000-{i:012}").into();
+            ws
+        })
+        .collect();
+    listing["count"] = 300.into();
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/api/v2/workspaces"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(listing))
+        .expect(2)
+        .mount(&server)
+        .await;
+    let coder = client(&server, RetryPolicy::none());
+    let first = coder.running_workspaces().await.unwrap();
+    assert_eq!((first.len(), first.capacity()), (300, 300), "grown by doubling to 512, then copied into its size");
+    let second = coder.running_workspaces().await.unwrap();
+    assert_eq!(second.len(), 300);
+    assert!(second.capacity() > 300 && second.capacity() < 400, "kept in the room made up front: {}", second.capacity());
+}
+
 #[tokio::test]
 async fn unknown_enum_values_parse_instead_of_failing_the_listing() {
     let ws: coder_gpu_reclaimer::coder::types::Workspace =
