@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use coder_gpu_reclaimer::coder::ListedWorkspaces;
 use coder_gpu_reclaimer::coder::types::Workspace;
+use coder_gpu_reclaimer::gpu::Ownership;
 use coder_gpu_reclaimer::gpu::expo::parse_each;
-use coder_gpu_reclaimer::gpu::{Ownership, series_from_exposition};
+use coder_gpu_reclaimer::gpu::scrape::series_from_exposition;
 use coder_gpu_reclaimer::json_split::{OnElement, Splitter};
 
 /// Runs `f` repeatedly for at least `budget`; returns seconds per run (best of the batches).

@@ -268,11 +268,12 @@ pub async fn read_limited(resp: reqwest::Response, limit: usize) -> Result<Bytes
     Ok(buf.freeze())
 }
 
-/// Bytes that bodies read at the same time may hold together (exporter scrapes run `slots` at a
-/// time), so the per-body limits compose under the container's memory limit. Half the budget is
-/// every slot's own share: a body's first `total / (2 * slots)` bytes are its own, and only what
-/// it holds beyond that comes from the common half, as it arrives, given back when dropped. A few
-/// stalled bodies at the body limit can take the common half, never a healthy body's share.
+/// Bytes that bodies read at the same time may receive together (exporter scrapes run `slots` at
+/// a time), so the per-body limits compose under the container's memory limit. Half the budget
+/// is every slot's own share: a body's first `total / (2 * slots)` bytes are its own, and only
+/// what it receives beyond that comes from the common half, as it arrives, given back when its
+/// read ends. A few stalled bodies at the body limit can take the common half, never a healthy
+/// body's share.
 #[derive(Debug, Clone)]
 pub struct BodyBudget {
     bytes: std::sync::Arc<tokio::sync::Semaphore>,
@@ -297,31 +298,19 @@ impl BodyBudget {
     }
 }
 
-/// A body read within a `BodyBudget`: its share of the budget goes back when it is dropped.
-pub struct BudgetedBody {
-    pub bytes: Bytes,
-    _share: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-/// `read_limited`, taking each chunk's bytes from `budget` as it arrives; when the bodies in
-/// flight hold the whole budget, this one stops with `BodyError::OverBudget` (never waits: a
-/// wait could deadlock bodies that each hold part of it).
-///
-/// Each byte is copied once. A body that announces its length (within `limit`) is read into one
-/// buffer of that size, charged to the budget before it is made. Otherwise (a compressed body)
-/// the chunks are kept as they came, not copied, and joined at the end (no buffer that doubles
-/// as it grows).
-pub async fn read_limited_within(resp: reqwest::Response, limit: usize, budget: &BodyBudget) -> Result<BudgetedBody, BodyError> {
+/// Hands a body to `on_chunk` as it arrives, at most `limit` bytes, charging each byte
+/// received to `budget` until it returns: when the bodies in flight have received the whole
+/// budget, this one stops with `BodyError::OverBudget` (never waits: a wait could deadlock
+/// bodies that each hold part of it). The receiver keeps what it makes of the bytes, never the
+/// body (an exporter's scrape is folded into series as it streams in), so what it holds is
+/// bounded by what was charged.
+pub async fn stream_within(
+    resp: reqwest::Response,
+    limit: usize,
+    budget: &BodyBudget,
+    mut on_chunk: impl FnMut(&[u8]),
+) -> Result<(), BodyError> {
     let mut charge = Charge { budget, limit, upto: 0, share: None };
-    let announced = resp.content_length().and_then(|n| usize::try_from(n).ok()).filter(|n| *n <= limit);
-    let mut whole = match announced {
-        Some(n) => {
-            charge.upto(n)?;
-            Some(BytesMut::with_capacity(n))
-        }
-        None => None,
-    };
-    let mut chunks: Vec<Bytes> = Vec::new();
     let mut read = 0usize;
     for_each_chunk(
         resp,
@@ -330,24 +319,11 @@ pub async fn read_limited_within(resp: reqwest::Response, limit: usize, budget: 
         |chunk| {
             read += chunk.len();
             charge.upto(read)?;
-            match &mut whole {
-                Some(buf) => buf.extend_from_slice(&chunk),
-                None => chunks.push(chunk),
-            }
+            on_chunk(&chunk);
             Ok(())
         },
     )
-    .await?;
-    let bytes = match (whole, chunks.len()) {
-        (Some(buf), _) => buf.freeze(),
-        (None, 1) => chunks.remove(0),
-        (None, _) => {
-            let mut joined = BytesMut::with_capacity(read);
-            chunks.drain(..).for_each(|c| joined.extend_from_slice(&c));
-            joined.freeze()
-        }
-    };
-    Ok(BudgetedBody { bytes, _share: charge.share })
+    .await
 }
 
 /// What one body has taken from a `BodyBudget`: its first `share` bytes are its own; only what
@@ -506,30 +482,28 @@ mod tests {
     }
 
     /// Issue 31: two stalled exporters just under the body limit held the whole budget, and
-    /// healthy scrapes failed. Now each scrape's first share is its own.
-    #[tokio::test]
-    async fn stalled_bodies_at_the_limit_never_take_a_healthy_scrapes_share() {
+    /// healthy scrapes failed. Now each scrape's first share is its own. (A charge is what a
+    /// body in flight has received; `stream_within` holds one until its read ends.)
+    #[test]
+    fn stalled_bodies_at_the_limit_never_take_a_healthy_scrapes_share() {
         let budget = BodyBudget::new(32 << 20, 32);
         assert_eq!(budget.share(), 512 << 10);
-        let stalled = read_limited_within(body(15 << 20), 16 << 20, &budget).await.unwrap();
-        let second = read_limited_within(body(15 << 20), 16 << 20, &budget).await;
-        assert!(matches!(second, Err(BodyError::OverBudget { .. })), "the common half is taken");
-        let healthy: Vec<BudgetedBody> = {
-            let mut held = Vec::new();
-            for _ in 0..31 {
-                held.push(read_limited_within(body(400 << 10), 16 << 20, &budget).await.unwrap());
-            }
-            held
-        };
-        assert_eq!(healthy.len(), 31, "every other slot still reads a real body");
-        drop((stalled, healthy));
-        assert!(read_limited_within(body(15 << 20), 16 << 20, &budget).await.is_ok(), "given back when dropped");
+        let charge = || Charge { budget: &budget, limit: 16 << 20, upto: 0, share: None };
+        let mut stalled = charge();
+        assert!(stalled.upto(15 << 20).is_ok());
+        let mut second = charge();
+        assert!(matches!(second.upto(15 << 20), Err(BodyError::OverBudget { .. })), "the common half is taken");
+        let mut healthy: Vec<Charge> = (0..31).map(|_| charge()).collect();
+        assert!(healthy.iter_mut().all(|c| c.upto(400 << 10).is_ok()), "every other slot still reads a real body");
+        drop((stalled, second, healthy));
+        assert!(charge().upto(15 << 20).is_ok(), "given back when dropped");
     }
 
-    /// A body without a length (a compressed or chunked one) is kept as its chunks came and
-    /// joined once; each chunk is charged to the budget as it arrives.
+    /// A body is handed over chunk by chunk, in order, and charged as it arrives: while one body
+    /// of three 512 KiB chunks is read (its own 512 KiB and the common MiB), another cannot pass
+    /// its own share; once it is read, the budget is whole again.
     #[tokio::test]
-    async fn a_body_without_a_length_is_joined_from_its_chunks_and_charged_as_they_arrive() {
+    async fn a_body_is_handed_over_as_it_arrives_and_charged_until_its_read_ends() {
         let chunks = || futures_util::stream::iter((0..3u8).map(|i| Ok::<_, std::io::Error>(Bytes::from(vec![b'a' + i; 512 << 10]))));
         let app = axum::Router::new().route("/", axum::routing::get(move || async move { axum::body::Body::from_stream(chunks()) }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -540,16 +514,31 @@ mod tests {
         let http = client(Duration::from_secs(5), Duration::from_secs(5), &Outbound::default()).unwrap();
         let resp = send(http.get(&url)).await.unwrap();
         assert_eq!(resp.content_length(), None, "sent chunked");
-        let chunked = read_limited_within(resp, 16 << 20, &budget).await.unwrap();
-        assert_eq!(chunked.bytes.len(), 3 * (512 << 10));
-        assert!(
-            chunked.bytes[..512 << 10].iter().all(|b| *b == b'a') && chunked.bytes[1024 << 10..].iter().all(|b| *b == b'c'),
-            "in order"
-        );
-        let over = read_limited_within(body((512 << 10) + 1), 16 << 20, &budget).await;
-        assert!(matches!(over, Err(BodyError::OverBudget { .. })), "the chunks took the common MiB");
-        drop(chunked);
-        assert!(read_limited_within(body(1 << 20), 16 << 20, &budget).await.is_ok(), "given back when dropped");
+        let (mut received, mut over_while_read) = (Vec::new(), None);
+        stream_within(resp, 16 << 20, &budget, |chunk| {
+            received.extend_from_slice(chunk);
+            if received.len() == 3 * (512 << 10) {
+                let mut other = Charge { budget: &budget, limit: 16 << 20, upto: 0, share: None };
+                over_while_read = Some(other.upto((512 << 10) + 1));
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(received.len(), 3 * (512 << 10));
+        assert!(received[..512 << 10].iter().all(|b| *b == b'a') && received[1024 << 10..].iter().all(|b| *b == b'c'), "in order");
+        assert!(matches!(over_while_read, Some(Err(BodyError::OverBudget { .. }))), "the chunks took the common MiB");
+        let mut after = Charge { budget: &budget, limit: 16 << 20, upto: 0, share: None };
+        assert!(after.upto(3 * (512 << 10)).is_ok(), "given back when the read ended");
+    }
+
+    /// A body over the budget stops where it passes it, not after it is read.
+    #[tokio::test]
+    async fn a_body_past_the_budget_stops_there() {
+        let budget = BodyBudget::new(2 << 20, 2);
+        let mut seen = 0;
+        let r = stream_within(body(4 << 20), 16 << 20, &budget, |chunk| seen += chunk.len()).await;
+        assert!(matches!(r, Err(BodyError::OverBudget { .. })), "{r:?}");
+        assert!(seen <= 3 * (512 << 10), "read {seen} bytes past a budget of 1.5 MiB for it");
     }
 
     #[test]

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use coder_gpu_reclaimer::gpu::expo::{parse, render_sample};
+use coder_gpu_reclaimer::gpu::scrape::{ScrapeFold, series_from_exposition};
 use coder_gpu_reclaimer::gpu::signals::Signal;
-use coder_gpu_reclaimer::gpu::{Attribution, Ownership, series_from_exposition};
+use coder_gpu_reclaimer::gpu::{Attribution, Ownership};
 use proptest::prelude::*;
 
 use crate::common::{WS_ID, fixture};
@@ -491,5 +492,96 @@ fn per_process_readings_that_do_not_add_up_are_not_trusted() {
         assert_eq!(idle.attribution, Attribution::Shared, "{what}");
         crate::common::assert_close(idle.points[0].values.get(Signal::GpuUtil), Some(0.87), what);
         crate::common::assert_close(idle.points[0].values.get(Signal::SmActive), Some(0.803), what);
+    }
+}
+
+/// The fold of one body fed in chunks, as a scrape streams in.
+fn fold_in_chunks(text: &[u8], cuts: &[usize]) -> (Vec<coder_gpu_reclaimer::gpu::GpuSeries>, coder_gpu_reclaimer::gpu::expo::ParseErrors) {
+    let (src, ownership, at): (Arc<str>, _, _) = (Arc::from("x"), Ownership::default(), chrono::DateTime::UNIX_EPOCH);
+    let mut fold = ScrapeFold::new(at, &src, &ownership, usize::MAX);
+    let mut start = 0;
+    for &cut in cuts.iter().chain([&text.len()]) {
+        fold.feed(&text[start..cut.max(start)]);
+        start = cut.max(start);
+    }
+    let (series, errors, _) = fold.finish();
+    (series, errors)
+}
+
+/// A scrape is folded as it streams in: wherever its chunks are cut (inside a name, a label
+/// set, a value, a multi-byte character, a CRLF ending, before the last line without a
+/// newline), the series and the bad lines are those of the whole body read at once.
+#[test]
+fn a_body_folded_chunk_by_chunk_reads_as_the_whole_body() {
+    let mut bodies: Vec<String> =
+        ["dcgm/exporter-4.8.txt", "dcgm/exporter-4.9-names.txt", "dcgm/exporter-vgpu.txt", "dcgm/exporter-stuck.txt"].map(fixture).to_vec();
+    // Bad lines among good ones, a label value in two-byte characters, CRLF endings, no final
+    // newline.
+    let mut odd = fixture("dcgm/exporter-4.8.txt").replace("NVIDIA L40S", "NVIDIA L40S ünï").replace('\n', "\r\n");
+    odd.push_str("DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-1\" 5\r\nDCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-2\",pod=\"coder-0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70-7d9f8b6c5d-x2x9k\"} 7");
+    bodies.push(odd);
+    for body in &bodies {
+        let whole = fold_in_chunks(body.as_bytes(), &[]);
+        assert!(!whole.0.is_empty());
+        for cut in 0..=body.len() {
+            assert_eq!(fold_in_chunks(body.as_bytes(), &[cut]), whole, "cut at byte {cut}");
+        }
+        for size in [1, 2, 3, 7, 64, 1000] {
+            let cuts: Vec<usize> = (size..body.len()).step_by(size).collect();
+            assert_eq!(fold_in_chunks(body.as_bytes(), &cuts), whole, "chunks of {size} bytes");
+        }
+    }
+    let (_, errors) = fold_in_chunks(bodies.last().unwrap().as_bytes(), &[]);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+}
+
+/// Bytes are checked as UTF-8 only where they are read: a label set that is not UTF-8 is that
+/// line's error, the other GPUs are read, and a comment's bytes are never looked at.
+#[test]
+fn a_label_set_that_is_not_utf8_is_a_bad_line_and_a_comment_is_not_read() {
+    let good = "DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-1\",pod=\"coder-0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70-7d9f8b6c5d-x2x9k\"} 7\n";
+    let mut body = b"# HELP DCGM_FI_DEV_GPU_UTIL \xff\xfe not text\n".to_vec();
+    body.extend_from_slice(good.as_bytes());
+    body.extend_from_slice(b"DCGM_FI_DEV_GPU_UTIL{UUID=\"GPU-\xff\"} 9\n");
+    let (series, errors) = fold_in_chunks(&body, &[]);
+    assert_eq!(series.len(), 1);
+    assert_eq!(series[0].key.uuid, "GPU-1");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!((errors[0].line, errors[0].message.as_str()), (3, "the label set is not UTF-8 text"));
+}
+
+/// An exporter reloading answers with an empty body: blanks are no text, a comment is.
+#[test]
+fn only_blanks_are_an_empty_body() {
+    let (src, ownership): (Arc<str>, _) = (Arc::from("x"), Ownership::default());
+    for (body, text) in [("", false), ("\n\n", false), (" \t\r\n ", false), ("# HELP x y\n", true), ("\n  up", true)] {
+        let mut fold = ScrapeFold::new(Utc::now(), &src, &ownership, 8);
+        for b in body.as_bytes().chunks(1) {
+            fold.feed(b);
+        }
+        assert_eq!(fold.any_text(), text, "{body:?}");
+    }
+}
+
+proptest! {
+    /// Values written as plain decimals (what dcgm-exporter writes) are read on a fast path:
+    /// every one reads bit for bit as Rust's own parser reads it, and what it refuses is a bad
+    /// line.
+    #[test]
+    fn a_plain_decimal_reads_as_the_standard_parser_reads_it(
+        sign in prop_oneof![Just(""), Just("-"), Just("+")],
+        whole in "[0-9]{0,18}",
+        decimals in proptest::option::of("[0-9]{0,18}"),
+    ) {
+        let text = format!("{sign}{whole}{}", decimals.map(|d| format!(".{d}")).unwrap_or_default());
+        let line = format!("m {text}\n");
+        let (samples, errors) = parse(&line);
+        match text.parse::<f64>() {
+            Ok(want) => {
+                prop_assert!(errors.is_empty(), "{text}: {errors:?}");
+                prop_assert_eq!(samples[0].value.to_bits(), want.to_bits(), "{}", text);
+            }
+            Err(_) => prop_assert_eq!(errors.len(), 1, "{}", text),
+        }
     }
 }

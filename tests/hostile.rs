@@ -348,7 +348,7 @@ proptest! {
     #[test]
     fn an_exposition_holds_at_most_its_cap_of_gpus(ids in proptest::collection::vec(0usize..5_000, 0..1_500), cap in 1usize..64) {
         let body: String = ids.iter().map(|i| gpu_line(*i, "0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70")).collect();
-        let (series, _, over) = coder_gpu_reclaimer::gpu::series_from_exposition_capped(
+        let (series, _, over) = coder_gpu_reclaimer::gpu::scrape::series_from_exposition_capped(
             &body,
             chrono::Utc::now(),
             &std::sync::Arc::from("x"),
@@ -390,7 +390,7 @@ proptest! {
     /// The exposition parser, fed arbitrary bytes as text, never panics.
     #[test]
     fn exposition_never_panics(text in "\\PC{0,600}") {
-        let _ = coder_gpu_reclaimer::gpu::series_from_exposition(
+        let _ = coder_gpu_reclaimer::gpu::scrape::series_from_exposition(
             &text,
             chrono::Utc::now(),
             &std::sync::Arc::from("x"),

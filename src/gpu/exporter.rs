@@ -1,8 +1,9 @@
 //! Scrapes dcgm-exporter `/metrics` URLs directly, at most 32 at a time, once per pass and
-//! every sample interval between passes. Memory is bounded whatever an exporter sends: a body
-//! at most `max_body`, the bodies in flight together at most the in-flight budget, one scrape
-//! at most `max_gpus` distinct GPU series (a breach fails that exporter this pass). One exporter
-//! failing, or answering with an empty body (it does during a hot reload), makes only its GPUs
+//! every sample interval between passes. Each body is folded into series as it streams in, never
+//! held whole. Memory is bounded whatever an exporter sends: a body at most `max_body`, what the
+//! scrapes in flight receive together at most the in-flight budget, one scrape at most `max_gpus`
+//! distinct GPU series (a breach fails that exporter this pass). One exporter failing, or
+//! answering with an empty body (it does during a hot reload), makes only its GPUs
 //! unknown. `dns+http://name:port/path` expands to every address the name resolves to (a
 //! headless Service), each scraped on its own. Each value is the exporter's latest cached
 //! reading; the scrape time is recorded as the sample time.
@@ -17,10 +18,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::error::Error;
-use crate::http::{BodyBudget, Outbound, host_port, http_url, read_limited_within, redact};
+use crate::http::{BodyBudget, Outbound, host_port, http_url, redact, stream_within};
 
-/// Scrapes in flight at once: bounds sockets and memory on large fleets (each body is parsed
-/// into readings inside its task and dropped there).
+/// Scrapes in flight at once: bounds sockets and memory on large fleets (each body is folded
+/// into readings inside its task as it arrives).
 pub const MAX_CONCURRENT_SCRAPES: usize = 32;
 /// One exporter's body at most: a node of 8 GPUs is about 80 KB (30 metrics each), a MIG node
 /// a few hundred KB; an endless body stops here instead of filling memory.
@@ -28,9 +29,11 @@ pub const DEFAULT_MAX_BODY: usize = 16 << 20;
 /// Distinct GPU series one scrape may hold: a node has at most 8-16 GPUs, each at most 7 MIG
 /// instances, and virtual-GPU mode repeats a device once per pod; 512 is far above any of them.
 pub const DEFAULT_MAX_GPUS: usize = 512;
-/// What the bodies of the scrapes in flight may hold together (32 at a time, 16 MiB each
-/// would be 512 MiB): real bodies are about 100 KB, so 32 of them are 3 MB. Each scrape's first
-/// 512 KiB are its own (`BodyBudget`): stalled exporters cannot starve healthy ones.
+/// What the scrapes in flight may receive together (32 at a time, 16 MiB each would be 512 MiB):
+/// real bodies are about 100 KB, so 32 of them are 3 MB. A body is folded into series as it
+/// arrives and never held whole; what a scrape keeps (its series, the label sets it remembers, a
+/// line that spans two chunks) is bounded by what it received. Each scrape's first 512 KiB are
+/// its own (`BodyBudget`): stalled exporters cannot starve healthy ones.
 pub const DEFAULT_IN_FLIGHT_BUDGET: usize = 32 << 20;
 
 /// How much one exporter may send, and all of them together.
@@ -52,7 +55,8 @@ impl Default for ExporterLimits {
 }
 
 use super::source::{Collection, GpuSource, SourceContext, SourceFailure};
-use reclaimer_core::gpu::{GpuSeries, Ownership, series_from_exposition_capped};
+use reclaimer_core::gpu::scrape::ScrapeFold;
+use reclaimer_core::gpu::{GpuSeries, Ownership};
 
 /// The exporter source's settings, as plain values (`Settings::resolve` fills them in from the
 /// flags and the config file).
@@ -181,18 +185,29 @@ async fn resolve_all(url: &Url) -> Result<Vec<Url>, String> {
     Ok(urls)
 }
 
-/// Parses one exporter's body into one series per GPU; an empty or unparseable body is a failure.
-fn read_exposition(
+/// One scrape: the body folded into one series per GPU as it arrives (never held whole), at most
+/// `max_body` bytes and within the in-flight budget; a redirect is refused. An empty body, one
+/// with no DCGM metric, or one naming more than `max_gpus` GPUs is a failure.
+async fn scrape(
+    http: reqwest::Client,
+    url: Url,
     source: &Arc<str>,
-    body: &str,
     now: DateTime<Utc>,
     ownership: &Ownership,
-    max_gpus: usize,
+    limits: &ExporterLimits,
 ) -> Result<Vec<GpuSeries>, String> {
-    if body.trim().is_empty() {
+    let resp = crate::http::send(http.get(url)).await?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(format!("HTTP {}", status.as_u16()));
+    }
+    let max_gpus = limits.max_gpus;
+    let mut fold = ScrapeFold::new(now, source, ownership, max_gpus);
+    stream_within(resp, limits.max_body, &limits.in_flight, |chunk| fold.feed(chunk)).await.map_err(|e| e.to_string())?;
+    if !fold.any_text() {
         return Err("empty body (the exporter is reloading, or has no GPUs)".into());
     }
-    let (found, errors, over) = series_from_exposition_capped(body, now, source, ownership, max_gpus);
+    let (found, errors, over) = fold.finish();
     if over {
         return Err(format!(
             "more than {max_gpus} distinct GPU series in one scrape (max_gpus_per_exporter): no node has that many, so none of them is read this pass"
@@ -205,17 +220,6 @@ fn read_exposition(
         tracing::warn!(event = "scrape_malformed_lines", source = %source, count = errors.len(), first = %errors[0], "skipped malformed exposition lines");
     }
     Ok(found)
-}
-
-/// One scrape: the body, at most `max_body` bytes and within the in-flight budget; a redirect
-/// is refused.
-async fn scrape(http: reqwest::Client, url: Url, max_body: usize, budget: &BodyBudget) -> Result<crate::http::BudgetedBody, String> {
-    let resp = crate::http::send(http.get(url)).await?;
-    let status = resp.status();
-    if !status.is_success() {
-        return Err(format!("HTTP {}", status.as_u16()));
-    }
-    read_limited_within(resp, max_body, budget).await.map_err(|e| e.to_string())
 }
 
 impl GpuSource for ExporterSource {
@@ -231,10 +235,7 @@ impl GpuSource for ExporterSource {
                 // Logs, labels and the status API show the URL without credentials or query.
                 let source: Arc<str> = Arc::from(redact(&url));
                 let host = host_port(&url);
-                let result = scrape(http, url, limits.max_body, &limits.in_flight).await.and_then(|body| {
-                    let text = std::str::from_utf8(&body.bytes).map_err(|_| "the body is not UTF-8 text".to_string())?;
-                    read_exposition(&source, text, now, &ownership, limits.max_gpus)
-                });
+                let result = scrape(http, url, &source, now, &ownership, &limits).await;
                 (source, host, result)
             });
         }

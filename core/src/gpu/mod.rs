@@ -5,10 +5,11 @@
 
 pub mod expo;
 pub mod samples;
+pub mod scrape;
 pub mod signals;
 pub mod window;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -338,157 +339,6 @@ impl PerPod {
         *n += 1;
         *n <= self.cap
     }
-}
-
-/// A label set's GPU (its place in the series) and its `pod_uid`: absent, empty
-/// (`Some(false)`) or a real UID (`Some(true)`); `None` when it names no GPU.
-type Slot = Option<(usize, Option<bool>)>;
-
-/// Groups parsed exposition samples into one series per GPU (per pod, for shared GPUs), each
-/// with one point at `at`.
-///
-/// In dcgm-exporter's virtual-GPU mode (`--kubernetes-virtual-gpus`) every GPU with pods gets,
-/// for `GPU_UTIL` and `FB_USED`, one series per pod beside the device-level one, and every other
-/// field once per pod with the device's value (reference dcgm NOTES §10). A per-pod
-/// `GPU_UTIL`/`FB_USED` with an empty `pod_uid` beside a device-level series of its GPU is not
-/// that pod's reading (no process could be mapped to the pod; the Helm chart's defaults): it is
-/// dropped, and `merge_device_level` gives the pod the device's. Without a device-level series
-/// (the default layout with `--kubernetes-enable-pod-uid` and no pod read access, NOTES §11.1)
-/// the same empty `pod_uid` marks the device's own series, relabelled in place: its values are
-/// kept.
-pub fn series_from_exposition(
-    text: &str,
-    at: DateTime<Utc>,
-    source: &Arc<str>,
-    ownership: &Ownership,
-) -> (Vec<GpuSeries>, expo::ParseErrors) {
-    let (series, errors, _) = series_from_exposition_capped(text, at, source, ownership, usize::MAX);
-    (series, errors)
-}
-
-/// `series_from_exposition`, holding at most `max_gpus` distinct GPU series: a body that names
-/// more stops growing there (its other samples are read and dropped) and the third value is
-/// `true`, so one answer can never hold more than the cap, whatever it sends.
-pub fn series_from_exposition_capped(
-    text: &str,
-    at: DateTime<Utc>,
-    source: &Arc<str>,
-    ownership: &Ownership,
-    max_gpus: usize,
-) -> (Vec<GpuSeries>, expo::ParseErrors, bool) {
-    // Each GPU's place in `series`, by a digest of its key (not a second copy of it).
-    let mut by_gpu: DigestMap<usize> = DigestMap::default();
-    let mut series: Vec<GpuSeries> = Vec::new();
-    // Each label set read, by its text: the GPU it names (in `series`) and whether its `pod_uid`
-    // is empty; `None` when it names none. Every family repeats a GPU's set, so each is parsed
-    // once per scrape. Bounded: past the bound, sets are parsed line by line.
-    let mut by_text: HashMap<&str, Slot> = HashMap::new();
-    let mut by_place: Vec<(&str, Slot)> = Vec::new();
-    let mut family = ("", 0usize);
-    let mut as_read = ("", false, "", Field::Unread);
-    let max_texts = max_gpus.saturating_mul(8).min(1 << 16);
-    let mut labels = Vec::with_capacity(16);
-    let mut label_errors = expo::ParseErrors::default();
-    let mut over = false;
-    let mut per_pod = PerPod::default();
-    // Per-pod `GPU_UTIL`/`FB_USED` with an empty `pod_uid`: kept only where their GPU has no
-    // device-level series (see above), known once the whole scrape is read.
-    // One value per GPU and field name, so bounded by the series cap.
-    let mut maybe_placeholders: HashMap<(usize, &'static str), f64> = HashMap::new();
-    let mut errors = expo::parse_lines(
-        text,
-        |name| signals::lookup(name).is_some() || signals::energy_joules(name, 0.0).is_some(),
-        |line| {
-            // The families list the GPUs in one order: a line's set is most often the one at
-            // its place in the first family, checked before any hashing.
-            if line.name != family.0 {
-                family = (line.name, 0);
-            }
-            // The field a name is read as, looked up once a family (an integer value may read
-            // a `_RATIO` name as another field, `read_as`).
-            if line.name != as_read.0 || line.integer != as_read.1 {
-                let name = signals::read_as(line.name, line.integer);
-                as_read = (line.name, line.integer, name, Field::of(name));
-            }
-            let place = family.1;
-            family.1 += 1;
-            let known = match by_place.get(place) {
-                Some((text, slot)) if *text == line.labels_text => Some(*slot),
-                _ => by_text.get(line.labels_text).copied(),
-            };
-            let slot = match known {
-                Some(slot) => slot,
-                None => {
-                    if let Err(message) = expo::parse_label_set(line.labels_text, &mut labels) {
-                        label_errors.push(expo::ParseError { line: line.number, message });
-                        return;
-                    }
-                    // dcgm-exporter never writes `exported_*` labels itself (only a Prometheus
-                    // scrape renames colliding ones): on a scraped body they are a forgery.
-                    let label = |k: &str| if k.starts_with("exported_") { None } else { expo::label(&labels, k) };
-                    let gpu = GpuKey::from_labels(label, ownership).and_then(|key| match by_gpu.get(&key) {
-                        Some(&i) => Some(i),
-                        None if by_gpu.len() >= max_gpus => {
-                            over = true;
-                            None
-                        }
-                        None if !per_pod.admit(key.pod.as_deref(), &series) => None,
-                        None => {
-                            by_gpu.insert(&key, series.len());
-                            series.push(GpuSeries::with_key(key, ownership.owner(label), label, source));
-                            Some(series.len() - 1)
-                        }
-                    });
-                    // `pod_uid`: absent, empty (`Some(false)`) or a real UID (`Some(true)`).
-                    let slot = gpu.map(|i| (i, label("pod_uid").map(|u| !u.is_empty())));
-                    if by_text.len() < max_texts {
-                        by_text.insert(line.labels_text, slot);
-                        if by_place.len() == place {
-                            by_place.push((line.labels_text, slot));
-                        }
-                    }
-                    slot
-                }
-            };
-            let Some((i, pod_uid)) = slot else { return };
-            let (name, field) = (as_read.2, as_read.3);
-            // Only a series with a `pod_uid` label needs to know (most have none).
-            let per_process = pod_uid.is_some() && field.per_process();
-            if per_process && pod_uid == Some(true) {
-                if let Some(gpu) = series.get_mut(i) {
-                    gpu.real_pod_uid = true;
-                }
-            }
-            if per_process && pod_uid == Some(false) {
-                if let Some(name) = signals::NAMES.iter().map(|m| m.name).find(|n| *n == name) {
-                    let v = maybe_placeholders.entry((i, name)).or_insert(line.value);
-                    *v = v.max(line.value);
-                }
-                return;
-            }
-            if let Some(gpu) = series.get_mut(i) {
-                gpu.add_values(field, std::iter::once((at, line.value)));
-            }
-        },
-    );
-    errors.merge(label_errors);
-    let device_level: HashSet<(&str, Option<&str>)> = if maybe_placeholders.is_empty() {
-        HashSet::new()
-    } else {
-        series.iter().filter(|s| s.key.pod.is_none()).map(|s| (s.key.uuid.as_str(), s.key.gpu_instance.as_deref())).collect()
-    };
-    let own: Vec<bool> = if maybe_placeholders.is_empty() {
-        Vec::new()
-    } else {
-        series.iter().map(|s| !device_level.contains(&(s.key.uuid.as_str(), s.key.gpu_instance.as_deref()))).collect()
-    };
-    for ((i, name), value) in maybe_placeholders {
-        if let Some(gpu) = series.get_mut(i).filter(|_| own[i]) {
-            gpu.add_values(Field::of(name), std::iter::once((at, value)));
-        }
-    }
-    merge_device_level(&mut series);
-    (series, errors, over)
 }
 
 /// Gives each workload series of a GPU that also has a device-level series (virtual-GPU mode)
