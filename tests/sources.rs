@@ -347,3 +347,51 @@ async fn a_copy_under_the_real_target_with_one_more_label_is_a_twin() {
         end += 60;
     }
 }
+
+/// Scrapes in flight: with more exporters than scrapes at once, each exporter is scraped once a
+/// collection and exactly `MAX_CONCURRENT_SCRAPES` (32) are in flight at the busiest moment;
+/// every body is folded into its GPUs' series. Each exporter answers only once 31 more scrapes
+/// have started after it (or every scrape has), so the scrapes overlap by construction: a
+/// client that ran fewer at once never finishes (the timeout fails it), one that ran more shows
+/// a higher peak.
+#[tokio::test]
+async fn every_exporter_is_scraped_once_a_collection_and_32_at_a_time() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    const EXPORTERS: usize = 100;
+    let at_once = coder_gpu_reclaimer::gpu::exporter::MAX_CONCURRENT_SCRAPES;
+    let (started, _) = tokio::sync::watch::channel(0usize);
+    let (started, in_flight, peak, asked) =
+        (Arc::new(started), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(Vec::new())));
+    let body = fixture("dcgm/exporter-4.8.txt");
+    let handler = {
+        let (started, in_flight, peak, asked) = (started.clone(), in_flight.clone(), peak.clone(), asked.clone());
+        move |axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>| {
+            let (started, in_flight, peak, asked, body) = (started.clone(), in_flight.clone(), peak.clone(), asked.clone(), body.clone());
+            async move {
+                peak.fetch_max(in_flight.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                let mut me = 0;
+                started.send_modify(|n| {
+                    me = *n;
+                    *n += 1;
+                });
+                let release = (me + at_once).min(EXPORTERS);
+                started.subscribe().wait_for(|&n| n >= release).await.unwrap();
+                asked.lock().unwrap().push(q.get("node").cloned().unwrap_or_default());
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                body
+            }
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, axum::Router::new().route("/metrics", axum::routing::get(handler))).await });
+    let urls: Vec<String> = (0..EXPORTERS).map(|i| format!("{base}/metrics?node={i}")).collect();
+    let c = tokio::time::timeout(Duration::from_secs(60), source(urls).collect(Utc::now())).await.expect("fewer than 32 scrapes at once");
+    assert_eq!((c.requests, c.failures.len()), (EXPORTERS, 0), "{:?}", c.failures);
+    assert_eq!(c.series.len(), 4 * EXPORTERS, "four GPUs an exporter");
+    let mut asked = asked.lock().unwrap().clone();
+    asked.sort_by_key(|n| n.parse::<usize>().unwrap());
+    assert_eq!(asked, (0..EXPORTERS).map(|i| i.to_string()).collect::<Vec<_>>(), "each once");
+    assert_eq!(peak.load(Ordering::SeqCst), at_once, "scrapes in flight at the busiest moment");
+}
