@@ -550,6 +550,30 @@ fn a_label_set_that_is_not_utf8_is_a_bad_line_and_a_comment_is_not_read() {
     assert_eq!((errors[0].line, errors[0].message.as_str()), (3, "the label set is not UTF-8 text"));
 }
 
+/// A family the service does not read is skipped line by line without being parsed (its bad
+/// lines are not errors, as no line of an unread family is), and the family after it is read
+/// whole, even where its name begins with the skipped one's.
+#[test]
+fn a_family_not_read_is_skipped_and_the_next_is_read_whole() {
+    let pod = "coder-0b7c1a2e-1f4d-4c9e-9d3b-2f6a8e1c5d70-7d9f8b6c5d-x2x9k";
+    let body = format!(
+        "DCGM_FI_DEV_GPU_UTIL{{UUID=\"GPU-1\",pod=\"{pod}\"}} 7\n\
+         DCGM_FI_DEV_GPU{{UUID=\"GPU-1\",pod=\"{pod}\"}} 99\n\
+         DCGM_FI_DEV_GPU{{UUID=\"GPU-1\" no value\n\
+         DCGM_FI_DEV_GPU_TEMP{{UUID=\"GPU-1\",pod=\"{pod}\"}} 41\n\
+         DCGM_FI_DEV_FB_USED{{UUID=\"GPU-1\",pod=\"{pod}\"}} 850\n\
+         DCGM_FI_DEV_FB_USED{{UUID=\"GPU-2\",pod=\"{pod}\"}} 0\n"
+    );
+    let (series, errors) = fold_in_chunks(body.as_bytes(), &[]);
+    assert!(errors.is_empty(), "{errors:?}");
+    let gpus: Vec<&str> = series.iter().map(|s| s.key.uuid.as_str()).collect();
+    assert_eq!(gpus, ["GPU-1", "GPU-2"]);
+    let values = &series[0].points[0].values;
+    crate::common::assert_close(values.get(Signal::GpuUtil), Some(0.07), "the family before the skipped one");
+    crate::common::assert_close(values.get(Signal::FbUsedMib), Some(850.0), "the family after it");
+    assert_eq!(series[1].points[0].values.get(Signal::FbUsedMib), Some(0.0), "its second line");
+}
+
 /// An exporter reloading answers with an empty body: blanks are no text, a comment is.
 #[test]
 fn only_blanks_are_an_empty_body() {

@@ -94,23 +94,34 @@ impl fmt::Display for ParseError {
 pub struct Line<'a> {
     /// 1-based.
     pub number: usize,
-    pub name: &'a str,
+    /// The name's bytes (ASCII by its grammar); `name()` reads them as text, once a family where
+    /// it is needed, never on every line.
+    name_bytes: &'a [u8],
     pub labels_text: &'a [u8],
     pub value: f64,
     /// The value was written as an integer (no `.`, exponent or `NaN`): dcgm-exporter prints an
     /// integer field bare and a double with six decimals (`gpu_collector.go` `toString`).
     pub integer: bool,
     pub timestamp_ms: Option<i64>,
-    /// Its name is not the previous kept line's: a family begins (a family's lines come together).
+    /// Its name is not the previous sample line's: a family begins (a family's lines come together).
     pub new_name: bool,
 }
 
+impl<'a> Line<'a> {
+    /// The metric's name.
+    pub fn name(&self) -> &'a str {
+        ascii(self.name_bytes)
+    }
+}
+
 /// What reading lines carries from one line to the next: the answer for the last name asked
-/// (asked once per family), the last kept line's name, and the bad lines.
+/// (asked once per family), the last line's name, and the bad lines.
 #[derive(Debug, Default)]
 struct LineState {
     asked: (String, bool),
+    /// The last line's name, and whether it was wanted.
     kept: String,
+    kept_wanted: bool,
     errors: ParseErrors,
     /// A line held something besides blanks (a comment counts).
     text: bool,
@@ -124,10 +135,14 @@ impl LineState {
         if first == b'#' {
             return;
         }
-        // A family's lines share their name: a line that begins with the last kept line's name
-        // is that family's, read without scanning its name or asking for it again.
+        // A family's lines share their name: a line that begins with the last line's name is
+        // that family's, read without scanning its name or asking for it again (and skipped
+        // whole when the family is not wanted).
         let kept = self.kept.len();
         let same_family = kept > 0 && line.starts_with(self.kept.as_bytes()) && line.get(kept).is_some_and(|&b| !is_name_char(b));
+        if same_family && !self.kept_wanted {
+            return;
+        }
         let asked = &mut self.asked;
         let mut cached_wanted = |name: &str| {
             if name != asked.0 {
@@ -139,14 +154,20 @@ impl LineState {
         };
         match parse_line(line, number, same_family.then_some(kept), &mut cached_wanted) {
             Ok(Some(mut parsed)) => {
-                parsed.new_name = !same_family && parsed.name != self.kept;
+                // A name that is not the last line's (which would have been `same_family`).
+                parsed.new_name = !same_family;
                 if parsed.new_name {
                     self.kept.clear();
-                    self.kept.push_str(parsed.name);
+                    self.kept.push_str(parsed.name());
                 }
+                self.kept_wanted = true;
                 on_line(&parsed)
             }
-            Ok(None) => {}
+            // Not wanted: the name just asked for (a line is not wanted only when asked).
+            Ok(None) => {
+                self.kept.clone_from(&self.asked.0);
+                self.kept_wanted = false;
+            }
             Err(message) => self.errors.push(ParseError { line: number, message }),
         }
     }
@@ -251,7 +272,7 @@ pub fn parse_each<'a>(text: &'a str, mut on_sample: impl FnMut(&Sample<'a>)) -> 
                 label_errors.push(ParseError { line: line.number, message });
                 return;
             }
-            sample.name = line.name;
+            sample.name = line.name();
             sample.value = line.value;
             sample.timestamp_ms = line.timestamp_ms;
             on_sample(&sample);
@@ -305,9 +326,11 @@ fn parse_line<'a>(
             i
         }
     };
-    // ASCII by the loop above (or the kept name it equals).
-    let name = ascii(bytes.get(..i).unwrap_or_default());
-    if known.is_none() && !wanted(name) {
+    // ASCII by the loop above (or the kept name it equals): read as text only to be asked for
+    // (a family's first line) or named in an error.
+    let name_bytes = bytes.get(..i).unwrap_or_default();
+    let name = || ascii(name_bytes);
+    if known.is_none() && !wanted(name()) {
         return Ok(None);
     }
     let mut labels_text: &[u8] = &[];
@@ -334,13 +357,13 @@ fn parse_line<'a>(
     }
     let value_bytes = bytes.get(value_start..i).unwrap_or_default();
     if value_bytes.is_empty() {
-        return Err(format!("{name}: missing value"));
+        return Err(format!("{}: missing value", name()));
     }
     let (value, integer) = match plain_decimal(value_bytes) {
         Some(read) => read,
         None => {
             let value_text = String::from_utf8_lossy(value_bytes);
-            let value = parse_value(&value_text).ok_or_else(|| format!("{name}: {value_text:?} is not a number"))?;
+            let value = parse_value(&value_text).ok_or_else(|| format!("{}: {value_text:?} is not a number", name()))?;
             let integer = value_bytes.iter().enumerate().all(|(i, b)| b.is_ascii_digit() || (i == 0 && (*b == b'-' || *b == b'+')));
             (value, integer)
         }
@@ -349,9 +372,9 @@ fn parse_line<'a>(
     let mut timestamp_ms = None;
     if i < bytes.len() {
         let ts = String::from_utf8_lossy(bytes.get(i..).unwrap_or_default());
-        timestamp_ms = Some(ts.parse::<i64>().map_err(|_| format!("{name}: timestamp {ts:?} is not an integer (milliseconds)"))?);
+        timestamp_ms = Some(ts.parse::<i64>().map_err(|_| format!("{}: timestamp {ts:?} is not an integer (milliseconds)", name()))?);
     }
-    Ok(Some(Line { number, name, labels_text, value, integer, timestamp_ms, new_name: false }))
+    Ok(Some(Line { number, name_bytes, labels_text, value, integer, timestamp_ms, new_name: false }))
 }
 
 /// Bytes known to be ASCII as text (a name read by `is_name_char`).

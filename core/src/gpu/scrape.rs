@@ -132,7 +132,7 @@ impl Fold<'_> {
         let (name, field) = match self.as_read {
             Some((integer, name, field)) if !line.new_name && integer == line.integer => (name, field),
             _ => {
-                let read = signals::read_as(line.name, line.integer);
+                let read = signals::read_as(line.name(), line.integer);
                 let name = signals::NAMES.iter().map(|m| m.name).find(|n| *n == read);
                 let field = Field::of(read);
                 self.as_read = Some((line.integer, name, field));
