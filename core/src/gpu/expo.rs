@@ -1,8 +1,9 @@
 //! A Prometheus text-format (0.0.4) parser, written by hand for speed and safety: no regex, no
 //! allocation for lines without escapes, never panics. It reads a whole document or a body as it
 //! arrives (`LineReader`), parsing each line where it lies (only a line that spans two chunks is
-//! copied); bytes are checked as UTF-8 only in the label sets it parses. Malformed lines are reported with their line number and skipped; the
-//! rest of the document still parses.
+//! copied); bytes are checked as UTF-8 only in the label sets it parses, and the lines of a
+//! family the caller does not want are skipped by their name alone. Malformed lines are reported
+//! with their line number and skipped; the rest of the document still parses.
 
 use std::borrow::Cow;
 use std::fmt;
