@@ -115,11 +115,10 @@ impl<'a> Line<'a> {
     }
 }
 
-/// What reading lines carries from one line to the next: the answer for the last name asked
-/// (asked once per family), the last line's name, and the bad lines.
+/// What reading lines carries from one line to the next: the last line's name and whether it
+/// was wanted (so a family's name is asked for once), and the bad lines.
 #[derive(Debug, Default)]
 struct LineState {
-    asked: (String, bool),
     /// The last line's name, and whether it was wanted.
     kept: String,
     kept_wanted: bool,
@@ -144,16 +143,16 @@ impl LineState {
         if same_family && !self.kept_wanted {
             return;
         }
-        let asked = &mut self.asked;
-        let mut cached_wanted = |name: &str| {
-            if name != asked.0 {
-                asked.0.clear();
-                asked.0.push_str(name);
-                asked.1 = wanted(name);
+        // The length of a name refused (its bytes begin the line).
+        let mut refused = 0;
+        let mut ask = |name: &str| {
+            let yes = wanted(name);
+            if !yes {
+                refused = name.len();
             }
-            asked.1
+            yes
         };
-        match parse_line(line, number, same_family.then_some(kept), &mut cached_wanted) {
+        match parse_line(line, number, same_family.then_some(kept), &mut ask) {
             Ok(Some(mut parsed)) => {
                 // A name that is not the last line's (which would have been `same_family`).
                 parsed.new_name = !same_family;
@@ -164,9 +163,10 @@ impl LineState {
                 self.kept_wanted = true;
                 on_line(&parsed)
             }
-            // Not wanted: the name just asked for (a line is not wanted only when asked).
+            // Not wanted (a line is not wanted only when its name was asked for and refused).
             Ok(None) => {
-                self.kept.clone_from(&self.asked.0);
+                self.kept.clear();
+                self.kept.push_str(ascii(line.get(..refused).unwrap_or_default()));
                 self.kept_wanted = false;
             }
             Err(message) => self.errors.push(ParseError { line: number, message }),
